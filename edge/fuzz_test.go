@@ -1,0 +1,85 @@
+package edge
+
+import (
+	"strings"
+	"testing"
+)
+
+func FuzzNormaliseHost(f *testing.F) {
+	for _, s := range []string{"shop.apps.example.com", "SHOP.example.com:443", "a.b.", "[::1]:80", "", ".", "a..b", "*.x", "a:b:c", "xn--bcher-kva.example"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, host string) {
+		key, ok := NormaliseHost(host)
+		if !ok {
+			return
+		}
+		if key != strings.ToLower(key) {
+			t.Fatalf("NormaliseHost(%q) = %q, not lower-case", host, key)
+		}
+		if strings.HasSuffix(key, ".") || strings.Contains(key, "*") {
+			t.Fatalf("NormaliseHost(%q) = %q, trailing dot or wildcard", host, key)
+		}
+		if again, ok := NormaliseHost(key); !ok || again != key {
+			t.Fatalf("NormaliseHost is not idempotent: %q -> %q -> %q (%v)", host, key, again, ok)
+		}
+	})
+}
+
+// FuzzResolve checks the two invariants of path-routing-design.md §6 on
+// attacker-shaped paths: a path whose normalised first segment is a flipped
+// account never resolves to the route it was flipped away from, and Resolve
+// never panics.
+func FuzzResolve(f *testing.F) {
+	for _, s := range []string{"/paulca", "//paulca/foo", "/paulca/../bob", "/%2e%2e/bob", "/paulca%2ffoo", "/paulcarson", "/", "", "/./paulca", "/a/../../paulca"} {
+		f.Add("ti.to", s)
+	}
+	tbl, _ := Compile(testDocument())
+	f.Fuzz(func(t *testing.T, host, raw string) {
+		decoded, ok := decodeForTest(raw)
+		if !ok {
+			decoded = raw
+		}
+		res := tbl.Resolve(host, raw, decoded)
+		if res.Outcome == Routed && res.Route == nil {
+			t.Fatalf("Resolve(%q, %q) routed to nil", host, raw)
+		}
+		if res.Outcome != Routed || res.Route.Host != "ti.to" {
+			return
+		}
+		clean := decoded
+		if needsClean(clean) {
+			clean = cleanForTest(clean)
+		}
+		if seg := firstSegment(clean); seg == "paulca" || seg == "bob" || seg == "beta" {
+			t.Fatalf("Resolve(ti.to, %q) stayed on the legacy route though %q is flipped", raw, seg)
+		}
+		if seg := firstSegment(decoded); seg == "paulca" || seg == "bob" || seg == "beta" {
+			t.Fatalf("Resolve(ti.to, %q) stayed on the legacy route though raw %q is flipped", raw, seg)
+		}
+	})
+}
+
+// FuzzDeniedPath checks that no spelling of a denied prefix that a backend
+// could read back as the prefix gets through: if the fully decoded, cleaned,
+// case-folded path lies under a denied prefix, the request is denied.
+func FuzzDeniedPath(f *testing.F) {
+	for _, s := range []string{"/v1/storage", "//v1/storage", "/v1/./storage", "/v1/x/../storage", "/v1/%73torage", "/v1/storage%2fobjects", "/v1/storagex", "/V1/STORAGE", "/v1;a/storage", "/v1\\storage"} {
+		f.Add(s)
+	}
+	tbl, _ := Compile(testDocument())
+	f.Fuzz(func(t *testing.T, raw string) {
+		decoded, ok := decodeForTest(raw)
+		if !ok {
+			decoded = raw
+		}
+		denied := tbl.Resolve("apps.example.com", raw, decoded).Outcome == Denied
+		once, _ := percentDecode(raw)
+		if matchDenied(tbl.denied, canonicalDeniedPath(once)) && !denied {
+			t.Fatalf("path %q (decoded %q) reaches a denied prefix but was not denied", raw, once)
+		}
+		if strings.HasPrefix(raw, "/v1/apps") && !strings.ContainsAny(raw, "%.\\;/") && denied {
+			t.Fatalf("plain path %q was denied", raw)
+		}
+	})
+}

@@ -1,0 +1,269 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/node"
+)
+
+// Forwarder carries a request down a route's upstream priority list.
+// backhaul.Proxy is the implementation; the interface keeps the handler
+// ignorant of how bytes reach an upstream.
+type Forwarder interface {
+	// Forward writes the upstream's response to w, or writes nothing and
+	// returns an error matching backhaul.ErrNoUpstream or
+	// backhaul.ErrUpstreamTimeout.
+	Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstream) (backhaul.Result, error)
+}
+
+var _ Forwarder = (*backhaul.Proxy)(nil)
+
+// Reason names a response the edge answered itself, or "" for a proxied one.
+// Operators tell the cases apart by it in the body, the logs and the metrics.
+type Reason string
+
+const (
+	ReasonNoDocument  Reason = "no_document"
+	ReasonBadHost     Reason = "bad_host"
+	ReasonMisdirected Reason = "misdirected"
+	ReasonDenied      Reason = "denied"
+	ReasonNoRoute     Reason = "no_route"
+	ReasonNoUpstream  Reason = "no_upstream"
+	ReasonTimeout     Reason = "timeout"
+	ReasonMethod      Reason = "method_not_allowed"
+	ReasonCanceled    Reason = "client_canceled"
+)
+
+// Reasons lists every Reason, for metrics that pre-create their series.
+var Reasons = []Reason{ReasonNoDocument, ReasonBadHost, ReasonMisdirected, ReasonDenied,
+	ReasonNoRoute, ReasonNoUpstream, ReasonTimeout, ReasonMethod, ReasonCanceled}
+
+// selfAnswers are the statuses and bodies of the responses the edge writes
+// itself: short, plain, and saying which case it was.
+var selfAnswers = map[Reason]struct {
+	status int
+	body   string
+}{
+	ReasonNoDocument:  {http.StatusServiceUnavailable, "scafo-edge: no routing document loaded yet\n"},
+	ReasonBadHost:     {http.StatusBadRequest, "scafo-edge: malformed Host header\n"},
+	ReasonMisdirected: {http.StatusMisdirectedRequest, "scafo-edge: Host not covered by this connection's certificate\n"},
+	ReasonDenied:      {http.StatusForbidden, "scafo-edge: this path of the API is not served publicly\n"},
+	ReasonNoRoute:     {http.StatusNotFound, "scafo-edge: no route for this host\n"},
+	ReasonNoUpstream:  {http.StatusBadGateway, "scafo-edge: no upstream could be reached\n"},
+	ReasonTimeout:     {http.StatusGatewayTimeout, "scafo-edge: upstream did not answer in time\n"},
+	ReasonMethod:      {http.StatusMethodNotAllowed, "scafo-edge: CONNECT is not supported\n"},
+}
+
+// Record describes one answered request, for metrics and access logs.
+type Record struct {
+	Start    time.Time
+	Duration time.Duration
+	Method   string
+	Host     string
+	Path     string
+	Proto    string
+	// Route is the route the request was attributed to (the target route
+	// on a path hit), nil when none resolved.
+	Route  *Route
+	Prefix string
+	// Reason is set when the edge answered itself.
+	Reason    Reason
+	Status    int
+	Node      string
+	Failovers int
+	BytesIn   int64
+	BytesOut  int64
+}
+
+// Observer is told about every request once it has been answered. It runs on
+// the request's goroutine, so it must be quick and must not keep rec.
+type Observer interface {
+	Observe(rec *Record)
+}
+
+// Handler is the edge's http.Handler; the same value serves the HTTP and the
+// HTTPS listeners. Its order of decisions is load-bearing:
+//
+//  1. CONNECT is refused (405): the edge is never a forward proxy.
+//  2. No table yet: 503 with Retry-After (DESIGN.md rule 1).
+//  3. Malformed Host: 400.
+//  4. On TLS, a Host the connection's certificate does not cover: 421, so a
+//     coalesced connection cannot front another name.
+//  5. Table.Resolve: host, then first path segment.
+//  6. A denied prefix on an API host: 403, never proxied.
+//  7. No route: 404, no upstream contacted.
+//  8. Forward down the route's upstream list: 502 when none could be
+//     reached, 504 when the response-header timeout fired.
+//
+// Absolute-form request targets resolve by the Host Go's server derives from
+// them, and are only ever sent to that route's upstreams.
+type Handler struct {
+	Table     *Live
+	Forwarder Forwarder
+	// Covers reports whether the certificate served for sni covers host
+	// (both normalised). Nil: host must equal sni.
+	Covers func(sni, host string) bool
+	// RetryAfter is the Retry-After value sent with the 503 before the first
+	// document. Empty: "5".
+	RetryAfter string
+	// Observer, if non-nil, sees every request after it is answered.
+	Observer Observer
+	// Now is the clock for durations. Nil: time.Now.
+	Now func() time.Time
+}
+
+func (h *Handler) now() time.Time {
+	if h.Now != nil {
+		return h.Now()
+	}
+	return time.Now()
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var rec Record
+	if h.Observer != nil {
+		rec = Record{Start: h.now(), Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto}
+	}
+	h.serve(w, r, &rec)
+	if h.Observer != nil {
+		rec.Duration = h.now().Sub(rec.Start)
+		h.Observer.Observe(&rec)
+	}
+}
+
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
+	if r.Method == http.MethodConnect {
+		h.answer(w, rec, ReasonMethod)
+		return
+	}
+	t := h.Table.Load()
+	if t == nil {
+		h.answer(w, rec, ReasonNoDocument)
+		return
+	}
+	if r.TLS != nil && r.TLS.ServerName != "" && !h.covers(r.TLS.ServerName, r.Host) {
+		if !validHost(r.Host) {
+			h.answer(w, rec, ReasonBadHost)
+		} else {
+			h.answer(w, rec, ReasonMisdirected)
+		}
+		return
+	}
+	res := t.Resolve(r.Host, requestPath(r), r.URL.Path)
+	rec.Route, rec.Prefix = res.Route, res.Prefix
+	switch res.Outcome {
+	case BadHost:
+		h.answer(w, rec, ReasonBadHost)
+		return
+	case Denied:
+		h.answer(w, rec, ReasonDenied)
+		return
+	case NoRoute:
+		h.answer(w, rec, ReasonNoRoute)
+		return
+	}
+	result, err := h.Forwarder.Forward(w, r, res.Route.Upstreams)
+	rec.Status, rec.Node, rec.Failovers = result.Status, result.Node, result.Failovers
+	rec.BytesIn, rec.BytesOut = result.BytesIn, result.BytesOut
+	switch {
+	case err == nil:
+	case errors.Is(err, backhaul.ErrUpstreamTimeout):
+		h.answer(w, rec, ReasonTimeout)
+	case errors.Is(err, backhaul.ErrNoUpstream):
+		h.answer(w, rec, ReasonNoUpstream)
+	case errors.Is(err, context.Canceled):
+		// The client went away; nobody is left to answer. 499 is nginx's
+		// name for this, kept for logs and metrics only.
+		rec.Reason, rec.Status = ReasonCanceled, 499
+	}
+}
+
+// answer writes one of the edge's own responses.
+func (h *Handler) answer(w http.ResponseWriter, rec *Record, reason Reason) {
+	a := selfAnswers[reason]
+	hdr := w.Header()
+	hdr.Set("Content-Type", "text/plain; charset=utf-8")
+	hdr.Set("X-Content-Type-Options", "nosniff")
+	if reason == ReasonNoDocument {
+		ra := h.RetryAfter
+		if ra == "" {
+			ra = "5"
+		}
+		hdr.Set("Retry-After", ra)
+	}
+	if reason == ReasonMethod {
+		hdr.Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+	}
+	w.WriteHeader(a.status)
+	n, _ := w.Write([]byte(a.body))
+	rec.Reason, rec.Status, rec.BytesOut = reason, a.status, int64(n)
+}
+
+// covers applies the 421 rule: the Host of a request on a TLS connection must
+// be a name the connection's certificate was chosen for.
+func (h *Handler) covers(sni, host string) bool {
+	host = stripPortAndDot(host)
+	if strings.EqualFold(host, sni) {
+		return true
+	}
+	if h.Covers == nil {
+		return false
+	}
+	var a, b [maxHostLen]byte
+	hk, ok := normaliseHost(a[:0], host)
+	if !ok {
+		return false
+	}
+	sk, ok := normaliseHost(b[:0], sni)
+	if !ok {
+		return false
+	}
+	return h.Covers(string(sk), string(hk))
+}
+
+// validHost reports whether a Host header is well formed, without allocating.
+func validHost(host string) bool {
+	var buf [maxHostLen]byte
+	_, ok := normaliseHost(buf[:0], host)
+	return ok
+}
+
+func stripPortAndDot(host string) string {
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
+		host = host[:i]
+	}
+	return strings.TrimSuffix(host, ".")
+}
+
+// requestPath returns the path of the request-URI exactly as it arrived,
+// before any decoding or cleaning: the "raw" spelling path matching and
+// denied prefixes consult.
+func requestPath(r *http.Request) string {
+	u := r.RequestURI
+	if u == "" {
+		return r.URL.EscapedPath()
+	}
+	if u[0] != '/' {
+		// Absolute form: skip "scheme://authority".
+		i := strings.Index(u, "://")
+		if i < 0 {
+			return u // "*" (OPTIONS) and other oddities match nothing
+		}
+		u = u[i+3:]
+		j := strings.IndexByte(u, '/')
+		if j < 0 {
+			return "/"
+		}
+		u = u[j:]
+	}
+	if i := strings.IndexByte(u, '?'); i >= 0 {
+		u = u[:i]
+	}
+	return u
+}

@@ -1,0 +1,273 @@
+package edge
+
+import (
+	"path"
+	"strings"
+)
+
+// maxHostLen is the longest DNS name (RFC 1035 §2.3.4) plus room for a port
+// and brackets; a longer Host header is malformed.
+const maxHostLen = 253 + 1 + 6 + 2
+
+// Outcome is what resolving a request found.
+type Outcome uint8
+
+const (
+	// NoRoute: the host is well formed but nothing names it (404).
+	NoRoute Outcome = iota
+	// Routed: Resolution.Route serves the request.
+	Routed
+	// BadHost: the Host header is empty or malformed (400).
+	BadHost
+	// Denied: an API host and a denied prefix; never proxied (403).
+	Denied
+)
+
+// Resolution is the answer to Table.Resolve.
+type Resolution struct {
+	Outcome Outcome
+	// Route is the route that serves the request: on a path hit, the
+	// target route wholesale (DESIGN.md rule 5). Set for Routed and Denied.
+	Route *Route
+	// Prefix is the prefix that selected Route on a path hit, else "".
+	Prefix string
+}
+
+// Resolve finds the route for a request. host is the Host header as received
+// (any case, optional :port, optional trailing dot). rawPath is the path of the
+// request-URI exactly as it arrived (still percent-encoded); decodedPath is
+// its percent-decoded form (url.URL.Path).
+//
+// Host lookup is exact, then the first label replaced by "*", once (DESIGN.md
+// rule 3). Only a route with a prefix map looks at the path (rule 4). On an API
+// host the denied prefixes are checked on every spelling (rule 6).
+//
+// Resolve does not allocate for a lower- or upper-case host, or for a path hit
+// on a path that is already clean.
+func (t *Table) Resolve(host, rawPath, decodedPath string) Resolution {
+	var buf [maxHostLen]byte
+	key, ok := normaliseHost(buf[:0], host)
+	if !ok {
+		return Resolution{Outcome: BadHost}
+	}
+	r := t.hosts[string(key)]
+	if r == nil {
+		if i := wildcardStart(key); i > 0 {
+			key[i-1] = '*'
+			r = t.hosts[string(key[i-1:])]
+		}
+	}
+	if r == nil {
+		return Resolution{Outcome: NoRoute}
+	}
+	if r.API {
+		if deniedPath(t.denied, rawPath, decodedPath) {
+			return Resolution{Outcome: Denied, Route: r}
+		}
+		return Resolution{Outcome: Routed, Route: r}
+	}
+	if r.paths == nil {
+		return Resolution{Outcome: Routed, Route: r}
+	}
+	if target, prefix := r.matchPath(rawPath, decodedPath); target != nil {
+		return Resolution{Outcome: Routed, Route: target, Prefix: prefix}
+	}
+	return Resolution{Outcome: Routed, Route: r}
+}
+
+// ResolveHost is the host-only form: whether some route or API host serves
+// host at all, whatever the path. Decisions about a hostname (certificates,
+// redirects) use it, so they never depend on which URL happened to ask
+// (path-routing-design.md §6, "three call sites").
+func (t *Table) ResolveHost(host string) *Route {
+	var buf [maxHostLen]byte
+	key, ok := normaliseHost(buf[:0], host)
+	if !ok {
+		return nil
+	}
+	if r := t.hosts[string(key)]; r != nil {
+		return r
+	}
+	if i := wildcardStart(key); i > 0 {
+		key[i-1] = '*'
+		return t.hosts[string(key[i-1:])]
+	}
+	return nil
+}
+
+// wildcardStart returns the index of the first '.' in key, where the
+// one-label wildcard "*" + key[i:] would be built in place over key[i-1], or
+// -1 when key has a single label. The byte before the dot exists because the
+// first label is never empty.
+func wildcardStart(key []byte) int {
+	for i, c := range key {
+		if c == '.' {
+			if i == 0 || i == len(key)-1 {
+				return -1
+			}
+			return i
+		}
+	}
+	return -1
+}
+
+// matchPath looks the first path segment up in both spellings
+// (path-routing-design.md §6): the normalised one (path.Clean of the decoded
+// path) wins; then the decoded one as it arrived; then the still-encoded one.
+// Taking a hit from any closes the bypasses each spelling alone would leave.
+func (r *Route) matchPath(rawPath, decodedPath string) (*Route, string) {
+	clean := decodedPath
+	if needsClean(decodedPath) {
+		clean = path.Clean("/" + decodedPath)
+	}
+	if seg := firstSegment(clean); seg != "" {
+		if t := r.paths[seg]; t != nil {
+			return t, seg
+		}
+	}
+	if seg := firstSegment(decodedPath); seg != "" {
+		if t := r.paths[seg]; t != nil {
+			return t, seg
+		}
+	}
+	if rawPath != decodedPath {
+		if seg := firstSegment(rawPath); seg != "" {
+			if t := r.paths[seg]; t != nil {
+				return t, seg
+			}
+		}
+	}
+	return nil, ""
+}
+
+// firstSegment returns the first segment of an absolute path at a segment
+// boundary: "/paulca/x" and "/paulca" give "paulca", "//x" gives "".
+func firstSegment(p string) string {
+	if len(p) == 0 || p[0] != '/' {
+		return ""
+	}
+	p = p[1:]
+	if i := strings.IndexByte(p, '/'); i >= 0 {
+		return p[:i]
+	}
+	return p
+}
+
+// needsClean reports whether path.Clean would change p, without allocating
+// for the common clean path.
+func needsClean(p string) bool {
+	if len(p) == 0 || p[0] != '/' {
+		return true
+	}
+	for i := 1; i < len(p); i++ {
+		if p[i] != '/' && p[i] != '.' {
+			continue
+		}
+		if p[i] == '/' && p[i-1] == '/' {
+			return true
+		}
+		if p[i] == '.' && p[i-1] == '/' {
+			// "/." or "/.." as a whole segment.
+			j := i + 1
+			if j < len(p) && p[j] == '.' {
+				j++
+			}
+			if j == len(p) || p[j] == '/' {
+				return true
+			}
+		}
+	}
+	return len(p) > 1 && p[len(p)-1] == '/'
+}
+
+// normaliseHost appends the lookup key for a Host header to dst: lower-case,
+// without :port, without one trailing dot. It reports false for an empty or
+// malformed host. Bracketed IPv6 literals are well formed but no route names
+// them.
+func normaliseHost(dst []byte, host string) ([]byte, bool) {
+	if len(host) == 0 || len(host) > maxHostLen {
+		return dst, false
+	}
+	if host[0] == '[' {
+		end := strings.IndexByte(host, ']')
+		if end < 0 || !validPort(host[end+1:]) {
+			return dst, false
+		}
+		dst = append(dst, '[')
+		for i := 1; i < end; i++ {
+			c := host[i]
+			if !(c == ':' || c == '.' || isHex(c)) {
+				return dst, false
+			}
+			if 'A' <= c && c <= 'F' {
+				c += 'a' - 'A'
+			}
+			dst = append(dst, c)
+		}
+		return append(dst, ']'), true
+	}
+	if i := strings.IndexByte(host, ':'); i >= 0 {
+		if !validPort(host[i:]) {
+			return dst, false
+		}
+		host = host[:i]
+	}
+	if n := len(host); n > 0 && host[n-1] == '.' {
+		host = host[:n-1]
+	}
+	if len(host) == 0 || len(host) > 253 {
+		return dst, false
+	}
+	labelLen := 0
+	for i := 0; i < len(host); i++ {
+		c := host[i]
+		switch {
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '-', c == '_':
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		case c == '.':
+			if labelLen == 0 {
+				return dst, false
+			}
+			labelLen = 0
+			dst = append(dst, c)
+			continue
+		default:
+			return dst, false
+		}
+		labelLen++
+		if labelLen > 63 {
+			return dst, false
+		}
+		dst = append(dst, c)
+	}
+	return dst, labelLen > 0
+}
+
+// validPort reports whether s is empty or ":" followed by 1–5 digits.
+func validPort(s string) bool {
+	if s == "" {
+		return true
+	}
+	if s[0] != ':' || len(s) < 2 || len(s) > 6 {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// NormaliseHost returns the lookup key for a Host header, or "" and false
+// when it is malformed. It allocates; the request path uses Resolve.
+func NormaliseHost(host string) (string, bool) {
+	var buf [maxHostLen]byte
+	key, ok := normaliseHost(buf[:0], host)
+	return string(key), ok
+}
