@@ -1,0 +1,175 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// config is every setting of the serve command. Each field has a flag and an
+// environment variable (DESIGN.md, "The contract"); a flag given on the
+// command line wins over the environment, which wins over the default.
+type config struct {
+	node             string
+	routesFile       string
+	token            string
+	tokenFile        string
+	prefer           string
+	pollInterval     time.Duration
+	httpAddr         string
+	httpsAddr        string
+	adminAddr        string
+	stateDir         string
+	tlsMode          string
+	acmeCA           string
+	acmeCARoot       string
+	acmeEmail        string
+	dnsProvider      string
+	wildcardDomains  string
+	certStore        string
+	trustedProxies   string
+	dialTimeout      time.Duration
+	responseTimeout  time.Duration
+	shutdownTimeout  time.Duration
+	logLevel         string
+	logFormat        string
+	accessLog        bool
+	accessLogRate    int
+	readHeaderTimout time.Duration
+	idleTimeout      time.Duration
+	maxHeaderBytes   int
+}
+
+// flagDoc is one documented flag: the README's flag table is generated from
+// these, and a test keeps the two in sync.
+type flagDoc struct {
+	Group, Name, Env, Default, Usage string
+}
+
+// flagSet is a flag.FlagSet that also reads each flag's environment variable
+// and remembers the group each flag belongs to, for --help.
+type flagSet struct {
+	*flag.FlagSet
+	docs  []flagDoc
+	group string
+}
+
+func newFlagSet(name string) *flagSet {
+	fs := &flagSet{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError)}
+	fs.Usage = func() { fs.printUsage(fs.Output()) }
+	return fs
+}
+
+func (fs *flagSet) add(name, env, usage string, def string) {
+	fs.docs = append(fs.docs, flagDoc{Group: fs.group, Name: name, Env: env, Default: def, Usage: usage})
+}
+
+func (fs *flagSet) stringVar(p *string, name, env, def, usage string) {
+	fs.StringVar(p, name, def, usage)
+	fs.add(name, env, usage, def)
+}
+
+func (fs *flagSet) durationVar(p *time.Duration, name, env string, def time.Duration, usage string) {
+	fs.DurationVar(p, name, def, usage)
+	fs.add(name, env, usage, def.String())
+}
+
+func (fs *flagSet) boolVar(p *bool, name, env string, def bool, usage string) {
+	fs.BoolVar(p, name, def, usage)
+	fs.add(name, env, usage, fmt.Sprint(def))
+}
+
+func (fs *flagSet) intVar(p *int, name, env string, def int, usage string) {
+	fs.IntVar(p, name, def, usage)
+	fs.add(name, env, usage, fmt.Sprint(def))
+}
+
+// parse reads args, then fills every flag not given on the command line from
+// its environment variable.
+func (fs *flagSet) parse(args []string, getenv func(string) string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, d := range fs.docs {
+		if given[d.Name] || d.Env == "" {
+			continue
+		}
+		for _, env := range strings.Split(d.Env, " ") {
+			if v := getenv(env); v != "" {
+				if err := fs.Set(d.Name, v); err != nil {
+					return fmt.Errorf("environment %s=%q: %w", env, v, err)
+				}
+				break
+			}
+		}
+	}
+	return nil
+}
+
+func (fs *flagSet) printUsage(w io.Writer) {
+	fmt.Fprintf(w, "Usage: scafo-edge [serve] [flags]\n       scafo-edge demo|routes|health|version [flags]\n\nEvery flag can also be set by the environment variable shown.\n")
+	group := ""
+	for _, d := range fs.docs {
+		if d.Group != group {
+			group = d.Group
+			fmt.Fprintf(w, "\n%s:\n", group)
+		}
+		def := ""
+		if d.Default != "" {
+			def = fmt.Sprintf(" (default %s)", d.Default)
+		}
+		fmt.Fprintf(w, "  --%s  [%s]%s\n      %s\n", d.Name, d.Env, def, d.Usage)
+	}
+}
+
+// serveFlags declares the serve command's flags on a new flag set.
+func serveFlags(c *config) *flagSet {
+	fs := newFlagSet("serve")
+	fs.group = "Routing source"
+	fs.stringVar(&c.node, "node", "SCAFO_EDGE_NODE", "http://127.0.0.1:7400", "node API base URL to poll for the routing document")
+	fs.stringVar(&c.routesFile, "routes-file", "SCAFO_EDGE_ROUTES_FILE", "", "read the routing document from this file instead of a node (re-read when it changes)")
+	fs.stringVar(&c.token, "ingress-token", "SCAFO_INGRESS_TOKEN", "", "bearer token for the node API")
+	fs.stringVar(&c.tokenFile, "ingress-token-file", "SCAFO_INGRESS_TOKEN_FILE", "", "file holding the bearer token (keep it mode 0600)")
+	fs.stringVar(&c.prefer, "prefer", "SCAFO_EDGE_PREFER", "self", "upstream order asked of the node: self, a node id, or none")
+	fs.durationVar(&c.pollInterval, "poll-interval", "SCAFO_EDGE_POLL_INTERVAL", 5*time.Second, "how often to poll the routing document")
+
+	fs.group = "Listeners"
+	fs.stringVar(&c.httpAddr, "http-addr", "SCAFO_EDGE_HTTP_ADDR", ":80", "plain HTTP listener (ACME HTTP-01, redirects, HTTP-only hosts)")
+	fs.stringVar(&c.httpsAddr, "https-addr", "SCAFO_EDGE_HTTPS_ADDR", ":443", "HTTPS listener (unused with --tls off)")
+	fs.stringVar(&c.adminAddr, "admin-addr", "SCAFO_EDGE_ADMIN_ADDR", ":9180", "admin listener: /metrics, /healthz, /readyz, status page")
+	fs.durationVar(&c.shutdownTimeout, "shutdown-timeout", "SCAFO_EDGE_SHUTDOWN_TIMEOUT", 30*time.Second, "how long in-flight requests may run after SIGTERM")
+	fs.durationVar(&c.readHeaderTimout, "read-header-timeout", "SCAFO_EDGE_READ_HEADER_TIMEOUT", 10*time.Second, "time a client has to send its request headers (slowloris bound)")
+	fs.durationVar(&c.idleTimeout, "idle-timeout", "SCAFO_EDGE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive client connection is kept")
+	fs.intVar(&c.maxHeaderBytes, "max-header-bytes", "SCAFO_EDGE_MAX_HEADER_BYTES", 64<<10, "largest request header block accepted (431 beyond)")
+	fs.stringVar(&c.trustedProxies, "trusted-proxies", "SCAFO_EDGE_TRUSTED_PROXIES", "", "comma-separated CIDRs whose X-Forwarded-* headers are kept (default: none)")
+
+	fs.group = "Upstreams"
+	fs.durationVar(&c.dialTimeout, "dial-timeout", "SCAFO_EDGE_DIAL_TIMEOUT", 3*time.Second, "connect timeout per upstream before failing over to the next")
+	fs.durationVar(&c.responseTimeout, "response-header-timeout", "SCAFO_EDGE_RESPONSE_HEADER_TIMEOUT", 0, "answer 504 when an upstream sends no response headers in this time (0: wait; streams and long polls work)")
+
+	fs.group = "State"
+	fs.stringVar(&c.stateDir, "state-dir", "SCAFO_EDGE_STATE_DIR", "/var/lib/scafo-edge", "directory for edge.db (last good document, certificates, ACME account)")
+
+	fs.group = "TLS"
+	fs.stringVar(&c.tlsMode, "tls", "SCAFO_EDGE_TLS", "acme", "acme, internal (a local CA kept in state) or off (HTTP only)")
+	fs.stringVar(&c.acmeCA, "acme-ca", "SCAFO_EDGE_ACME_CA", "https://acme-v02.api.letsencrypt.org/directory", "ACME directory URL")
+	fs.stringVar(&c.acmeCARoot, "acme-ca-root", "SCAFO_EDGE_ACME_CA_ROOT", "", "PEM file of extra roots to trust for the ACME server (e.g. Pebble's)")
+	fs.stringVar(&c.acmeEmail, "acme-email", "SCAFO_EDGE_ACME_EMAIL", "", "ACME account email")
+	fs.stringVar(&c.dnsProvider, "dns-provider", "SCAFO_EDGE_DNS_PROVIDER", "", "DNS-01 provider for wildcard certificates: cloudflare (token in CLOUDFLARE_API_TOKEN)")
+	fs.stringVar(&c.wildcardDomains, "wildcard-domains", "SCAFO_EDGE_WILDCARD_DOMAINS", "", "comma-separated bases to keep *.<base> certificates for (needs --dns-provider)")
+	fs.stringVar(&c.certStore, "cert-store", "SCAFO_EDGE_CERT_STORE", "", "local (bbolt only) or fleet (through the node, bbolt as local copy); default fleet with --node, local with --routes-file")
+
+	fs.group = "Logging"
+	fs.stringVar(&c.logLevel, "log-level", "SCAFO_EDGE_LOG_LEVEL", "info", "debug, info, warn or error")
+	fs.stringVar(&c.logFormat, "log-format", "SCAFO_EDGE_LOG_FORMAT", "json", "json or console")
+	fs.boolVar(&c.accessLog, "access-log", "SCAFO_EDGE_ACCESS_LOG", true, "write one JSON line per request")
+	fs.intVar(&c.accessLogRate, "access-log-rate", "SCAFO_EDGE_ACCESS_LOG_RATE", 1000, "most access log lines per second; the rest are counted, not written (0: no limit)")
+	return fs
+}
+
+func getenv(k string) string { return os.Getenv(k) }
