@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/scafo/scafo-edge/node"
 )
@@ -84,6 +85,11 @@ type Table struct {
 	apiHosts []string
 	denied   []string // canonical: lower-case, cleaned, no trailing slash
 	prefixes int
+
+	// Set by Updater.Apply before the table is published.
+	fingerprint string
+	fetchedAt   time.Time
+	stale       bool
 }
 
 // Compile builds a Table from a parsed document. Entries that are wrong on
@@ -226,6 +232,16 @@ func (t *Table) Certifiable(name string) bool {
 	_, ok := t.hosts[key]
 	return ok
 }
+
+// Fingerprint returns the fingerprint of the document the table was built from.
+func (t *Table) Fingerprint() string { return t.fingerprint }
+
+// FetchedAt returns when that document was fetched from its source.
+func (t *Table) FetchedAt() time.Time { return t.fetchedAt }
+
+// Stale reports whether the table was built from the persisted document at
+// start-up and no fresh one has been fetched since.
+func (t *Table) Stale() bool { return t.stale }
 
 // Live holds the table requests resolve against. Store swaps it atomically;
 // a request keeps the table it loaded, so a swap never pauses traffic

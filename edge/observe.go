@@ -1,0 +1,205 @@
+package edge
+
+import (
+	"net/http"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"golang.org/x/time/rate"
+)
+
+// noApplication labels requests no route was resolved for. Application names
+// come from the document, never from the request, so the label set is
+// bounded by what the node publishes.
+const noApplication = "-"
+
+// apiApplication labels requests routed to the platform API apex.
+const apiApplication = "scafo-api"
+
+// Metrics counts requests by application; it is an Observer.
+type Metrics struct {
+	requests  *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	bytesIn   *prometheus.CounterVec
+	bytesOut  *prometheus.CounterVec
+	self      *prometheus.CounterVec
+	inFlight  prometheus.Gauge
+	failovers *prometheus.CounterVec
+}
+
+// NewMetrics registers the request collectors on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scafo_edge_requests_total",
+			Help: "Requests answered, by application, status code class and method class.",
+		}, []string{"application", "code", "method"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "scafo_edge_request_duration_seconds",
+			Help:    "Time from request to the end of its response, by application.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"application"}),
+		bytesIn: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scafo_edge_request_bytes_total",
+			Help: "Request body bytes sent to upstreams, by application.",
+		}, []string{"application"}),
+		bytesOut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scafo_edge_response_bytes_total",
+			Help: "Response body bytes written to clients, by application.",
+		}, []string{"application"}),
+		self: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scafo_edge_self_answered_total",
+			Help: "Responses the edge answered itself, by reason.",
+		}, []string{"reason"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "scafo_edge_requests_in_flight",
+			Help: "Requests being served.",
+		}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scafo_edge_request_failovers_total",
+			Help: "Requests that reached an upstream only after another failed to connect, by application.",
+		}, []string{"application"}),
+	}
+	for _, r := range Reasons {
+		m.self.WithLabelValues(string(r))
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.self, m.inFlight, m.failovers)
+	}
+	return m
+}
+
+// Observe implements Observer.
+func (m *Metrics) Observe(rec *Record) {
+	app := applicationLabel(rec.Route)
+	m.requests.WithLabelValues(app, codeClass(rec.Status), methodClass(rec.Method)).Inc()
+	m.duration.WithLabelValues(app).Observe(rec.Duration.Seconds())
+	if rec.BytesIn > 0 {
+		m.bytesIn.WithLabelValues(app).Add(float64(rec.BytesIn))
+	}
+	m.bytesOut.WithLabelValues(app).Add(float64(rec.BytesOut))
+	if rec.Reason != "" {
+		m.self.WithLabelValues(string(rec.Reason)).Inc()
+	}
+	if rec.Failovers > 0 {
+		m.failovers.WithLabelValues(app).Inc()
+	}
+}
+
+// InFlight wraps next so the in-flight gauge covers the whole request.
+func (m *Metrics) InFlight(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.inFlight.Inc()
+		defer m.inFlight.Dec()
+		next.ServeHTTP(w, r)
+	})
+}
+
+func applicationLabel(r *Route) string {
+	switch {
+	case r == nil:
+		return noApplication
+	case r.API:
+		return apiApplication
+	}
+	return r.Application
+}
+
+var codeClasses = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}
+
+func codeClass(status int) string {
+	if status >= 100 && status < 600 {
+		return codeClasses[status/100-1]
+	}
+	return "other"
+}
+
+// methodClass folds methods into a bounded set: a client chooses the method
+// string, so an unknown one must not mint a series.
+func methodClass(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+		http.MethodPatch, http.MethodDelete, http.MethodOptions:
+		return m
+	}
+	return "OTHER"
+}
+
+// AccessLog writes one JSON line per request, at most Limit lines a second
+// with a burst; lines beyond that are counted, not written, so a flood
+// cannot fill a disk. It is an Observer.
+type AccessLog struct {
+	log     zerolog.Logger
+	limit   *rate.Limiter
+	dropped atomic.Uint64
+	counter prometheus.Counter
+}
+
+// NewAccessLog returns an access log writing to log at most perSecond lines
+// a second (burst of the same size). perSecond <= 0 means no limit.
+func NewAccessLog(log zerolog.Logger, perSecond int, reg prometheus.Registerer) *AccessLog {
+	a := &AccessLog{
+		log: log,
+		counter: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "scafo_edge_access_log_dropped_total",
+			Help: "Access log lines not written because the rate limit was reached.",
+		}),
+	}
+	if perSecond > 0 {
+		a.limit = rate.NewLimiter(rate.Limit(perSecond), perSecond)
+	}
+	if reg != nil {
+		reg.MustRegister(a.counter)
+	}
+	return a
+}
+
+// Observe implements Observer.
+func (a *AccessLog) Observe(rec *Record) {
+	if a.limit != nil && !a.limit.Allow() {
+		a.dropped.Add(1)
+		a.counter.Inc()
+		return
+	}
+	ev := a.log.Info().
+		Time("start", rec.Start).
+		Str("application", applicationLabel(rec.Route)).
+		Str("host", rec.Host).
+		Str("method", rec.Method).
+		Str("path", rec.Path).
+		Str("proto", rec.Proto).
+		Int("status", rec.Status).
+		Int64("bytes_in", rec.BytesIn).
+		Int64("bytes_out", rec.BytesOut).
+		Float64("duration_ms", float64(rec.Duration.Microseconds())/1000)
+	if rec.Route != nil {
+		ev = ev.Str("route", rec.Route.Host)
+	}
+	if rec.Prefix != "" {
+		ev = ev.Str("prefix", rec.Prefix)
+	}
+	if rec.Node != "" {
+		ev = ev.Str("upstream_node", rec.Node)
+	}
+	if rec.Failovers > 0 {
+		ev = ev.Int("failovers", rec.Failovers)
+	}
+	if rec.Reason != "" {
+		ev = ev.Str("answered_by_edge", string(rec.Reason))
+	}
+	if n := a.dropped.Swap(0); n > 0 {
+		ev = ev.Uint64("lines_dropped_before", n)
+	}
+	ev.Msg("request")
+}
+
+// Observers fans one record out to several observers in order.
+type Observers []Observer
+
+// Observe implements Observer.
+func (os Observers) Observe(rec *Record) {
+	for _, o := range os {
+		o.Observe(rec)
+	}
+}
