@@ -1,0 +1,277 @@
+package backhaul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+
+	"github.com/scafo/scafo-edge/node"
+)
+
+// Errors Forward returns when it wrote nothing; the caller answers the client
+// itself.
+var (
+	// ErrNoUpstream: no upstream produced a response, because none could be
+	// connected or because the one connected failed before its response
+	// headers (the edge answers 502).
+	ErrNoUpstream = errors.New("no upstream answered")
+	// ErrUpstreamTimeout: the upstream did not send response headers within
+	// Options.ResponseHeaderTimeout (the edge answers 504).
+	ErrUpstreamTimeout = errors.New("upstream response header timeout")
+	// ErrUpstreamFailed: an upstream was connected but failed before its
+	// response headers (reset, malformed response). An error that matches it
+	// also matches ErrNoUpstream, so a caller may tell the cases apart in
+	// its text without having to handle a third status.
+	ErrUpstreamFailed = errors.New("upstream failed before responding")
+)
+
+// Result describes how Forward went, for access logs and metrics.
+type Result struct {
+	// Node and Address name the upstream that answered, or the last one
+	// tried when none did; both are empty when none was tried.
+	Node, Address string
+	// Failovers counts the upstreams that could not be connected before the
+	// last one tried.
+	Failovers int
+	// Status is the status code written to the client, 0 when Forward wrote
+	// nothing.
+	Status int
+	// BytesIn counts the request body bytes read from the client, BytesOut
+	// the response body bytes written to it; for an upgraded connection,
+	// the bytes tunnelled each way.
+	BytesIn, BytesOut int64
+}
+
+// Forward proxies r to the first usable upstream of ups, a priority list
+// (never a weighting, DESIGN.md rule 7). An upstream that cannot be
+// connected is ejected for a while and the next one is tried, unseen by the
+// client; ejected upstreams are skipped while another remains and are tried
+// last, in order, rather than failing the request.
+//
+// When Result.Status is 0 nothing was written: the error matches
+// ErrNoUpstream or ErrUpstreamTimeout and the caller answers 502 or 504, or
+// it matches context.Canceled when the client went away first (nothing to
+// answer; not an upstream failure). When Result.Status is set the response
+// was written; an error then only reports a body cut short, and the client
+// connection has already been closed so the client sees the truncation (on
+// a connection that cannot be hijacked, HTTP/2, Forward panics with
+// http.ErrAbortHandler instead, as httputil.ReverseProxy does).
+func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstream) (Result, error) {
+	var res Result
+	if len(ups) == 0 {
+		return res, fmt.Errorf("%w: empty upstream list", ErrNoUpstream)
+	}
+	upgrade := upgradeProtocol(r.Header)
+	out, body := p.outboundRequest(r, upgrade)
+	now := p.now()
+
+	// skipped marks upstreams that were ejected when the request started;
+	// they get a turn only after every other one failed. A bit set covers
+	// the usual short lists without allocating.
+	var skippedBits uint64
+	var skippedMore []bool
+	skip := func(i int) {
+		if i < 64 {
+			skippedBits |= 1 << i
+			return
+		}
+		if skippedMore == nil {
+			skippedMore = make([]bool, len(ups))
+		}
+		skippedMore[i] = true
+	}
+	wasSkipped := func(i int) bool {
+		if i < 64 {
+			return skippedBits&(1<<i) != 0
+		}
+		return skippedMore != nil && skippedMore[i]
+	}
+
+	var lastErr error
+	tries := 0
+	for pass := 0; pass < 2; pass++ {
+		for i, u := range ups {
+			s := p.health.state(u, now)
+			if pass == 0 && s.ejected(now) {
+				skip(i)
+				continue
+			}
+			if pass == 1 && !wasSkipped(i) {
+				continue
+			}
+			if tries > 0 {
+				// A fresh request per attempt: the transport may still hold
+				// the previous one in a background dial.
+				out = retarget(out)
+				res.Failovers++
+				p.metrics.failover(res.Node)
+			}
+			tries++
+			res.Node, res.Address = u.Node, u.Address
+			connectFailed, err := p.try(w, r, out, body, u, s, upgrade, &res)
+			if !connectFailed {
+				return res, err
+			}
+			lastErr = err
+		}
+		if skippedBits == 0 && skippedMore == nil {
+			break
+		}
+	}
+	return res, fmt.Errorf("%w: %w", ErrNoUpstream, lastErr)
+}
+
+// try sends out to u and, when it answers, writes its response to w. It
+// reports whether connecting failed, the one case where the next upstream
+// may be tried.
+func (p *Proxy) try(w http.ResponseWriter, r *http.Request, out *http.Request, body *requestBody,
+	u node.Upstream, s *hostState, upgrade string, res *Result) (connectFailed bool, err error) {
+	out.URL.Host = u.Address
+	resp, rtErr := p.transport.RoundTrip(out)
+	if rtErr != nil {
+		return p.failed(r, body, u, s, rtErr)
+	}
+	p.connected(u, s)
+	err = p.respond(w, r, resp, upgrade, res)
+	if body != nil {
+		res.BytesIn += body.n.Load()
+	}
+	return false, err
+}
+
+// failed classifies a round trip that produced no response.
+func (p *Proxy) failed(r *http.Request, body *requestBody, u node.Upstream, s *hostState, err error) (connectFailed bool, _ error) {
+	ctx := r.Context()
+	switch {
+	case ctx.Err() != nil:
+		return false, clientGone(ctx.Err())
+	case body != nil && body.clientFailed.Load():
+		// The client's upload broke off: its fault, not the upstream's.
+		return false, clientGone(err)
+	case isConnectError(err):
+		p.connectFailed(u, s, err)
+		return true, err
+	}
+	// Connected, so reachable: whatever went wrong next is no reason to
+	// eject it, nor to try another (the request may have been acted on).
+	p.connected(u, s)
+	var ne net.Error
+	if p.rhTimeout && errors.As(err, &ne) && ne.Timeout() {
+		return false, fmt.Errorf("%w: %s: %w", ErrUpstreamTimeout, u.Address, err)
+	}
+	return false, fmt.Errorf("%w: %w: %s: %w", ErrNoUpstream, ErrUpstreamFailed, u.Address, err)
+}
+
+// connectFailed ejects u and logs the first failure of an episode.
+func (p *Proxy) connectFailed(u node.Upstream, s *hostState, err error) {
+	n, d := p.health.connectFailed(s, p.now())
+	p.metrics.connectFailure(u.Node)
+	if n == 1 {
+		p.log.Warn().Str("node", u.Node).Str("upstream", u.Address).Err(err).
+			Dur("ejected_for", d).Msg("upstream connect failed; ejecting it")
+	}
+}
+
+// connected clears u's failures and logs a recovery once.
+func (p *Proxy) connected(u node.Upstream, s *hostState) {
+	if n := p.health.connected(s); n > 0 {
+		p.log.Info().Str("node", u.Node).Str("upstream", u.Address).Int32("failures", n).
+			Msg("upstream recovered")
+	}
+}
+
+// clientGone wraps the reason a client went away so that it matches
+// context.Canceled: the caller must neither answer nor count a 502.
+func clientGone(cause error) error {
+	if errors.Is(cause, context.Canceled) {
+		return fmt.Errorf("client gone: %w", cause)
+	}
+	return fmt.Errorf("client gone: %w: %w", context.Canceled, cause)
+}
+
+// outboundRequest builds the request sent upstream, shared by every attempt
+// (its URL host is set per attempt).
+func (p *Proxy) outboundRequest(r *http.Request, upgrade string) (*http.Request, *requestBody) {
+	u := &url.URL{Scheme: "http"}
+	setTarget(u, r)
+	base := http.Request{
+		Method:        r.Method,
+		URL:           u,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        p.outboundHeader(r, upgrade),
+		Host:          r.Host,
+		ContentLength: r.ContentLength,
+	}
+	var body *requestBody
+	if r.Body != nil && r.Body != http.NoBody {
+		body = &requestBody{rc: r.Body}
+		base.Body = body
+	}
+	return base.WithContext(r.Context()), body
+}
+
+// retarget copies out (shallowly: header and body are shared, the
+// transport only reads them) with its own URL for another attempt.
+func retarget(out *http.Request) *http.Request {
+	u := *out.URL
+	next := out.WithContext(out.Context())
+	next.URL = &u
+	return next
+}
+
+// setTarget sets u's request target so that the upstream receives r's
+// original request-URI bytes: no cleaning, no unescaping, no prefix
+// stripping (DESIGN.md rule 4).
+func setTarget(u *url.URL, r *http.Request) {
+	ruri := r.RequestURI
+	if ruri == "" || (ruri[0] != '/' && ruri != "*") {
+		// Absolute form ("GET http://h/p HTTP/1.1") or a request built in
+		// process: send the path and query in escaped form; an upstream
+		// expects origin form.
+		u.Path, u.RawPath = r.URL.Path, r.URL.RawPath
+		u.RawQuery, u.ForceQuery = r.URL.RawQuery, r.URL.ForceQuery
+		return
+	}
+	path, query, hasQuery := strings.Cut(ruri, "?")
+	u.RawQuery, u.ForceQuery = query, hasQuery && query == ""
+	if !strings.HasPrefix(path, "//") {
+		// An opaque URL is written to the request line verbatim.
+		u.Opaque = path
+		return
+	}
+	// The transport would write an opaque "//x" as "http://x". As a path,
+	// its escaped form is the raw bytes whenever they are a valid encoding,
+	// which Go's server already required to accept the request.
+	u.Path, u.RawPath = r.URL.Path, r.URL.RawPath
+}
+
+// requestBody passes the client's body to the transport. Its Close does
+// nothing: the transport closes the body of a failed attempt, and the next
+// attempt must still be able to send it (a failed connect never read it).
+// The server closes the real body when the handler returns. Counters are
+// atomic because the transport may still be writing the body after
+// RoundTrip returned.
+type requestBody struct {
+	rc           io.ReadCloser
+	n            atomic.Int64
+	clientFailed atomic.Bool
+}
+
+func (b *requestBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	b.n.Add(int64(n))
+	if err != nil && err != io.EOF {
+		b.clientFailed.Store(true)
+	}
+	return n, err
+}
+
+func (b *requestBody) Close() error { return nil }

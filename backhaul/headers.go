@@ -1,0 +1,149 @@
+package backhaul
+
+import (
+	"net/http"
+	"net/netip"
+	"strings"
+)
+
+// isHopByHop reports whether a canonical header key names a hop-by-hop
+// header (RFC 7230 §6.1, plus Proxy-Connection and Keep-Alive, which
+// HTTP/1.0 era clients still send). Those headers describe one connection
+// and are never forwarded.
+func isHopByHop(key string) bool {
+	switch key {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
+}
+
+// namedByConnection reports whether key is listed in h's Connection header,
+// which makes it hop-by-hop for this message (RFC 7230 §6.1).
+func namedByConnection(conn []string, key string) bool {
+	for _, v := range conn {
+		for v != "" {
+			var tok string
+			tok, v, _ = strings.Cut(v, ",")
+			if strings.EqualFold(strings.TrimSpace(tok), key) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// hasToken reports whether the comma-separated header values contain tok,
+// compared case-insensitively.
+func hasToken(values []string, tok string) bool {
+	return namedByConnection(values, tok)
+}
+
+// isForwarding reports whether key is a header through which a client claims
+// an origin for the request; only a trusted proxy's are believed.
+func isForwarding(key string) bool {
+	return strings.HasPrefix(key, "X-Forwarded-") || key == "Forwarded" || key == "X-Real-Ip"
+}
+
+// upgradeProtocol returns the protocol a request or response asks to switch
+// to, or "" when it does not ask (Connection must name "upgrade").
+func upgradeProtocol(h http.Header) string {
+	if !hasToken(h["Connection"], "upgrade") {
+		return ""
+	}
+	return h.Get("Upgrade")
+}
+
+// Values shared by every request; the transport only reads them.
+var (
+	protoHTTP     = []string{"http"}
+	protoHTTPS    = []string{"https"}
+	teTrailers    = []string{"trailers"}
+	connUpgrade   = []string{"Upgrade"}
+	headerXFF     = "X-Forwarded-For"
+	headerXFProto = "X-Forwarded-Proto"
+	headerXFHost  = "X-Forwarded-Host"
+)
+
+// outboundHeader returns the header to send upstream for r: r's end-to-end
+// headers (value slices shared, not copied), the upgrade headers when
+// upgrade is set, and the X-Forwarded-* set.
+func (p *Proxy) outboundHeader(r *http.Request, upgrade string) http.Header {
+	in := r.Header
+	conn := in["Connection"]
+	client, clientOK := clientAddr(r.RemoteAddr)
+	trusted := clientOK && p.isTrusted(client)
+
+	out := make(http.Header, len(in)+3)
+	for k, v := range in {
+		if isHopByHop(k) || (conn != nil && namedByConnection(conn, k)) {
+			continue
+		}
+		if !trusted && isForwarding(k) {
+			continue
+		}
+		out[k] = v
+	}
+	// "TE: trailers" is how gRPC clients say they accept trailers; it is the
+	// one TE value a proxy that forwards trailers may pass on.
+	if te := in["Te"]; te != nil && hasToken(te, "trailers") {
+		out["Te"] = teTrailers
+	}
+	if upgrade != "" {
+		out["Connection"] = connUpgrade
+		out["Upgrade"] = []string{upgrade}
+	}
+
+	if clientOK {
+		ip := client.String()
+		if prior := out[headerXFF]; len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		out[headerXFF] = []string{ip}
+	}
+	if _, ok := out[headerXFProto]; !ok {
+		if r.TLS != nil {
+			out[headerXFProto] = protoHTTPS
+		} else {
+			out[headerXFProto] = protoHTTP
+		}
+	}
+	if _, ok := out[headerXFHost]; !ok && r.Host != "" {
+		out[headerXFHost] = []string{r.Host}
+	}
+	return out
+}
+
+// clientAddr parses the client's IP from a RemoteAddr ("ip:port").
+func clientAddr(remote string) (netip.Addr, bool) {
+	if ap, err := netip.ParseAddrPort(remote); err == nil {
+		return ap.Addr().Unmap(), true
+	}
+	if a, err := netip.ParseAddr(remote); err == nil {
+		return a.Unmap(), true
+	}
+	return netip.Addr{}, false
+}
+
+// isTrusted reports whether the client is one of the trusted proxies.
+func (p *Proxy) isTrusted(a netip.Addr) bool {
+	for _, pfx := range p.trusted {
+		if pfx.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// copyResponseHeader copies the upstream's end-to-end response headers into
+// dst, sharing the value slices.
+func copyResponseHeader(dst, src http.Header) {
+	conn := src["Connection"]
+	for k, v := range src {
+		if isHopByHop(k) || (conn != nil && namedByConnection(conn, k)) {
+			continue
+		}
+		dst[k] = v
+	}
+}

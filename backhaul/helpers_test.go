@@ -1,0 +1,258 @@
+package backhaul
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/scafo/scafo-edge/node"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// call is what one Forward through the test edge returned.
+type call struct {
+	res Result
+	err error
+}
+
+// testEdge stands in for edge's handler: it forwards every request to ups
+// and answers 502/504 itself when Forward wrote nothing, as the real
+// handler does.
+type testEdge struct {
+	srv   *httptest.Server
+	addr  string
+	calls chan call
+}
+
+func startEdge(t *testing.T, p *Proxy, ups ...node.Upstream) *testEdge {
+	t.Helper()
+	e := &testEdge{calls: make(chan call, 64)}
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		res, err := p.Forward(w, r, ups)
+		if res.Status == 0 {
+			switch {
+			case errors.Is(err, ErrUpstreamTimeout):
+				http.Error(w, "edge: upstream timeout", http.StatusGatewayTimeout)
+			case errors.Is(err, ErrNoUpstream):
+				http.Error(w, "edge: no upstream", http.StatusBadGateway)
+			}
+		}
+		select {
+		case e.calls <- call{res, err}:
+		default:
+		}
+	}))
+	e.addr = e.srv.Listener.Addr().String()
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+// next returns the next Forward result, failing the test after a deadline.
+func (e *testEdge) next(t *testing.T) call {
+	t.Helper()
+	select {
+	case c := <-e.calls:
+		return c
+	case <-time.After(5 * time.Second):
+		t.Fatal("Forward never returned")
+		return call{}
+	}
+}
+
+// newProxy returns a Proxy closed at the end of the test.
+func newProxy(t *testing.T, opts Options) *Proxy {
+	t.Helper()
+	p := New(opts)
+	t.Cleanup(p.Close)
+	return p
+}
+
+// upstream starts a loopback upstream serving h.
+func upstream(t *testing.T, name string, h http.HandlerFunc) node.Upstream {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return node.Upstream{Node: name, Address: srv.Listener.Addr().String()}
+}
+
+// named answers with its name, so a test sees who served.
+func named(t *testing.T, name string) node.Upstream {
+	return upstream(t, name, func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, name)
+	})
+}
+
+// refused returns an upstream on a loopback port nothing listens on.
+func refused(t *testing.T, name string) node.Upstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return node.Upstream{Node: name, Address: addr}
+}
+
+// rawListener accepts connections and hands each to serve; it is stopped,
+// and its connections closed, at the end of the test.
+func rawListener(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// readRequestHead reads one request's head from c.
+func readRequestHead(c net.Conn) (*http.Request, *bufio.Reader, error) {
+	br := bufio.NewReader(c)
+	req, err := http.ReadRequest(br)
+	return req, br, err
+}
+
+// rawDo sends raw bytes to addr and reads one response; Go's client would
+// clean the odd paths these tests need to send.
+func rawDo(t *testing.T, addr, raw string) (*http.Response, string) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("read response to %q: %v", firstLine(raw), err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body of %q: %v", firstLine(raw), err)
+	}
+	return resp, string(b)
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\r\n")
+	return l
+}
+
+// client returns an HTTP client whose idle connections are closed at the
+// end of the test, so goleak sees no stray connection goroutines.
+func client(t *testing.T) *http.Client {
+	t.Helper()
+	tr := &http.Transport{DisableCompression: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+func get(t *testing.T, c *http.Client, url string) (int, string) {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: read body: %v", url, err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-tick.C:
+		}
+	}
+}
+
+// fakeClock is a settable clock for ejection periods.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// healthOf returns the health entry for addr, or a zero one.
+func healthOf(p *Proxy, addr string) UpstreamHealth {
+	for _, h := range p.Health() {
+		if h.Address == addr {
+			return h
+		}
+	}
+	return UpstreamHealth{}
+}

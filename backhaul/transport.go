@@ -1,0 +1,186 @@
+// Package backhaul owns the leg from the edge to an upstream: connection
+// pools, failover down an upstream priority list, passive ejection of
+// upstreams that cannot be connected, forwarded headers, streaming in both
+// directions, protocol upgrades (WebSocket) and the response-header timeout.
+//
+// It knows nothing about routing: Forward is handed a request and an ordered
+// list of upstreams, and answers with the first one that can be connected.
+// When no upstream produced a response it writes nothing and returns
+// ErrNoUpstream or ErrUpstreamTimeout, so the caller answers 502 or 504 in its
+// own words.
+//
+// The proxy is written here on top of http.Transport rather than with
+// httputil.ReverseProxy because ReverseProxy cannot meet the contract:
+//   - it re-encodes the request target from the parsed URL, so the upstream
+//     would not receive the original request-URI bytes (DESIGN.md rule 4:
+//     "//a/../b" and "/%2e%2e/x" must arrive byte-identical);
+//   - it has a single Transport round trip per request, with no way to tell a
+//     connect failure (safe to retry for every method) from a failure after
+//     connecting other than in a custom Transport, and it closes the request
+//     body on the failed attempt;
+//   - it writes a 502 itself (or via ErrorHandler) and panics with
+//     http.ErrAbortHandler, where the edge wants to answer with its own text
+//     and keep its access log;
+//   - it clones the whole request (headers included) on every call, which
+//     costs allocations on the hot path (issue 8).
+package backhaul
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// Options configures a Proxy. The zero value is usable.
+type Options struct {
+	// DialTimeout bounds connecting to one upstream; a dial that takes longer
+	// is a connect failure and the next upstream is tried. Zero means 3s.
+	DialTimeout time.Duration
+	// ResponseHeaderTimeout bounds the wait for an upstream's response
+	// headers once the request (body included) has been written. When it
+	// fires Forward returns ErrUpstreamTimeout (the edge answers 504). Zero
+	// means no limit, so long polls and streams work.
+	ResponseHeaderTimeout time.Duration
+	// MaxIdleConnsPerHost is the number of idle keep-alive connections kept
+	// per upstream address. Zero means 256, sized for a proxy rather than
+	// Go's default of 2, which would close and redial under any load.
+	MaxIdleConnsPerHost int
+	// IdleConnTimeout closes a pooled connection idle this long. Zero means
+	// 90s.
+	IdleConnTimeout time.Duration
+	// TrustedProxies lists the client networks whose inbound X-Forwarded-*
+	// headers are kept (X-Forwarded-For is appended to). Every other
+	// client's X-Forwarded-*, Forwarded and X-Real-Ip headers are replaced.
+	// Nil trusts no one.
+	TrustedProxies []netip.Prefix
+	// EjectBase is how long an upstream is skipped after its first connect
+	// failure; each further consecutive failure doubles it, up to EjectMax.
+	// Zero means 1s and 30s respectively.
+	EjectBase, EjectMax time.Duration
+	// Now is the clock for ejection. Nil means time.Now.
+	Now func() time.Time
+	// Log receives ejections and recoveries, each once per episode. The zero
+	// value logs nothing.
+	Log zerolog.Logger
+	// Registerer receives the package's metrics. Nil means no metrics.
+	Registerer prometheus.Registerer
+}
+
+// Proxy forwards requests to upstreams. It is safe for concurrent use; its
+// zero value is not usable, call New.
+type Proxy struct {
+	transport *http.Transport
+	trusted   []netip.Prefix
+	now       func() time.Time
+	log       zerolog.Logger
+	health    health
+	metrics   *metrics
+	rhTimeout bool
+}
+
+// Defaults for the zero values of Options.
+const (
+	defaultDialTimeout     = 3 * time.Second
+	defaultIdlePerHost     = 256
+	defaultIdleConnTimeout = 90 * time.Second
+	defaultEjectBase       = time.Second
+	defaultEjectMax        = 30 * time.Second
+)
+
+// New returns a Proxy configured by opts.
+func New(opts Options) *Proxy {
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = defaultDialTimeout
+	}
+	if opts.MaxIdleConnsPerHost <= 0 {
+		opts.MaxIdleConnsPerHost = defaultIdlePerHost
+	}
+	if opts.IdleConnTimeout <= 0 {
+		opts.IdleConnTimeout = defaultIdleConnTimeout
+	}
+	if opts.EjectBase <= 0 {
+		opts.EjectBase = defaultEjectBase
+	}
+	if opts.EjectMax <= 0 {
+		opts.EjectMax = defaultEjectMax
+	}
+	if opts.EjectMax < opts.EjectBase {
+		opts.EjectMax = opts.EjectBase
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	p := &Proxy{
+		transport: newTransport(opts),
+		trusted:   opts.TrustedProxies,
+		now:       opts.Now,
+		log:       opts.Log,
+		rhTimeout: opts.ResponseHeaderTimeout > 0,
+	}
+	p.health.init(opts.EjectBase, opts.EjectMax)
+	p.metrics = newMetrics(opts.Registerer, p, opts.Log)
+	return p
+}
+
+// Close closes the idle pooled connections. In-flight requests and upgraded
+// connections are left to finish; the Proxy stays usable.
+func (p *Proxy) Close() {
+	p.transport.CloseIdleConnections()
+}
+
+// newTransport builds the one http.Transport every upstream shares; it keeps
+// a separate pool per address.
+func newTransport(opts Options) *http.Transport {
+	d := &net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		// Upstreams are named by address in the routing document; a proxy
+		// from the environment would silently reroute the fleet's traffic.
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, &connectError{addr: addr, err: err}
+			}
+			return c, nil
+		},
+		MaxIdleConnsPerHost:   opts.MaxIdleConnsPerHost,
+		IdleConnTimeout:       opts.IdleConnTimeout,
+		ResponseHeaderTimeout: opts.ResponseHeaderTimeout,
+		// The client's Accept-Encoding is forwarded as sent; the transport
+		// must neither add gzip nor decode the body it passes through.
+		DisableCompression: true,
+		// Upstreams are plain HTTP/1.1; an empty map keeps the transport
+		// from ever negotiating HTTP/2.
+		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
+		// Large enough for typical response headers and small bodies in
+		// one read, without the 64 KiB per connection the copy buffers use.
+		WriteBufferSize: 16 << 10,
+		ReadBufferSize:  16 << 10,
+	}
+}
+
+// connectError reports that a connection to an upstream could not be
+// established. Nothing was sent, so trying the next upstream is safe for
+// every method. It is told apart from failures after connecting with
+// errors.As, never by the message.
+type connectError struct {
+	addr string
+	err  error
+}
+
+func (e *connectError) Error() string { return fmt.Sprintf("connect %s: %v", e.addr, e.err) }
+func (e *connectError) Unwrap() error { return e.err }
+
+// isConnectError reports whether err is a failure to connect.
+func isConnectError(err error) bool {
+	var ce *connectError
+	return errors.As(err, &ce)
+}
