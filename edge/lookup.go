@@ -111,10 +111,14 @@ func wildcardStart(key []byte) int {
 	return -1
 }
 
-// matchPath looks the first path segment up in both spellings
-// (path-routing-design.md §6): the normalised one (path.Clean of the decoded
-// path) wins; then the decoded one as it arrived; then the still-encoded one.
-// Taking a hit from any closes the bypasses each spelling alone would leave.
+// matchPath looks the first path segment up in every spelling a backend
+// might route on (path-routing-design.md §6): the normalised one (path.Clean
+// of the decoded path) wins; then the decoded one as it arrived; then the
+// still-encoded one. For the two unnormalised spellings the first non-empty
+// segment is taken, so a backend that collapses doubled slashes but keeps dot
+// segments ("//paulca/../x") cannot answer a flipped account from the route
+// it left. Taking a hit from any spelling errs toward the target route, the
+// benign direction.
 func (r *Route) matchPath(rawPath, decodedPath string) (*Route, string) {
 	clean := decodedPath
 	if needsClean(decodedPath) {
@@ -125,13 +129,13 @@ func (r *Route) matchPath(rawPath, decodedPath string) (*Route, string) {
 			return t, seg
 		}
 	}
-	if seg := firstSegment(decodedPath); seg != "" {
+	if seg := firstNonEmptySegment(decodedPath); seg != "" {
 		if t := r.paths[seg]; t != nil {
 			return t, seg
 		}
 	}
 	if rawPath != decodedPath {
-		if seg := firstSegment(rawPath); seg != "" {
+		if seg := firstNonEmptySegment(rawPath); seg != "" {
 			if t := r.paths[seg]; t != nil {
 				return t, seg
 			}
@@ -151,6 +155,15 @@ func firstSegment(p string) string {
 		return p[:i]
 	}
 	return p
+}
+
+// firstNonEmptySegment is firstSegment after collapsing leading slashes:
+// "//x/y" gives "x".
+func firstNonEmptySegment(p string) string {
+	if len(p) == 0 || p[0] != '/' {
+		return ""
+	}
+	return firstSegment(p[len(p)-len(strings.TrimLeft(p, "/"))-1:])
 }
 
 // needsClean reports whether path.Clean would change p, without allocating

@@ -117,6 +117,8 @@ func TestResolvePath(t *testing.T) {
 		{"encoded letters decode to the prefix", "/p%61ulca/x", "/paulca/x", goapp},
 		{"dot segment before the prefix", "/./paulca", "/./paulca", goapp},
 		{"unknown first segment", "/carol/x", "/carol/x", classic},
+		{"doubled slash then dot-dot keeps the flipped account off the legacy route", "//paulca/../x", "//paulca/../x", goapp},
+		{"doubled slash before an encoded prefix", "//p%61ulca", "//paulca", goapp},
 		{"prefixes are case-sensitive", "/PAULCA", "/PAULCA", classic},
 		{"query is not part of the path", "/paulca", "/paulca", goapp},
 	}
