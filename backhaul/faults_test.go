@@ -1,0 +1,318 @@
+package backhaul
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/scafo/scafo-edge/node"
+)
+
+// silent accepts, reads the request head and never answers. got receives a
+// value per request read.
+func silent(t *testing.T, got chan<- struct{}) node.Upstream {
+	addr := rawListener(t, func(c net.Conn) {
+		if _, _, err := readRequestHead(c); err != nil {
+			return
+		}
+		if got != nil {
+			got <- struct{}{}
+		}
+		io.Copy(io.Discard, c) // until the proxy or the test closes it
+	})
+	return node.Upstream{Node: "silent", Address: addr}
+}
+
+// scripted answers every request with raw bytes and then resets the
+// connection, as a crashing upstream would.
+func scripted(t *testing.T, name, raw string) node.Upstream {
+	addr := rawListener(t, func(c net.Conn) {
+		if _, _, err := readRequestHead(c); err != nil {
+			return
+		}
+		io.WriteString(c, raw)
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetLinger(0) // close with RST, not FIN
+		}
+	})
+	return node.Upstream{Node: name, Address: addr}
+}
+
+// counting answers 200 and counts the requests it saw.
+func counting(t *testing.T, n *atomic.Int32) node.Upstream {
+	return upstream(t, "spare", func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		io.WriteString(w, "spare")
+	})
+}
+
+func TestFailuresAfterConnectingAreNotFailedOver(t *testing.T) {
+	tests := []struct {
+		name       string
+		first      func(t *testing.T) node.Upstream
+		opts       Options
+		wantStatus int
+		wantErr    []error
+	}{
+		{
+			name:       "an upstream that never answers times out as a 504",
+			first:      func(t *testing.T) node.Upstream { return silent(t, nil) },
+			opts:       Options{ResponseHeaderTimeout: 100 * time.Millisecond},
+			wantStatus: 504, wantErr: []error{ErrUpstreamTimeout},
+		},
+		{
+			name:       "a malformed response is a 502",
+			first:      func(t *testing.T) node.Upstream { return scripted(t, "bad", "SPDY/9 what\r\n\r\n") },
+			wantStatus: 502, wantErr: []error{ErrNoUpstream, ErrUpstreamFailed},
+		},
+		{
+			name:       "a connection reset before the response is a 502",
+			first:      func(t *testing.T) node.Upstream { return scripted(t, "reset", "") },
+			wantStatus: 502, wantErr: []error{ErrNoUpstream, ErrUpstreamFailed},
+		},
+		{
+			name:       "a response header cut short is a 502",
+			first:      func(t *testing.T) node.Upstream { return scripted(t, "short", "HTTP/1.1 200 OK\r\nContent-Le") },
+			wantStatus: 502, wantErr: []error{ErrNoUpstream, ErrUpstreamFailed},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var spareHits atomic.Int32
+			first := tt.first(t)
+			p := newProxy(t, tt.opts)
+			e := startEdge(t, p, first, counting(t, &spareHits))
+			resp, body := rawDo(t, e.addr, "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc")
+			c := e.next(t)
+			if resp.StatusCode != tt.wantStatus {
+				t.Errorf("status = %d %q, want %d", resp.StatusCode, body, tt.wantStatus)
+			}
+			for _, want := range tt.wantErr {
+				if !errors.Is(c.err, want) {
+					t.Errorf("Forward error = %v, want it to match %v", c.err, want)
+				}
+			}
+			if c.res.Status != 0 || c.res.Failovers != 0 || c.res.Node != first.Node {
+				t.Errorf("Result = %+v, want nothing written, no failover, node %q", c.res, first.Node)
+			}
+			if n := spareHits.Load(); n != 0 {
+				t.Errorf("the second upstream got %d requests, want 0: the first may have acted on it", n)
+			}
+			if h := healthOf(p, first.Address); h.Failures != 0 {
+				t.Errorf("failures = %d, want 0: it connected", h.Failures)
+			}
+		})
+	}
+}
+
+func TestAnUpstreamCutOffMidBodyIsSeenAsTruncated(t *testing.T) {
+	tests := []struct {
+		name string
+		raw  string
+	}{
+		{"a body shorter than its Content-Length", "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789"},
+		{"a chunked body without its last chunk", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\na\r\n0123456789\r\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			up := scripted(t, "a", tt.raw)
+			e := startEdge(t, newProxy(t, Options{}), up)
+			resp, err := client(t).Get(e.srv.URL + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil {
+				t.Errorf("client read %q and a clean end, want an error: the truncation must show", b)
+			}
+			c := e.next(t)
+			if c.err == nil || c.res.Status != 200 {
+				t.Errorf("Forward = %+v, %v; want status 200 written and an error", c.res, c.err)
+			}
+			if errors.Is(c.err, context.Canceled) {
+				t.Errorf("Forward error %v blames the client", c.err)
+			}
+		})
+	}
+}
+
+func TestAClientThatLeavesIsNotAnUpstreamFailure(t *testing.T) {
+	t.Run("leaving while the upstream has not answered", func(t *testing.T) {
+		reached := make(chan struct{}, 1)
+		up := silent(t, reached)
+		p := newProxy(t, Options{})
+		e := startEdge(t, p, up)
+		conn, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(conn, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		select {
+		case <-reached:
+		case <-time.After(5 * time.Second):
+			t.Fatal("request never reached the upstream")
+		}
+		conn.Close()
+		c := e.next(t)
+		checkClientGone(t, p, up, c)
+	})
+	t.Run("leaving in the middle of an upload", func(t *testing.T) {
+		reading := make(chan struct{}, 1)
+		up := upstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
+			buf := make([]byte, 10)
+			io.ReadFull(r.Body, buf)
+			reading <- struct{}{}
+			io.Copy(io.Discard, r.Body)
+		})
+		p := newProxy(t, Options{})
+		e := startEdge(t, p, up)
+		conn, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(conn, "PUT / HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n"+strings.Repeat("x", 5000))
+		select {
+		case <-reading:
+		case <-time.After(5 * time.Second):
+			t.Fatal("upload never reached the upstream")
+		}
+		conn.Close()
+		c := e.next(t)
+		checkClientGone(t, p, up, c)
+	})
+	t.Run("leaving in the middle of a streamed response", func(t *testing.T) {
+		up := upstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for {
+				if _, err := io.WriteString(w, "data: tick\n\n"); err != nil {
+					return
+				}
+				http.NewResponseController(w).Flush()
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(time.Millisecond):
+				}
+			}
+		})
+		p := newProxy(t, Options{})
+		e := startEdge(t, p, up)
+		conn, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(conn, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		br := bufio.NewReader(conn)
+		if _, err := http.ReadResponse(br, nil); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close()
+		c := e.next(t)
+		if !errors.Is(c.err, context.Canceled) || c.res.Status != 200 {
+			t.Errorf("Forward = %+v, %v; want 200 written then an error matching context.Canceled", c.res, c.err)
+		}
+		if h := healthOf(p, up.Address); h.Failures != 0 {
+			t.Errorf("failures = %d, want 0", h.Failures)
+		}
+	})
+}
+
+func checkClientGone(t *testing.T, p *Proxy, up node.Upstream, c call) {
+	t.Helper()
+	if !errors.Is(c.err, context.Canceled) {
+		t.Errorf("Forward error = %v, want it to match context.Canceled", c.err)
+	}
+	if errors.Is(c.err, ErrNoUpstream) || errors.Is(c.err, ErrUpstreamTimeout) {
+		t.Errorf("Forward error = %v must not read as an upstream failure (no 502/504)", c.err)
+	}
+	if h := healthOf(p, up.Address); h.Failures != 0 {
+		t.Errorf("failures = %d, want 0: the client left, the upstream did not fail", h.Failures)
+	}
+}
+
+func TestBytesSentRightAfterAnUpgradeRequestAreTunnelled(t *testing.T) {
+	// The client pipelines its first frame behind the upgrade request,
+	// without waiting for the 101.
+	up := rawListener(t, func(c net.Conn) {
+		req, br, err := readRequestHead(c)
+		if err != nil || req.Header.Get("Upgrade") != "echo" {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		buf := make([]byte, 5)
+		if _, err := io.ReadFull(br, buf); err != nil {
+			return
+		}
+		c.Write(buf)
+	})
+	e := startEdge(t, newProxy(t, Options{}), node.Upstream{Node: "a", Address: up})
+	conn, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(conn, "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\nearly")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 101 {
+		t.Fatalf("response = %v, %v; want 101", resp, err)
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "early" {
+		t.Errorf("echo = %q, %v; want \"early\"", buf, err)
+	}
+	conn.Close()
+	if c := e.next(t); c.res.Status != 101 || c.res.BytesIn != 5 || c.res.BytesOut != 5 {
+		t.Errorf("Result = %+v, want 101 with 5 bytes each way", c.res)
+	}
+}
+
+func TestAnUpstreamSwitchingToAnotherProtocolIsRefused(t *testing.T) {
+	up := scripted(t, "a", "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+	e := startEdge(t, newProxy(t, Options{}), up)
+	resp, _ := rawDo(t, e.addr, "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	c := e.next(t)
+	if resp.StatusCode != 502 || !errors.Is(c.err, ErrUpstreamFailed) {
+		t.Errorf("got %d, %v; want 502 and ErrUpstreamFailed", resp.StatusCode, c.err)
+	}
+}
+
+// Many hung requests are released by the timeout and leave nothing behind
+// (TestMain checks goroutines).
+func TestTimeoutsReleaseEveryHungRequest(t *testing.T) {
+	up := silent(t, nil)
+	p := newProxy(t, Options{ResponseHeaderTimeout: 100 * time.Millisecond})
+	e := startEdge(t, p, up)
+	c := client(t)
+	const n = 20
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			resp, err := c.Get(e.srv.URL + "/")
+			if err != nil {
+				errs <- err
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 504 {
+				err = fmt.Errorf("status %d, want 504", resp.StatusCode)
+			}
+			errs <- err
+		}()
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}

@@ -1,0 +1,183 @@
+package backhaul
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/scafo/scafo-edge/node"
+)
+
+// seen is what a recording upstream received.
+type seen struct {
+	RequestURI string
+	Host       string
+	Header     http.Header
+}
+
+// recorder starts an upstream that answers with what it received as JSON.
+func recorder(t *testing.T) node.Upstream {
+	return upstream(t, "rec", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(seen{RequestURI: r.RequestURI, Host: r.Host, Header: r.Header})
+	})
+}
+
+func decodeSeen(t *testing.T, body string) seen {
+	t.Helper()
+	var s seen
+	if err := json.Unmarshal([]byte(body), &s); err != nil {
+		t.Fatalf("decode upstream echo %q: %v", body, err)
+	}
+	return s
+}
+
+func TestUpstreamReceivesTheOriginalRequestURI(t *testing.T) {
+	rec := recorder(t)
+	e := startEdge(t, newProxy(t, Options{}), rec)
+	tests := []struct {
+		name   string
+		method string
+		target string
+		want   string
+	}{
+		{"dot segments after a doubled slash are not cleaned", "GET", "//a/../b", "//a/../b"},
+		{"percent-encoded dots are not decoded (rule 4)", "GET", "/%2e%2e/x", "/%2e%2e/x"},
+		{"an encoded slash stays encoded", "GET", "/a%2fb", "/a%2fb"},
+		{"plain dot segments are not cleaned", "GET", "/a/./b/../c", "/a/./b/../c"},
+		{"lower- and upper-case escapes keep their case", "GET", "/%7euser/%7Eother", "/%7euser/%7Eother"},
+		{"the query is passed byte for byte", "GET", "/p?x=%2F&y=a+b&&z", "/p?x=%2F&y=a+b&&z"},
+		{"an empty query keeps its question mark", "GET", "/p?", "/p?"},
+		{"semicolon parameters stay", "GET", "/a;v=1/b", "/a;v=1/b"},
+		{"a doubled slash with escapes keeps both", "GET", "//paulca/%2e%2e/x?q", "//paulca/%2e%2e/x?q"},
+		{"an absolute-form target is sent as its path and query", "GET", "http://other.example/a%2fb?q=1", "/a%2fb?q=1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := rawDo(t, e.addr, tt.method+" "+tt.target+" HTTP/1.1\r\nHost: app.example\r\nConnection: close\r\n\r\n")
+			if resp.StatusCode != 200 {
+				t.Fatalf("status = %d, want 200 (%s)", resp.StatusCode, body)
+			}
+			if got := decodeSeen(t, body).RequestURI; got != tt.want {
+				t.Errorf("upstream request-URI for %q = %q, want %q", tt.target, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestForwardedHeaders(t *testing.T) {
+	loopback := netip.MustParsePrefix("127.0.0.0/8")
+	tests := []struct {
+		name    string
+		trusted []netip.Prefix
+		head    string // request header lines
+		want    map[string]string
+		absent  []string
+	}{
+		{
+			name: "the Host header reaches the upstream unchanged",
+			head: "Host: App.Example:8080\r\n",
+			want: map[string]string{"Host": "App.Example:8080", "X-Forwarded-Host": "App.Example:8080"},
+		},
+		{
+			name: "X-Forwarded-For names the client; Proto and Host are set",
+			head: "Host: app.example\r\n",
+			want: map[string]string{"X-Forwarded-For": "127.0.0.1", "X-Forwarded-Proto": "http", "X-Forwarded-Host": "app.example"},
+		},
+		{
+			name: "an untrusted client's X-Forwarded-* and Forwarded are replaced",
+			head: "Host: app.example\r\nX-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Proto: https\r\n" +
+				"X-Forwarded-Host: evil.example\r\nX-Forwarded-Port: 1\r\nForwarded: for=6.6.6.6\r\nX-Real-Ip: 6.6.6.6\r\n",
+			want:   map[string]string{"X-Forwarded-For": "127.0.0.1", "X-Forwarded-Proto": "http", "X-Forwarded-Host": "app.example"},
+			absent: []string{"X-Forwarded-Port", "Forwarded", "X-Real-Ip"},
+		},
+		{
+			name:    "a trusted proxy's X-Forwarded-For is appended to and its other headers kept",
+			trusted: []netip.Prefix{loopback},
+			head: "Host: app.example\r\nX-Forwarded-For: 203.0.113.9, 10.0.0.1\r\nX-Forwarded-For: 10.0.0.2\r\n" +
+				"X-Forwarded-Proto: https\r\nX-Forwarded-Host: public.example\r\nForwarded: for=203.0.113.9\r\n",
+			want: map[string]string{
+				"X-Forwarded-For": "203.0.113.9, 10.0.0.1, 10.0.0.2, 127.0.0.1", "X-Forwarded-Proto": "https",
+				"X-Forwarded-Host": "public.example", "Forwarded": "for=203.0.113.9",
+			},
+		},
+		{
+			name:    "a client outside the trusted networks is not trusted",
+			trusted: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+			head:    "Host: app.example\r\nX-Forwarded-For: 6.6.6.6\r\n",
+			want:    map[string]string{"X-Forwarded-For": "127.0.0.1"},
+		},
+		{
+			name: "hop-by-hop headers and those named in Connection are removed (RFC 7230 6.1)",
+			head: "Host: app.example\r\nConnection: keep-alive, X-Hop, x-other-hop\r\nX-Hop: 1\r\nX-Other-Hop: 2\r\n" +
+				"Keep-Alive: timeout=5\r\nProxy-Authorization: Basic eA==\r\nProxy-Connection: keep-alive\r\n" +
+				"Te: gzip\r\nUpgrade: h2c\r\nX-End-To-End: kept\r\n",
+			want:   map[string]string{"X-End-To-End": "kept"},
+			absent: []string{"X-Hop", "X-Other-Hop", "Keep-Alive", "Proxy-Authorization", "Proxy-Connection", "Te", "Upgrade"},
+		},
+		{
+			name: "TE: trailers is the one TE value passed on",
+			head: "Host: app.example\r\nTe: trailers, deflate\r\n",
+			want: map[string]string{"Te": "trailers"},
+		},
+		{
+			name:   "the client's Accept-Encoding is passed as sent, none added",
+			head:   "Host: app.example\r\nAccept-Encoding: br\r\n",
+			want:   map[string]string{"Accept-Encoding": "br"},
+			absent: []string{},
+		},
+		{
+			name:   "no Accept-Encoding is added when the client sent none",
+			head:   "Host: app.example\r\n",
+			absent: []string{"Accept-Encoding"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := recorder(t)
+			e := startEdge(t, newProxy(t, Options{TrustedProxies: tt.trusted}), rec)
+			_, body := rawDo(t, e.addr, "GET / HTTP/1.1\r\n"+tt.head+"\r\n")
+			s := decodeSeen(t, body)
+			for k, want := range tt.want {
+				got := strings.Join(s.Header.Values(k), ", ")
+				if k == "Host" {
+					got = s.Host
+				}
+				if got != want {
+					t.Errorf("upstream %s = %q, want %q", k, got, want)
+				}
+			}
+			for _, k := range tt.absent {
+				if v, ok := s.Header[k]; ok {
+					t.Errorf("upstream got %s: %q, want it removed", k, v)
+				}
+			}
+			if c := s.Header.Get("Connection"); c != "" {
+				t.Errorf("upstream Connection = %q, want none (the transport manages it)", c)
+			}
+		})
+	}
+}
+
+func TestHopByHopResponseHeadersAreRemoved(t *testing.T) {
+	up := upstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "X-Secret")
+		w.Header().Set("X-Secret", "internal")
+		w.Header().Set("Keep-Alive", "timeout=1")
+		w.Header().Set("Proxy-Authenticate", "Basic")
+		w.Header().Set("X-App", "kept")
+		w.Write([]byte("ok"))
+	})
+	e := startEdge(t, newProxy(t, Options{}), up)
+	resp, _ := rawDo(t, e.addr, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+	for _, k := range []string{"X-Secret", "Keep-Alive", "Proxy-Authenticate"} {
+		if v := resp.Header.Get(k); v != "" {
+			t.Errorf("client got %s: %q, want it removed", k, v)
+		}
+	}
+	if v := resp.Header.Get("X-App"); v != "kept" {
+		t.Errorf("client X-App = %q, want kept", v)
+	}
+}
