@@ -1,0 +1,195 @@
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/scafo/scafo-edge/node"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// logBuffer captures zerolog JSON lines for assertions.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// lines returns the logged entries whose message contains msg.
+func (b *logBuffer) lines(msg string) []map[string]any {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for l := range strings.SplitSeq(b.buf.String(), "\n") {
+		if l == "" {
+			continue
+		}
+		var e map[string]any
+		if json.Unmarshal([]byte(l), &e) == nil && strings.Contains(e["message"].(string), msg) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *logBuffer) logger() zerolog.Logger { return zerolog.New(b) }
+
+// waitFor polls cond until it holds, failing the test after 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond) // polling a condition, not synchronising on time
+	}
+}
+
+// run starts src.Run in a goroutine and returns the channel apply feeds;
+// the test's cleanup stops it and waits for Run to return.
+func run(t *testing.T, src node.Source, seed *node.Update) <-chan node.Update {
+	t.Helper()
+	updates := make(chan node.Update, 100)
+	runApply(t, src, seed, func(u node.Update) { updates <- u })
+	return updates
+}
+
+// runApply starts src.Run with apply in a goroutine; the test's cleanup
+// stops it and waits for Run to return.
+func runApply(t *testing.T, src node.Source, seed *node.Update, apply func(node.Update)) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		src.Run(ctx, seed, apply)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return after its context ended")
+		}
+	})
+}
+
+// next waits for one update.
+func next(t *testing.T, updates <-chan node.Update) node.Update {
+	t.Helper()
+	select {
+	case u := <-updates:
+		return u
+	case <-time.After(10 * time.Second):
+		t.Fatal("no document was applied within 10s")
+		return node.Update{}
+	}
+}
+
+// none fails if an update is waiting.
+func none(t *testing.T, updates <-chan node.Update) {
+	t.Helper()
+	select {
+	case u := <-updates:
+		t.Fatalf("a document was applied (fingerprint %.12s), want none", u.Fingerprint)
+	default:
+	}
+}
+
+// metric returns the value of the named metric with the given label value
+// (or no labels), and whether it exists.
+func metric(t *testing.T, g prometheus.Gatherer, name string, labels ...string) (float64, bool) {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if !labelsMatch(m, labels) {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue(), true
+			case m.Gauge != nil:
+				return m.Gauge.GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+func labelsMatch(m *dto.Metric, want []string) bool {
+	if len(want) == 0 {
+		return true
+	}
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() == want[0] && lp.GetValue() == want[1] {
+			return true
+		}
+	}
+	return false
+}
+
+func testDoc(hosts ...string) *node.Document {
+	d := &node.Document{V: 1, Routes: []node.Route{}}
+	for _, h := range hosts {
+		d.Routes = append(d.Routes, node.Route{
+			Host: h, Application: strings.Split(h, ".")[0],
+			Upstreams: []node.Upstream{
+				{Node: "vps-a", Address: "10.83.0.1:24417"},
+				{Node: "vps-b", Address: "10.83.0.2:24902"},
+				{Node: "vps-c", Address: "10.83.0.3:24000"},
+			},
+		})
+	}
+	d.API = &node.API{
+		Hosts:     []string{"apps.example.com"},
+		Upstreams: []node.Upstream{{Node: "vps-a", Address: "10.83.0.1:7400"}, {Node: "vps-b", Address: "10.83.0.2:7400"}},
+		Denied:    []string{"/v1/storage", "/v1/ingress/routes"},
+	}
+	return d
+}
+
+func hosts(d *node.Document) []string {
+	var out []string
+	for _, r := range d.Routes {
+		out = append(out, r.Host)
+	}
+	return out
+}
+
+func nodes(ups []node.Upstream) []string {
+	var out []string
+	for _, u := range ups {
+		out = append(out, u.Node)
+	}
+	return out
+}
