@@ -195,24 +195,37 @@ func clientGone(cause error) error {
 	return fmt.Errorf("client gone: %w: %w", context.Canceled, cause)
 }
 
+// outbound holds what a forwarded request points into, allocated once per
+// request rather than piece by piece.
+type outbound struct {
+	url  url.URL
+	body requestBody
+	vals [2]string // backing for X-Forwarded-For and X-Forwarded-Host
+}
+
 // outboundRequest builds the request sent upstream, shared by every attempt
 // (its URL host is set per attempt).
 func (p *Proxy) outboundRequest(r *http.Request, upgrade string) (*http.Request, *requestBody) {
-	u := &url.URL{Scheme: "http"}
-	setTarget(u, r)
+	ob := &outbound{}
+	ob.url.Scheme = "http"
+	setTarget(&ob.url, r)
 	base := http.Request{
 		Method:        r.Method,
-		URL:           u,
+		URL:           &ob.url,
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,
 		ProtoMinor:    1,
-		Header:        p.outboundHeader(r, upgrade),
+		Header:        p.outboundHeader(r, upgrade, &ob.vals),
 		Host:          r.Host,
 		ContentLength: r.ContentLength,
+		// The server fills the declared trailers' values once the body is
+		// read to its end, which is before the transport writes them.
+		Trailer: r.Trailer,
 	}
 	var body *requestBody
 	if r.Body != nil && r.Body != http.NoBody {
-		body = &requestBody{rc: r.Body}
+		body = &ob.body
+		body.rc = r.Body
 		base.Body = body
 	}
 	return base.WithContext(r.Context()), body

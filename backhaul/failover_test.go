@@ -6,11 +6,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -328,4 +330,60 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("metric %s not found", name)
 	return 0
+}
+
+// syncBuffer is a log sink safe for the handler goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestAFailureEpisodeIsLoggedOnceAndItsRecoveryOnce(t *testing.T) {
+	clock := newFakeClock()
+	var logs syncBuffer
+	p := newProxy(t, Options{Now: clock.Now, Log: zerolog.New(&logs)})
+	a := refused(t, "a")
+	e := startEdge(t, p, a, named(t, "b"))
+	c := client(t)
+	for range 4 {
+		clock.Advance(time.Hour) // every request tries a again
+		get(t, c, e.srv.URL+"/")
+		e.next(t)
+	}
+	if h := healthOf(p, a.Address); h.Failures != 4 {
+		t.Fatalf("failures = %d, want 4", h.Failures)
+	}
+	ln, err := net.Listen("tcp", a.Address)
+	if err != nil {
+		t.Skipf("cannot listen on %s again: %v", a.Address, err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "a") })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	for range 2 {
+		clock.Advance(time.Hour)
+		if _, body := get(t, c, e.srv.URL+"/"); body != "a" {
+			t.Fatalf("body = %q, want a back in front", body)
+		}
+		e.next(t)
+	}
+	out := logs.String()
+	if n := strings.Count(out, "ejecting"); n != 1 {
+		t.Errorf("logged %d ejections, want 1:\n%s", n, out)
+	}
+	if n := strings.Count(out, "recovered"); n != 1 {
+		t.Errorf("logged %d recoveries, want 1:\n%s", n, out)
+	}
 }

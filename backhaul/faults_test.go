@@ -316,3 +316,49 @@ func TestTimeoutsReleaseEveryHungRequest(t *testing.T) {
 		}
 	}
 }
+
+func TestExpectContinueUploadsPass(t *testing.T) {
+	up := upstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %q", r.Header.Get("Expect"), b)
+	})
+	e := startEdge(t, newProxy(t, Options{}), up)
+	conn, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(conn, "POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+	br := bufio.NewReader(conn)
+	// The edge's server sends 100 once Forward reads the body.
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("interim = %q, %v; want 100 Continue", line, err)
+	}
+	br.ReadString('\n')
+	io.WriteString(conn, "hello")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(b) != `100-continue "hello"` {
+		t.Errorf("got %d %s, want 200 with the body", resp.StatusCode, b)
+	}
+	e.next(t)
+}
+
+func TestRequestTrailersAreForwarded(t *testing.T) {
+	up := upstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, r.Trailer.Get("Checksum"))
+	})
+	e := startEdge(t, newProxy(t, Options{}), up)
+	_, body := rawDo(t, e.addr, "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTrailer: Checksum\r\n\r\n"+
+		"5\r\nhello\r\n0\r\nChecksum: abc\r\n\r\n")
+	if body != "abc" {
+		t.Errorf("upstream saw trailer %q, want \"abc\"", body)
+	}
+	e.next(t)
+}

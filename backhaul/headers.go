@@ -68,8 +68,9 @@ var (
 
 // outboundHeader returns the header to send upstream for r: r's end-to-end
 // headers (value slices shared, not copied), the upgrade headers when
-// upgrade is set, and the X-Forwarded-* set.
-func (p *Proxy) outboundHeader(r *http.Request, upgrade string) http.Header {
+// upgrade is set, and the X-Forwarded-* set. vals backs the values it
+// computes, so that they cost no allocation of their own.
+func (p *Proxy) outboundHeader(r *http.Request, upgrade string, vals *[2]string) http.Header {
 	in := r.Header
 	conn := in["Connection"]
 	client, clientOK := clientAddr(r.RemoteAddr)
@@ -100,7 +101,8 @@ func (p *Proxy) outboundHeader(r *http.Request, upgrade string) http.Header {
 		if prior := out[headerXFF]; len(prior) > 0 {
 			ip = strings.Join(prior, ", ") + ", " + ip
 		}
-		out[headerXFF] = []string{ip}
+		vals[0] = ip
+		out[headerXFF] = vals[0:1:1]
 	}
 	if _, ok := out[headerXFProto]; !ok {
 		if r.TLS != nil {
@@ -110,7 +112,8 @@ func (p *Proxy) outboundHeader(r *http.Request, upgrade string) http.Header {
 		}
 	}
 	if _, ok := out[headerXFHost]; !ok && r.Host != "" {
-		out[headerXFHost] = []string{r.Host}
+		vals[1] = r.Host
+		out[headerXFHost] = vals[1:2:2]
 	}
 	return out
 }
