@@ -121,13 +121,6 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 	}
 	handler := &edge.Handler{Table: live, Forwarder: proxy, Observer: observers}
 
-	tlsSetup, err := setupTLS(ctx, c, db, live, log, reg)
-	if err != nil {
-		return err
-	}
-	defer tlsSetup.stop()
-	handler.Covers = tlsSetup.covers
-
 	var servers []*http.Server
 	var listeners []net.Listener
 	closeAll := func() {
@@ -160,23 +153,35 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 		return srv
 	}
 
-	edgeHandler := metrics.InFlight(handler)
 	httpLn, err := listen(c.httpAddr)
 	if err != nil {
 		return err
 	}
-	httpSrv := newServer(tlsSetup.httpHandler(edgeHandler), nil, "http")
 	var httpsLn net.Listener
-	var httpsSrv *http.Server
-	if tlsSetup.config != nil {
+	if c.tlsMode != "off" {
 		if httpsLn, err = listen(c.httpsAddr); err != nil {
 			return err
 		}
-		httpsSrv = newServer(edgeHandler, tlsSetup.config, "https")
 	}
 	adminLn, err := listen(c.adminAddr)
 	if err != nil {
 		return err
+	}
+	// Certificate management learns the bound ports: certmagic must not
+	// open listeners of its own, and redirects name the HTTPS port.
+	tlsSetup, err := setupTLS(ctx, c, db, live, portOf(httpLn), portOf(httpsLn), log, reg)
+	if err != nil {
+		closeAll()
+		return err
+	}
+	defer tlsSetup.stop()
+	handler.Covers = tlsSetup.covers
+
+	edgeHandler := metrics.InFlight(handler)
+	httpSrv := newServer(tlsSetup.httpHandler(edgeHandler), nil, "http")
+	var httpsSrv *http.Server
+	if httpsLn != nil {
+		httpsSrv = newServer(edgeHandler, tlsSetup.config, "https")
 	}
 	admin := &adminServer{live: live, source: source, reg: reg, proxy: proxy, token: token, certs: tlsSetup.certificates}
 	adminSrv := newServer(admin.handler(), nil, "admin")
@@ -263,6 +268,17 @@ func newSource(c *config, token string, log zerolog.Logger, reg prometheus.Regis
 		Registerer: reg,
 	})
 	return src, "node " + c.node, err
+}
+
+// portOf returns the TCP port a listener is bound to, 0 for none.
+func portOf(l net.Listener) int {
+	if l == nil {
+		return 0
+	}
+	if a, ok := l.Addr().(*net.TCPAddr); ok {
+		return a.Port
+	}
+	return 0
 }
 
 func parseCIDRs(s string) ([]netip.Prefix, error) {

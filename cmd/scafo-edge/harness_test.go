@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// edgeBinary is the scafo-edge binary the end-to-end tests run, built once
+// per test process by TestMain.
+var edgeBinary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "scafo-edge-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	edgeBinary = filepath.Join(dir, "scafo-edge")
+	build := exec.Command("go", "build", "-race", "-o", edgeBinary, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build scafo-edge:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// runningEdge is a scafo-edge process started by a test.
+type runningEdge struct {
+	cmd       *exec.Cmd
+	HTTPAddr  string
+	HTTPSAddr string
+	AdminAddr string
+	StateDir  string
+
+	mu    sync.Mutex
+	lines []map[string]any
+	done  chan struct{}
+	err   error
+}
+
+// startEdge runs scafo-edge serve with args plus loopback listeners on free
+// ports, waits for its start-up line, and stops it (SIGTERM) when the test
+// ends. Unless args name one, it gets a fresh state dir.
+func startEdge(t *testing.T, args ...string) *runningEdge {
+	t.Helper()
+	e := &runningEdge{done: make(chan struct{})}
+	full := []string{"serve", "--http-addr", "127.0.0.1:0", "--https-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--poll-interval", "100ms"}
+	if !hasFlag(args, "--state-dir") {
+		e.StateDir = t.TempDir()
+		full = append(full, "--state-dir", e.StateDir)
+	}
+	full = append(full, args...)
+	e.cmd = exec.Command(edgeBinary, full...)
+	e.cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
+	stdout, err := e.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cmd.Stderr = &testWriter{t: t, prefix: "edge stderr: "}
+	if err := e.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan map[string]any, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				continue
+			}
+			e.mu.Lock()
+			e.lines = append(e.lines, line)
+			e.mu.Unlock()
+			if line["message"] == "scafo-edge started" {
+				started <- line
+			}
+		}
+		io.Copy(io.Discard, stdout)
+		e.err = e.cmd.Wait()
+		close(e.done)
+	}()
+	t.Cleanup(func() { e.stop(t) })
+	select {
+	case line := <-started:
+		e.HTTPAddr, _ = line["http_addr"].(string)
+		e.HTTPSAddr, _ = line["https_addr"].(string)
+		e.AdminAddr, _ = line["admin_addr"].(string)
+	case <-e.done:
+		t.Fatalf("scafo-edge exited before starting: %v\n%s", e.err, e.logText())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("scafo-edge did not start within 30s\n%s", e.logText())
+	}
+	return e
+}
+
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// stop sends SIGTERM and waits for the process to exit; it reports the exit.
+func (e *runningEdge) stop(t *testing.T) error {
+	select {
+	case <-e.done:
+		return e.err
+	default:
+	}
+	e.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-e.done:
+	case <-time.After(40 * time.Second):
+		e.cmd.Process.Kill()
+		<-e.done
+		t.Errorf("scafo-edge did not exit within 40s of SIGTERM")
+	}
+	return e.err
+}
+
+// logText returns everything the edge logged so far, one JSON object a line.
+func (e *runningEdge) logText() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var b strings.Builder
+	for _, l := range e.lines {
+		j, _ := json.Marshal(l)
+		b.Write(j)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// countLogs counts log lines whose message contains msg.
+func (e *runningEdge) countLogs(msg string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, l := range e.lines {
+		if m, _ := l["message"].(string); strings.Contains(m, msg) {
+			n++
+		}
+	}
+	return n
+}
+
+// get sends a GET for host and path to the edge's HTTP listener.
+func (e *runningEdge) get(t *testing.T, host, path string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "http://"+e.HTTPAddr+path, nil)
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s%s: %v", host, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// admin GETs a path of the admin listener.
+func (e *runningEdge) admin(t *testing.T, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + e.AdminAddr + path)
+	if err != nil {
+		t.Fatalf("GET admin %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// waitFor retries cond until it returns nil or the deadline passes.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var err error
+	for {
+		if err = cond(); err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not within %v: %v", what, within, err)
+		case <-tick.C:
+		}
+	}
+}
+
+type testWriter struct {
+	t      *testing.T
+	prefix string
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.t.Log(w.prefix + strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
