@@ -26,6 +26,11 @@ type adminServer struct {
 	proxy  *backhaul.Proxy
 	token  string
 	certs  func() []certSummary
+	// started is when the process started, shown as uptime on the status
+	// page; zero: not shown.
+	started time.Time
+	// now is the clock of the status surfaces; nil: time.Now.
+	now func() time.Time
 }
 
 func (a *adminServer) handler() http.Handler {
@@ -36,6 +41,7 @@ func (a *adminServer) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	a.registerStatus(mux)
 	return mux
 }
 
