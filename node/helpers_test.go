@@ -193,3 +193,6 @@ func nodes(ups []node.Upstream) []string {
 	}
 	return out
 }
+
+// zeroLog is the zero logger, which logs nothing.
+func zeroLog() zerolog.Logger { return zerolog.Logger{} }

@@ -207,7 +207,8 @@ func (l *loop) once(ctx context.Context, apply func(Update)) {
 	if l.etag == "" {
 		l.etag = quoteETag(fp)
 	}
-	apply(u)
+	// Bookkeeping first, so that apply (and whoever it wakes) already sees
+	// the new document in Status and the metrics.
 	l.log.Info().Str("source", l.source).Str("fingerprint", fp).Int("routes", len(doc.Routes)).
 		Int("bytes", len(f.body)).Msg("routing document changed")
 	l.m.setFingerprint(fp)
@@ -216,6 +217,7 @@ func (l *loop) once(ctx context.Context, apply func(Update)) {
 	l.st.LastChange = start
 	l.mu.Unlock()
 	l.succeeded(start, resultChanged)
+	apply(u)
 }
 
 func (l *loop) succeeded(start time.Time, result string) {

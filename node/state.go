@@ -32,7 +32,7 @@ var (
 )
 
 // errCorrupt marks a state file bbolt cannot read as a database.
-var errCorrupt = errors.New("state file is corrupt")
+var errCorrupt = errors.New("not a sound bbolt file")
 
 // OpenState opens (creating if needed) the edge's bbolt state at
 // <dir>/edge.db: the directory 0700, the file 0600, since it holds
@@ -101,7 +101,9 @@ func OpenState(dir string, log zerolog.Logger) (*bolt.DB, error) {
 }
 
 // openBolt opens path, turning bbolt's corruption errors and panics (a
-// damaged freelist can panic inside Open) into errCorrupt.
+// damaged freelist can panic inside Open) into errCorrupt. After a panic the
+// half-opened file's descriptor is lost with bbolt's DB value; the process
+// is about to refuse to start, so that leak is harmless.
 func openBolt(path string) (db *bolt.DB, err error) {
 	defer func() {
 		if r := recover(); r != nil {
