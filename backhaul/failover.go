@@ -227,6 +227,11 @@ func (p *Proxy) outboundRequest(r *http.Request, upgrade string) (*http.Request,
 		body = &ob.body
 		body.rc = r.Body
 		base.Body = body
+		// With GetBody set, the transport may resend the request on another
+		// connection when a pooled one turned out dead before a byte was
+		// written (Go's nothingWrittenError), the keep-alive race that
+		// would otherwise fail a POST.
+		base.GetBody = body.rewind
 	}
 	return base.WithContext(r.Context()), body
 }
@@ -288,3 +293,15 @@ func (b *requestBody) Read(p []byte) (int, error) {
 }
 
 func (b *requestBody) Close() error { return nil }
+
+// errBodyConsumed stops a retry whose body was already partly sent.
+var errBodyConsumed = errors.New("request body already partly read; not replayable")
+
+// rewind returns the body again for a retry, possible only while nothing
+// has been read from it.
+func (b *requestBody) rewind() (io.ReadCloser, error) {
+	if b.n.Load() > 0 {
+		return nil, errBodyConsumed
+	}
+	return b, nil
+}

@@ -79,6 +79,13 @@ func TestFailuresAfterConnectingAreNotFailedOver(t *testing.T) {
 			wantStatus: 502, wantErr: []error{ErrNoUpstream, ErrUpstreamFailed},
 		},
 		{
+			name: "response headers over 1 MiB are a 502",
+			first: func(t *testing.T) node.Upstream {
+				return scripted(t, "huge", "HTTP/1.1 200 OK\r\n"+strings.Repeat("X-Pad: "+strings.Repeat("p", 1000)+"\r\n", 1100)+"\r\n")
+			},
+			wantStatus: 502, wantErr: []error{ErrNoUpstream, ErrUpstreamFailed},
+		},
+		{
 			name:       "a response header cut short is a 502",
 			first:      func(t *testing.T) node.Upstream { return scripted(t, "short", "HTTP/1.1 200 OK\r\nContent-Le") },
 			wantStatus: 502, wantErr: []error{ErrNoUpstream, ErrUpstreamFailed},

@@ -93,6 +93,7 @@ const (
 	defaultIdleConnTimeout = 90 * time.Second
 	defaultEjectBase       = time.Second
 	defaultEjectMax        = 30 * time.Second
+	maxResponseHeaderBytes = 1 << 20
 )
 
 // New returns a Proxy configured by opts.
@@ -160,6 +161,9 @@ func newTransport(opts Options) *http.Transport {
 		// Upstreams are plain HTTP/1.1; an empty map keeps the transport
 		// from ever negotiating HTTP/2.
 		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
+		// An upstream's headers are held in memory whole; Go's default
+		// allows 10 MiB per response.
+		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 		// Large enough for typical response headers and small bodies in
 		// one read, without the 64 KiB per connection the copy buffers use.
 		WriteBufferSize: 16 << 10,
