@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -368,4 +369,62 @@ func TestRequestTrailersAreForwarded(t *testing.T) {
 		t.Errorf("upstream saw trailer %q, want \"abc\"", body)
 	}
 	e.next(t)
+}
+
+func TestKillingTheFirstUpstreamUnderLoadFailsOver(t *testing.T) {
+	srvA := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "a") }))
+	t.Cleanup(srvA.Close)
+	a := node.Upstream{Node: "a", Address: srvA.Listener.Addr().String()}
+	p := newProxy(t, Options{})
+	e := startEdge(t, p, a, named(t, "b"))
+	// The test edge drops results its buffer cannot hold; none are needed.
+	c := client(t)
+
+	const workers, perWorker, killAt = 8, 150, 300
+	var sent, failed, afterKill, fromB atomic.Int64
+	killed := make(chan struct{})
+	errs := make(chan error, workers)
+	for range workers {
+		go func() {
+			for range perWorker {
+				if sent.Add(1) == killAt {
+					// Refuse new connections, then cut the open ones,
+					// requests in flight included.
+					srvA.Listener.Close()
+					srvA.CloseClientConnections()
+					close(killed)
+				}
+				select {
+				case <-killed:
+					afterKill.Add(1)
+				default:
+				}
+				resp, err := c.Get(e.srv.URL + "/")
+				if err != nil {
+					errs <- err
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					failed.Add(1)
+				} else if string(b) == "b" {
+					fromB.Add(1)
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("sent %d, failed %d, sent after the kill %d, served by b %d", sent.Load(), failed.Load(), afterKill.Load(), fromB.Load())
+	if failed.Load() > workers {
+		t.Errorf("%d requests failed, want at most the %d in flight when a was killed", failed.Load(), workers)
+	}
+	if fromB.Load() < afterKill.Load()-workers {
+		t.Errorf("b served %d, want at least the %d sent after the kill less those in flight", fromB.Load(), afterKill.Load())
+	}
 }
