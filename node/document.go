@@ -5,6 +5,19 @@
 //
 // It knows nothing about serving HTTP or TLS: it hands a valid, changed
 // document to whoever asked for it and stops there.
+//
+// The entry points:
+//   - Parse refuses a broken document as a whole; Fingerprint hashes a body.
+//   - A Source keeps the document current and hands on only changed, valid
+//     ones: a Poller from the node (GET /v1/ingress/routes with the bearer
+//     token, If-None-Match, ?prefer=), or a FileSource (--routes-file).
+//     Whatever fails, the last good document stays.
+//   - OpenState opens <state-dir>/edge.db; SaveDocument and LoadDocument
+//     keep the last good document there, so a restart with the node down
+//     still serves it (marked Stale).
+//   - LoadToken reads the ingress token from a flag value or a file.
+//
+// Package nodetest is an in-process node to test all of this against.
 package node
 
 // Document is the fleet routing document a node serves at

@@ -44,7 +44,10 @@ func TestFileSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	updates := run(t, fs, nil)
-	polls := func() int { v, _ := metric(t, reg, "scafo_edge_routing_polls_total", "result", "unchanged"); return int(v) }
+	polls := func() int {
+		v, _ := metric(t, reg, "scafo_edge_routing_polls_total", "result", "unchanged")
+		return int(v)
+	}
 
 	u := next(t, updates)
 	if !slices.Equal(hosts(u.Doc), []string{"a.example"}) || u.Stale {

@@ -182,7 +182,11 @@ func (p *Poller) get(ctx context.Context, etag string) (fetched, error) {
 	case code == http.StatusServiceUnavailable:
 		return fetched{}, &pollError{resultDraining, fmt.Errorf("node answered 503 (draining: no reconcile pass yet, or going away): %s", snippet(resp.Body))}
 	case code == http.StatusUnauthorized || code == http.StatusForbidden:
-		return fetched{}, &pollError{resultUnauthorize, fmt.Errorf("node rejected the ingress token (%d %s): set --ingress-token or --ingress-token-file to the node's ingress token", code, http.StatusText(code))}
+		what := "node rejected the ingress token"
+		if p.token == "" {
+			what = "node requires an ingress token and none is configured"
+		}
+		return fetched{}, &pollError{resultUnauthorize, fmt.Errorf("%s (%d %s): set --ingress-token or --ingress-token-file to the node's ingress token (<node state-dir>/ingress-token)", what, code, http.StatusText(code))}
 	default:
 		return fetched{}, &pollError{resultHTTPError, fmt.Errorf("node answered %d %s: %s", code, http.StatusText(code), snippet(resp.Body))}
 	}

@@ -113,6 +113,8 @@ type loop struct {
 	etag         string
 	failKey      string    // what was last logged as failing
 	failingSince time.Time // zero while healthy
+	refusedFP    string    // fingerprint of the last body refused as invalid
+	refusedErr   error     // why it was refused
 
 	mu       sync.Mutex
 	st       PollStatus
@@ -194,13 +196,21 @@ func (l *loop) once(ctx context.Context, apply func(Update)) {
 		l.succeeded(start, resultUnchanged)
 		return
 	}
-	doc, err := parse(f.body, l.maxSize)
-	if err != nil {
-		// Keyed by fingerprint: a node that publishes another broken document
-		// gets logged again, the same broken one every poll does not.
-		l.failed(start, &pollError{resultInvalid, err}, fp)
+	if fp == l.refusedFP {
+		// The same broken body as last time: not worth decoding again
+		// (it may be tens of megabytes every few seconds).
+		l.failed(start, l.refusedErr, fp)
 		return
 	}
+	doc, err := parse(f.body, l.maxSize)
+	if err != nil {
+		l.refusedFP, l.refusedErr = fp, &pollError{resultInvalid, err}
+		// Keyed by fingerprint: a node that publishes another broken document
+		// gets logged again, the same broken one every poll does not.
+		l.failed(start, l.refusedErr, fp)
+		return
+	}
+	l.refusedFP, l.refusedErr = "", nil
 	u := Update{Doc: doc, Body: f.body, Fingerprint: fp, FetchedAt: start}
 	l.cur = &u
 	l.etag = f.etag

@@ -99,9 +99,7 @@ func Start(opts Options) (*Node, error) {
 	}
 	n := &Node{opts: opts, token: opts.Token, draining: true, mux: http.NewServeMux()}
 	n.mux.HandleFunc("GET "+node.RoutesPath, n.serveRoutes)
-	// The /v1/storage surface (objects, list, stat, locks) of
-	// routing-and-ingress.md "Certificate storage" registers here, on the
-	// same mux, behind the same token (issue 5).
+	n.registerStorage(n.mux)
 
 	ln, err := net.Listen("tcp", opts.Addr)
 	if err != nil {
@@ -296,7 +294,7 @@ func (n *Node) serveRoutes(w http.ResponseWriter, r *http.Request) {
 	}
 
 	n.mu.Lock()
-	status, token, draining, garbage, noETag := n.status, n.token, n.draining, n.garbage, n.noETag
+	status, draining, garbage, noETag := n.status, n.draining, n.garbage, n.noETag
 	doc, raw := n.doc, n.body
 	n.mu.Unlock()
 
@@ -304,9 +302,7 @@ func (n *Node) serveRoutes(w http.ResponseWriter, r *http.Request) {
 	case status != 0:
 		http.Error(w, fmt.Sprintf("test node: forced status %d", status), status)
 		return
-	case token != "" && !bearer(r, token):
-		w.Header().Set("WWW-Authenticate", `Bearer realm="scafo"`)
-		http.Error(w, "unauthorized", http.StatusUnauthorized)
+	case !authorized(w, r, n.currentToken()):
 		return
 	case draining:
 		w.Header().Set("Retry-After", "1")
@@ -351,9 +347,27 @@ func (n *Node) preferred(q url.Values) string {
 	}
 }
 
-func bearer(r *http.Request, token string) bool {
+// authorized reports whether r bears token (any request does when token
+// is empty), answering 401 itself when it does not. Every surface of the
+// node sits behind the same ingress token.
+func authorized(w http.ResponseWriter, r *http.Request, token string) bool {
+	if token == "" {
+		return true
+	}
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
+	if ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
+		return true
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="scafo"`)
+	http.Error(w, "unauthorized", http.StatusUnauthorized)
+	return false
+}
+
+// currentToken is the token the node requires now.
+func (n *Node) currentToken() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.token
 }
 
 // matchETag implements If-None-Match's weak comparison (RFC 9110 §13.1.2).
