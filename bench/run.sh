@@ -1,0 +1,823 @@
+#!/usr/bin/env bash
+# bench/run.sh: scafo-edge side by side with the proxies it replaces, on one
+# machine, in one run (issue 8). See bench/README.md for how to read it.
+#
+# Everything it starts listens on 127.0.0.1 only and is stopped on exit.
+set -euo pipefail
+
+usage() {
+	cat <<'EOF'
+Usage: bench/run.sh [flags]
+
+  --quick              3s per cell, 1s warm-up (default 10s and 3s)
+  --duration D         measured time per cell (wrk syntax: 10s, 1m)
+  --warmup D           unmeasured load before each cell (0 for none)
+  --proxies LIST       comma list of: direct,scafo-edge,caddy,traefik,nginx,haproxy
+                       (default: all; direct is always run, it is the ceiling)
+  --cells LIST         comma list of: http-1k,http-1m,https-1k,https-close
+                       (default: all)
+  --connections N      wrk connections (default 64)
+  --threads N          wrk threads (default 2)
+  --workers N          GOMAXPROCS = nginx workers = HAProxy threads
+                       (default: the number of CPUs)
+  --json               print JSON instead of the Markdown table
+  --cache DIR          where built binaries live (default
+                       ${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench)
+  --no-install         install nothing; skip what is missing
+  --retry-builds       try again a Caddy/Traefik build that failed before
+  --port-base N        first of the 8 loopback ports used (default 18080)
+  --profile DIR        instead of the table: CPU and allocation profiles of
+                       the edge's request path under the http-1k load,
+                       written to DIR with a text summary on stdout
+  --keep               keep the work directory (configs, logs, wrk output)
+  -h, --help           this text
+EOF
+}
+
+# ---------------------------------------------------------------- settings
+
+DURATION=10s
+WARMUP=3s
+CONNS=64
+THREADS=2
+WORKERS=$(nproc)
+PROXIES=direct,scafo-edge,caddy,traefik,nginx,haproxy
+CELLS=http-1k,http-1m,https-1k,https-close
+JSON=0
+INSTALL=1
+RETRY_BUILDS=0
+PORT_BASE=18080
+PROFILE_DIR=
+KEEP=0
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench
+CADDY_VERSION=v2.11.9
+TRAEFIK_MODULE=github.com/traefik/traefik/v3/cmd/traefik
+TRAEFIK_VERSION=latest
+
+while (($#)); do
+	case $1 in
+	--quick) DURATION=3s WARMUP=1s ;;
+	--duration) DURATION=$2; shift ;;
+	--warmup) WARMUP=$2; shift ;;
+	--proxies) PROXIES=$2; shift ;;
+	--cells) CELLS=$2; shift ;;
+	--connections) CONNS=$2; shift ;;
+	--threads) THREADS=$2; shift ;;
+	--workers) WORKERS=$2; shift ;;
+	--json) JSON=1 ;;
+	--cache) CACHE=$2; shift ;;
+	--no-install) INSTALL=0 ;;
+	--retry-builds) RETRY_BUILDS=1 ;;
+	--port-base) PORT_BASE=$2; shift ;;
+	--profile) PROFILE_DIR=$2; shift ;;
+	--keep) KEEP=1 ;;
+	-h | --help) usage; exit 0 ;;
+	*) echo "run.sh: unknown flag $1" >&2; usage >&2; exit 2 ;;
+	esac
+	shift
+done
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CLK_TCK=$(getconf CLK_TCK)
+
+# Ports, all on 127.0.0.1.
+UP_PORT=$PORT_BASE              # upstream, plain
+UP_TLS_PORT=$((PORT_BASE + 1))  # upstream, TLS (direct HTTPS ceiling)
+PX_PORT=$((PORT_BASE + 2))      # proxy, plain
+PX_TLS_PORT=$((PORT_BASE + 3))  # proxy, TLS
+ADMIN_PORT=$((PORT_BASE + 4))   # scafo-edge admin, edgeprof pprof
+HOST=localhost                  # the one routed host; also the TLS name
+
+log() { printf '%s\n' "run.sh: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+has() { [[ ,$1, == *,$2,* ]]; }
+
+# ------------------------------------------------------- processes, cleanup
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/scafo-bench.XXXXXX")
+chmod 755 "$WORK" # nginx workers may run as another user
+STARTED=()         # every pid this script started
+
+cleanup() {
+	local p
+	for p in "${STARTED[@]}"; do stop_tree "$p"; done
+	if ((KEEP)); then log "work directory kept: $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start LOG CMD... runs CMD in the background; its pid is in $PID.
+start() {
+	local logf=$1; shift
+	"$@" >"$logf" 2>&1 &
+	PID=$!
+	STARTED+=("$PID")
+}
+
+# proc_tree PID prints PID and all its descendants.
+proc_tree() {
+	local root=$1
+	local -A parent=()
+	local f line rest pid
+	for f in /proc/[0-9]*/stat; do
+		read -r line 2>/dev/null <"$f" || continue
+		pid=${f#/proc/}; pid=${pid%/stat}
+		rest=${line##*) }
+		set -- $rest
+		parent[$pid]=$2
+	done
+	local -A keep=([$root]=1)
+	local changed=1
+	while ((changed)); do
+		changed=0
+		for pid in "${!parent[@]}"; do
+			if [[ -z ${keep[$pid]:-} && -n ${keep[${parent[$pid]}]:-} ]]; then
+				keep[$pid]=1; changed=1
+			fi
+		done
+	done
+	printf '%s\n' "${!keep[@]}"
+}
+
+# stop_tree PID: SIGTERM, then SIGKILL for whatever of its tree is left
+# after 5 s. Only processes this script started, and their children.
+stop_tree() {
+	local pid=$1 pids i
+	kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+	pids=$(proc_tree "$pid")
+	kill -TERM "$pid" 2>/dev/null || true
+	for ((i = 0; i < 50; i++)); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	for i in $pids; do kill -KILL "$i" 2>/dev/null || true; done
+	wait "$pid" 2>/dev/null || true
+}
+
+# ---------------------------------------------------------- /proc figures
+
+# cpu_ticks PIDS...: utime+stime summed (clock ticks), all threads included.
+cpu_ticks() {
+	local sum=0 line rest pid
+	for pid in "$@"; do
+		read -r line 2>/dev/null <"/proc/$pid/stat" || continue
+		rest=${line##*) }
+		set -- $rest
+		sum=$((sum + ${12} + ${13}))
+	done
+	echo "$sum"
+}
+
+# status_kib FIELD PIDS...: a kB field of /proc/PID/status, summed.
+status_kib() {
+	local field=$1 sum=0 k v pid
+	shift
+	for pid in "$@"; do
+		while read -r k v _; do
+			[[ $k == "$field:" ]] && sum=$((sum + v))
+		done 2>/dev/null <"/proc/$pid/status" || true
+	done
+	echo "$sum"
+}
+
+# ctx_switches PIDS...: voluntary + involuntary context switches of every
+# thread: how often the proxy went to sleep or was preempted.
+ctx_switches() {
+	local sum=0 k v pid f
+	for pid in "$@"; do
+		for f in /proc/"$pid"/task/*/status; do
+			while read -r k v; do
+				case $k in voluntary_ctxt_switches: | nonvoluntary_ctxt_switches:) sum=$((sum + v)) ;; esac
+			done 2>/dev/null <"$f" || true
+		done
+	done
+	echo "$sum"
+}
+
+# rw_syscalls PIDS...: read- and write-family syscalls (syscr+syscw of
+# /proc/PID/io). recv/send/epoll are not counted, so this compares Go
+# programs with each other (they read and write sockets with read/write),
+# not with nginx or HAProxy.
+rw_syscalls() {
+	local sum=0 k v pid
+	for pid in "$@"; do
+		while read -r k v; do
+			case $k in syscr: | syscw:) sum=$((sum + v)) ;; esac
+		done 2>/dev/null <"/proc/$pid/io" || true
+	done
+	echo "$sum"
+}
+
+# ------------------------------------------------------------ installing
+
+APT_UPDATED=0
+apt_install() {
+	((INSTALL)) || return 1
+	local sudo=()
+	if ((EUID != 0)); then
+		command -v sudo >/dev/null || { log "not root and no sudo: cannot install $*"; return 1; }
+		sudo=(sudo -n)
+	fi
+	log "installing from Debian: $*"
+	if ((!APT_UPDATED)); then
+		"${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600 update -qq >&2 || return 1
+		APT_UPDATED=1
+	fi
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 \
+		install -y -qq --no-install-recommends "$@" >&2
+}
+
+# find_bin NAME: the path of NAME, also looking in sbin (nginx and haproxy
+# live there and a non-root PATH lacks it).
+find_bin() {
+	command -v "$1" 2>/dev/null && return 0
+	local d
+	for d in /usr/sbin /sbin /usr/local/sbin; do
+		[[ -x $d/$1 ]] && { echo "$d/$1"; return 0; }
+	done
+	return 1
+}
+
+# need NAME [PACKAGE]: the path of a Debian-packaged tool, installed if missing.
+need() {
+	local p
+	p=$(find_bin "$1") && { echo "$p"; return 0; }
+	apt_install "${2:-$1}" || return 1
+	find_bin "$1"
+}
+
+# go_install DIR BINARY MODULE/CMD@VERSION: builds a Go command into
+# CACHE/DIR/bin, once. On failure the reason is kept beside it, and not tried
+# again unless --retry-builds.
+go_install() {
+	local name=$1 bin=$2 spec=$3 dir=$CACHE/$1
+	if [[ -x $dir/bin/$bin ]]; then echo "$dir/bin/$bin"; return 0; fi
+	if [[ -f $dir/failed.log ]] && ((!RETRY_BUILDS)); then
+		log "$name: skipped: building $spec failed earlier (see $dir/failed.log; --retry-builds to try again):"
+		grep -v '^go: downloading' "$dir/failed.log" | head -5 | sed 's/^/    /' >&2
+		return 1
+	fi
+	((INSTALL)) || { log "$name: not built and --no-install given"; return 1; }
+	mkdir -p "$dir"
+	log "$name: building $spec into $dir (first run only; a few minutes)"
+	# Run outside the repository so its go.mod plays no part.
+	if (cd "$dir" && GOBIN=$dir/bin GOFLAGS='' go install "$spec") >"$dir/build.log" 2>&1; then
+		rm -f "$dir/failed.log"
+		echo "$dir/bin/$bin"
+		return 0
+	fi
+	mv "$dir/build.log" "$dir/failed.log"
+	log "$name: skipped: building $spec failed:"
+	grep -v '^go: downloading' "$dir/failed.log" | head -5 | sed 's/^/    /' >&2
+	return 1
+}
+
+# go_mod_version BINARY: the main module version a Go binary was built from
+# (Caddy's own "version" says "unknown" when built by go install).
+go_mod_version() {
+	go version -m "$1" 2>/dev/null | awk '$1 == "mod" { print $3; exit }'
+}
+
+# ------------------------------------------------------------- the tools
+
+command -v go >/dev/null || die "Go is needed (the version go.mod names) to build scafo-edge and the upstream"
+WRK=$(need wrk) || die "wrk is needed (Debian package wrk)"
+CURL=$(need curl) || die "curl is needed (Debian package curl)"
+OPENSSL=$(need openssl) || die "openssl is needed (Debian package openssl)"
+mkdir -p "$CACHE"
+
+log "building the upstream and scafo-edge from $REPO"
+(cd "$REPO" && go build -o "$CACHE/bench-upstream" ./bench/upstream) || die "build bench/upstream failed"
+EDGE_BIN=
+EDGE_NOTE=
+if (cd "$REPO" && go build -o "$CACHE/scafo-edge" ./cmd/scafo-edge) 2>"$WORK/edge-build.log"; then
+	EDGE_BIN=$CACHE/scafo-edge
+else
+	EDGE_NOTE="build failed: $(head -1 "$WORK/edge-build.log")"
+	log "scafo-edge: $EDGE_NOTE"
+fi
+
+for p in "$UP_PORT" "$UP_TLS_PORT" "$PX_PORT" "$PX_TLS_PORT" "$ADMIN_PORT"; do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+		die "port $p is in use on 127.0.0.1; pick other ports with --port-base"
+	fi
+done
+
+# A certificate already held: self-signed ECDSA P-256 for localhost (what
+# the edge's internal CA issues too), so no handshake pays for a bigger key.
+"$OPENSSL" req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+	-subj "/CN=$HOST" -addext "subjectAltName=DNS:$HOST,IP:127.0.0.1" \
+	-keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null || die "openssl could not make a certificate"
+cat "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/bundle.pem"
+
+start "$WORK/upstream.log" "$CACHE/bench-upstream" -addr "127.0.0.1:$UP_PORT" \
+	-tls-addr "127.0.0.1:$UP_TLS_PORT" -cert "$WORK/cert.pem" -key "$WORK/key.pem"
+UP_PID=$PID
+
+# wait_ok URL SIZE PID: until URL answers 200 with SIZE bytes, while PID lives.
+wait_ok() {
+	local url=$1 size=$2 pid=$3 out deadline=$((SECONDS + 30))
+	while ((SECONDS < deadline)); do
+		out=$("$CURL" -sk -o /dev/null -w '%{http_code} %{size_download}' --max-time 5 "$url" 2>/dev/null) || true
+		[[ $out == "200 $size" ]] && return 0
+		kill -0 "$pid" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	log "$url: last answer '$out', wanted '200 $size'"
+	return 1
+}
+wait_ok "http://127.0.0.1:$UP_PORT/1k" 1024 "$UP_PID" || die "the upstream did not start: $(tail -3 "$WORK/upstream.log")"
+
+# ---------------------------------------------------------------- configs
+
+write_edge_routes() {
+	cat >"$WORK/routes.json" <<EOF
+{"v": 1, "routes": [{"host": "$HOST", "application": "bench",
+  "upstreams": [{"node": "bench", "address": "127.0.0.1:$UP_PORT"}]}]}
+EOF
+}
+
+write_caddy_config() {
+	# Two servers: Caddy makes every listener of a server TLS once it has a
+	# connection policy. Admin API and automatic HTTPS off; logs at ERROR
+	# (no access log is configured); idle pool sized for the load.
+	local rp
+	rp='{"handler": "reverse_proxy", "upstreams": [{"dial": "127.0.0.1:'$UP_PORT'"}],
+	     "transport": {"protocol": "http", "keep_alive": {"enabled": true,
+	       "max_idle_conns": 256, "max_idle_conns_per_host": 256}}}'
+	cat >"$WORK/caddy.json" <<EOF
+{
+  "admin": {"disabled": true},
+  "logging": {"logs": {"default": {"level": "ERROR"}}},
+  "storage": {"module": "file_system", "root": "$WORK/caddy-data"},
+  "apps": {
+    "tls": {"certificates": {"load_files": [
+      {"certificate": "$WORK/cert.pem", "key": "$WORK/key.pem", "tags": ["bench"]}]}},
+    "http": {"servers": {
+      "plain": {"listen": ["127.0.0.1:$PX_PORT"], "protocols": ["h1"],
+        "automatic_https": {"disable": true},
+        "routes": [{"match": [{"host": ["$HOST"]}], "handle": [$rp], "terminal": true}]},
+      "tls": {"listen": ["127.0.0.1:$PX_TLS_PORT"], "protocols": ["h1", "h2"],
+        "automatic_https": {"disable": true},
+        "tls_connection_policies": [{"certificate_selection": {"any_tag": ["bench"]}}],
+        "routes": [{"match": [{"host": ["$HOST"]}], "handle": [$rp], "terminal": true}]}
+    }}
+  }
+}
+EOF
+}
+
+write_traefik_config() {
+	cat >"$WORK/traefik.yml" <<EOF
+http:
+  routers:
+    plain: {rule: "Host(\`$HOST\`)", entryPoints: [plain], service: up}
+    tls: {rule: "Host(\`$HOST\`)", entryPoints: [tls], service: up, tls: {}}
+  services:
+    up:
+      loadBalancer:
+        serversTransport: bench
+        servers: [{url: "http://127.0.0.1:$UP_PORT"}]
+  serversTransports:
+    bench: {maxIdleConnsPerHost: 256}
+tls:
+  stores:
+    default:
+      defaultCertificate: {certFile: "$WORK/cert.pem", keyFile: "$WORK/key.pem"}
+EOF
+}
+
+write_nginx_config() {
+	mkdir -p "$WORK/nginx/tmp"
+	local user=
+	((EUID == 0)) && user='user root;'
+	# reuseport: otherwise one worker accepts every connection. Buffering
+	# off: bodies stream through a 32 KiB buffer, as the Go proxies copy
+	# them, instead of spooling a 1 MiB body to a temporary file.
+	cat >"$WORK/nginx/nginx.conf" <<EOF
+$user
+worker_processes $WORKERS;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log error;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 100000000;
+  keepalive_timeout 120s;
+  client_body_temp_path $WORK/nginx/tmp/body;
+  proxy_temp_path $WORK/nginx/tmp/proxy;
+  fastcgi_temp_path $WORK/nginx/tmp/fastcgi;
+  uwsgi_temp_path $WORK/nginx/tmp/uwsgi;
+  scgi_temp_path $WORK/nginx/tmp/scgi;
+  upstream up {
+    server 127.0.0.1:$UP_PORT;
+    keepalive 256;
+    keepalive_requests 100000000;
+    keepalive_timeout 120s;
+  }
+  server {
+    listen 127.0.0.1:$PX_PORT reuseport;
+    listen 127.0.0.1:$PX_TLS_PORT ssl reuseport;
+    server_name $HOST;
+    ssl_certificate $WORK/cert.pem;
+    ssl_certificate_key $WORK/key.pem;
+    location / {
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host \$host;
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_buffering off;
+      proxy_buffer_size 32k;
+      proxy_buffers 4 32k;
+      proxy_busy_buffers_size 64k;
+    }
+  }
+}
+EOF
+}
+
+write_haproxy_config() {
+	cat >"$WORK/haproxy.cfg" <<EOF
+global
+  nbthread $WORKERS
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 120s
+  timeout server 120s
+  timeout http-keep-alive 120s
+  option http-keep-alive
+  option forwardfor
+  http-reuse always
+frontend bench
+  bind 127.0.0.1:$PX_PORT
+  bind 127.0.0.1:$PX_TLS_PORT ssl crt $WORK/bundle.pem alpn http/1.1
+  http-request set-header X-Forwarded-Proto https if { ssl_fc }
+  http-request set-header X-Forwarded-Proto http if !{ ssl_fc }
+  default_backend up
+backend up
+  server up 127.0.0.1:$UP_PORT pool-max-conn 256
+EOF
+}
+
+# ------------------------------------------------------------ the proxies
+
+CADDY_BIN='' TRAEFIK_BIN='' NGINX_BIN='' HAPROXY_BIN=''
+declare -A SKIP=()   # proxy -> why it is not run
+declare -A VERSION=()
+
+VERSION[wrk]=$("$WRK" -v 2>&1 | head -1 | awk '{print $2}') || true
+VERSION[direct]="bench/upstream (Go $(go env GOVERSION | sed 's/^go//'))"
+if has "$PROXIES" scafo-edge; then
+	if [[ -n $EDGE_BIN ]]; then
+		VERSION[scafo-edge]="$(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git diff --quiet HEAD -- . 2>/dev/null || echo '+dirty')"
+		write_edge_routes
+	else
+		SKIP[scafo-edge]=$EDGE_NOTE
+	fi
+fi
+if has "$PROXIES" caddy; then
+	if CADDY_BIN=$(go_install "caddy-$CADDY_VERSION" caddy "github.com/caddyserver/caddy/v2/cmd/caddy@$CADDY_VERSION"); then
+		VERSION[caddy]=$(go_mod_version "$CADDY_BIN")
+		write_caddy_config
+	else
+		SKIP[caddy]="Caddy $CADDY_VERSION did not build from the Go module proxy"
+	fi
+fi
+if has "$PROXIES" traefik; then
+	if TRAEFIK_BIN=$(go_install traefik-v3 traefik "$TRAEFIK_MODULE@$TRAEFIK_VERSION"); then
+		VERSION[traefik]=$(go_mod_version "$TRAEFIK_BIN")
+		write_traefik_config
+	else
+		SKIP[traefik]="Traefik v3 does not build from the Go module proxy (its go.mod has replace directives and forked dependencies that go install refuses)"
+	fi
+fi
+if has "$PROXIES" nginx; then
+	if NGINX_BIN=$(need nginx); then
+		VERSION[nginx]=$("$NGINX_BIN" -v 2>&1 | sed 's/.*nginx\///')
+		write_nginx_config
+	else
+		SKIP[nginx]="nginx is not installed and could not be"
+	fi
+fi
+if has "$PROXIES" haproxy; then
+	if HAPROXY_BIN=$(need haproxy); then
+		VERSION[haproxy]=$("$HAPROXY_BIN" -v 2>&1 | awk 'NR==1 {print $3}')
+		write_haproxy_config
+	else
+		SKIP[haproxy]="HAProxy is not installed and could not be"
+	fi
+fi
+for p in "${!SKIP[@]}"; do log "$p: skipped: ${SKIP[$p]}"; done
+
+# start_proxy NAME TLS: starts NAME (TLS=1: with its HTTPS listener) and
+# sets PID.
+start_proxy() {
+	local name=$1 tls=$2 logf=$WORK/$1.log state
+	case $name in
+	scafo-edge)
+		state=$(mktemp -d "$WORK/edge-state.XXXXXX")
+		local mode=(--tls off)
+		((tls)) && mode=(--tls internal --https-addr "127.0.0.1:$PX_TLS_PORT")
+		start "$logf" env GOMAXPROCS="$WORKERS" "$EDGE_BIN" serve --routes-file "$WORK/routes.json" \
+			"${mode[@]}" --http-addr "127.0.0.1:$PX_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" \
+			--state-dir "$state" --access-log=false
+		;;
+	caddy)
+		start "$logf" env GOMAXPROCS="$WORKERS" XDG_DATA_HOME="$WORK/caddy-data" \
+			XDG_CONFIG_HOME="$WORK/caddy-config" "$CADDY_BIN" run --config "$WORK/caddy.json"
+		;;
+	traefik)
+		start "$logf" env GOMAXPROCS="$WORKERS" "$TRAEFIK_BIN" \
+			--entryPoints.plain.address="127.0.0.1:$PX_PORT" \
+			--entryPoints.tls.address="127.0.0.1:$PX_TLS_PORT" \
+			--providers.file.filename="$WORK/traefik.yml" --log.level=ERROR \
+			--global.checkNewVersion=false --global.sendAnonymousUsage=false
+		;;
+	nginx)
+		start "$logf" "$NGINX_BIN" -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf"
+		;;
+	haproxy)
+		start "$logf" "$HAPROXY_BIN" -db -f "$WORK/haproxy.cfg"
+		;;
+	esac
+	return 0
+}
+
+# ---------------------------------------------------------------- one cell
+
+# cell_spec CELL sets SCHEME, PATH_, SIZE, CLOSE.
+cell_spec() {
+	case $1 in
+	http-1k) SCHEME=http PATH_=/1k SIZE=1024 CLOSE=0 ;;
+	http-1m) SCHEME=http PATH_=/1m SIZE=1048576 CLOSE=0 ;;
+	https-1k) SCHEME=https PATH_=/1k SIZE=1024 CLOSE=0 ;;
+	https-close) SCHEME=https PATH_=/1k SIZE=1024 CLOSE=1 ;;
+	*) die "unknown cell $1 (want http-1k, http-1m, https-1k or https-close)" ;;
+	esac
+}
+
+# to_ms VALUE: wrk's latency ("812.00us", "1.20ms", "2.01s") in ms.
+to_ms() {
+	awk -v v="$1" 'BEGIN {
+		n = v + 0; u = v; sub(/^[0-9.]+/, "", u)
+		if (u == "us") n /= 1000; else if (u == "s") n *= 1000; else if (u == "m") n *= 60000
+		printf "%.3f", n }'
+}
+
+RESULTS=$WORK/results.tsv
+: >"$RESULTS"
+# row PROXY CELL STATUS RPS P50 P99 CPU_US PEAK_MIB IDLE_MIB ERRORS CTXSW RWSYS UP_CPU_US REQUESTS NOTE
+row() { local IFS=$'\t'; printf '%s\n' "$*" >>"$RESULTS"; }
+
+run_cell() {
+	local proxy=$1 cell=$2 url pid pids up_pids wrkout
+	cell_spec "$cell"
+	local tls=0
+	[[ $SCHEME == https ]] && tls=1
+	if [[ -n ${SKIP[$proxy]:-} ]]; then
+		row "$proxy" "$cell" skipped "" "" "" "" "" "" "" "" "" "" "" "${SKIP[$proxy]}"
+		return
+	fi
+	log "$proxy $cell"
+	if [[ $proxy == direct ]]; then
+		pid=$UP_PID
+		if ((tls)); then url=https://$HOST:$UP_TLS_PORT$PATH_; else url=http://$HOST:$UP_PORT$PATH_; fi
+	else
+		start_proxy "$proxy" "$tls"
+		pid=$PID
+		if ((tls)); then url=https://$HOST:$PX_TLS_PORT$PATH_; else url=http://$HOST:$PX_PORT$PATH_; fi
+	fi
+	if ! wait_ok "$url" "$SIZE" "$pid"; then
+		local why
+		why=$(grep -v '^\s*$' "$WORK/$proxy.log" 2>/dev/null | tail -1 | tr '\t"\\' '   ' | cut -c1-200)
+		if [[ $proxy == scafo-edge ]] && ((tls)); then
+			why="--tls internal not available yet: $why"
+		fi
+		log "$proxy $cell: not serving: $why"
+		row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "$why"
+		[[ $proxy != direct ]] && stop_tree "$pid"
+		return
+	fi
+	pids=$(proc_tree "$pid")
+	local idle_kib
+	idle_kib=$(status_kib VmRSS $pids)
+
+	local wrkargs=(-t "$THREADS" -c "$CONNS" --latency --timeout 10s)
+	((CLOSE)) && wrkargs+=(-H 'Connection: close')
+	if [[ $WARMUP != 0 && $WARMUP != 0s ]]; then
+		"$WRK" "${wrkargs[@]}" -d "$WARMUP" "$url" >/dev/null 2>&1 || true
+	fi
+
+	pids=$(proc_tree "$pid")      # nginx/haproxy may have forked late
+	up_pids=$(proc_tree "$UP_PID")
+	local c0 u0 s0 r0
+	c0=$(cpu_ticks $pids); u0=$(cpu_ticks $up_pids)
+	s0=$(ctx_switches $pids); r0=$(rw_syscalls $pids)
+	wrkout=$WORK/wrk-$proxy-$cell.txt
+	"$WRK" "${wrkargs[@]}" -d "$DURATION" "$url" >"$wrkout" 2>&1 || true
+	local c1 u1 s1 r1 peak_kib
+	c1=$(cpu_ticks $pids); u1=$(cpu_ticks $up_pids)
+	s1=$(ctx_switches $pids); r1=$(rw_syscalls $pids)
+	peak_kib=$(status_kib VmHWM $pids)
+	[[ $proxy != direct ]] && stop_tree "$pid"
+
+	local rps reqs p50 p99 errors
+	read -r rps reqs p50 p99 errors < <(awk '
+		/Requests\/sec:/ { rps = $2 }
+		/ requests in / { reqs = $1 }
+		$1 == "50%" { p50 = $2 }
+		$1 == "99%" { p99 = $2 }
+		/Non-2xx or 3xx responses:/ { err += $NF }
+		/Socket errors:/ { gsub(/,/, ""); err += $4 + $6 + $8 + $10 }
+		END { printf "%s %s %s %s %d\n", rps ? rps : "0", reqs ? reqs : "0", p50 ? p50 : "-", p99 ? p99 : "-", err }' "$wrkout")
+	if ((reqs == 0)); then
+		row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "wrk measured no request: $(tail -1 "$wrkout" | tr '\t"\\' '   ')"
+		return
+	fi
+	awk -v proxy="$proxy" -v cell="$cell" -v rps="$rps" -v reqs="$reqs" \
+		-v p50="$(to_ms "$p50")" -v p99="$(to_ms "$p99")" -v tck="$CLK_TCK" \
+		-v c="$((c1 - c0))" -v u="$((u1 - u0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" \
+		-v peak="$peak_kib" -v idle="$idle_kib" -v err="$errors" -v direct="$([[ $proxy == direct ]] && echo 1 || echo 0)" '
+		BEGIN {
+			OFS = "\t"
+			cpu = direct ? "" : sprintf("%.1f", c * 1e6 / tck / reqs)
+			ctx = direct ? "" : sprintf("%.2f", s / reqs)
+			rw = direct ? "" : sprintf("%.2f", r / reqs)
+			pk = direct ? "" : sprintf("%.1f", peak / 1024)
+			id = direct ? "" : sprintf("%.1f", idle / 1024)
+			print proxy, cell, "ok", rps, p50, p99, cpu, pk, id, err, ctx, rw, sprintf("%.1f", u * 1e6 / tck / reqs), reqs, ""
+		}' >>"$RESULTS"
+}
+
+# ------------------------------------------------------------------ report
+
+report_markdown() {
+	printf '## scafo-edge benchmark, %s\n\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
+	printf '%s CPUs shared by wrk, proxy and upstream; wrk %s: %s threads, %s connections, %s per cell after %s warm-up; workers %s (GOMAXPROCS = nginx workers = HAProxy threads).\n' \
+		"$(nproc)" "${VERSION[wrk]:-?}" "$THREADS" "$CONNS" "$DURATION" "$WARMUP" "$WORKERS"
+	local v=
+	for p in scafo-edge caddy traefik nginx haproxy; do
+		[[ -n ${VERSION[$p]:-} ]] && v+="${v:+, }$p ${VERSION[$p]}"
+	done
+	printf 'Versions: %s. Ratios within this run are what count; absolute figures move with the machine'"'"'s other load.\n\n' "${v:-none}"
+	awk -F'\t' '
+		function cellname(c) { return c == "http-1k" ? "HTTP keep-alive 1 KiB" : c == "http-1m" ? "HTTP keep-alive 1 MiB" : c == "https-1k" ? "HTTPS keep-alive 1 KiB" : c == "https-close" ? "HTTPS new connection per request 1 KiB" : c }
+		function orDash(v) { return v == "" ? "—" : v }
+		{ n++; P[n] = $1; C[n] = $2; S[n] = $3; RPS[n] = $4; P50[n] = $5; P99[n] = $6; CPU[n] = $7; PK[n] = $8; ID[n] = $9; ERR[n] = $10; CTX[n] = $11; NOTE[n] = $15
+		  if ($1 == "direct" && $3 == "ok") D[$2] = $4
+		  if (!($2 in seen)) { seen[$2] = 1; cells[++nc] = $2 } }
+		END {
+			print "| cell | proxy | req/s | × direct | p50 ms | p99 ms | CPU µs/req | ctx switches/req | peak RSS MiB | idle RSS MiB | errors |"
+			print "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+			for (k = 1; k <= nc; k++) for (i = 1; i <= n; i++) {
+				if (C[i] != cells[k]) continue
+				if (S[i] != "ok") { printf "| %s | %s | %s | | | | | | | | |\n", cellname(C[i]), P[i], S[i]; notes[++nn] = P[i] " (" C[i] "): " S[i] ": " NOTE[i]; continue }
+				ratio = (C[i] in D) && D[C[i]] > 0 ? sprintf("%.2f", RPS[i] / D[C[i]]) : "—"
+				printf "| %s | %s | %.0f | %s | %.2f | %.2f | %s | %s | %s | %s | %s |\n", cellname(C[i]), P[i], RPS[i], ratio, P50[i], P99[i], orDash(CPU[i]), orDash(CTX[i]), orDash(PK[i]), orDash(ID[i]), ERR[i]
+			}
+			if (nn) { print ""; for (j = 1; j <= nn; j++) { if (!(notes[j] in said)) print "- " notes[j]; said[notes[j]] = 1 } }
+		}' "$RESULTS"
+	targets_markdown
+}
+
+# targets_markdown: scafo-edge against Caddy and nginx, per cell (issue 8's
+# targets: req/s >= 1.5x Caddy, CPU/req <= 0.6x Caddy, p99 <= Caddy; stretch:
+# CPU/req <= 2x nginx).
+targets_markdown() {
+	awk -F'\t' '
+		$3 == "ok" { R[$1, $2] = $4; P99[$1, $2] = $6; CPU[$1, $2] = $7; if (!($2 in seen)) { seen[$2] = 1; cells[++nc] = $2 } }
+		function verdict(ok) { return ok ? "met" : "not met" }
+		END {
+			for (k = 1; k <= nc; k++) {
+				c = cells[k]
+				if (!(("scafo-edge", c) in R)) continue
+				if ((("caddy", c) in R)) {
+					line = sprintf("| %s | %.2f (%s) | %.2f (%s) | %.2f (%s) |", c,
+						R["scafo-edge", c] / R["caddy", c], verdict(R["scafo-edge", c] >= 1.5 * R["caddy", c]),
+						CPU["scafo-edge", c] / CPU["caddy", c], verdict(CPU["scafo-edge", c] <= 0.6 * CPU["caddy", c]),
+						P99["scafo-edge", c] / P99["caddy", c], verdict(P99["scafo-edge", c] <= P99["caddy", c]))
+				} else line = sprintf("| %s | — | — | — |", c)
+				if ((("nginx", c) in CPU) && CPU["nginx", c] > 0)
+					line = line sprintf(" %.2f (%s) |", CPU["scafo-edge", c] / CPU["nginx", c], verdict(CPU["scafo-edge", c] <= 2 * CPU["nginx", c]))
+				else line = line " — |"
+				rows[++nr] = line
+			}
+			if (!nr) exit
+			print ""
+			print "scafo-edge against the targets of issue 8 (ratios of this run):"
+			print ""
+			print "| cell | req/s × Caddy (≥ 1.5) | CPU/req × Caddy (≤ 0.6) | p99 × Caddy (≤ 1) | CPU/req × nginx (stretch ≤ 2) |"
+			print "|---|--:|--:|--:|--:|"
+			for (i = 1; i <= nr; i++) print rows[i]
+		}' "$RESULTS"
+}
+
+report_json() {
+	local versions='' p
+	for p in "${!VERSION[@]}"; do
+		versions+="${versions:+, }\"$p\": \"${VERSION[$p]//\"/}\""
+	done
+	printf '{\n  "date": "%s",\n  "cpus": %s,\n  "settings": {"duration": "%s", "warmup": "%s", "connections": %s, "wrk_threads": %s, "workers": %s},\n  "versions": {%s},\n  "results": [\n' \
+		"$(date -u '+%Y-%m-%dT%H:%M:%SZ')" "$(nproc)" "$DURATION" "$WARMUP" "$CONNS" "$THREADS" "$WORKERS" "$versions"
+	awk -F'\t' '
+		function num(v) { return v == "" ? "null" : v + 0 }
+		{ n++; L[n] = $0; if ($1 == "direct" && $3 == "ok") D[$2] = $4 }
+		END {
+			for (i = 1; i <= n; i++) {
+				split(L[i], f, "\t")
+				ratio = (f[3] == "ok" && (f[2] in D) && D[f[2]] > 0) ? sprintf("%.4f", f[4] / D[f[2]]) : "null"
+				gsub(/["\\]/, "", f[15])
+				printf "    {\"proxy\": \"%s\", \"cell\": \"%s\", \"status\": \"%s\", \"requests\": %s, \"requests_per_sec\": %s, \"ratio_to_direct\": %s, \"p50_ms\": %s, \"p99_ms\": %s, \"cpu_us_per_request\": %s, \"context_switches_per_request\": %s, \"rw_syscalls_per_request\": %s, \"peak_rss_mib\": %s, \"idle_rss_mib\": %s, \"errors\": %s, \"upstream_cpu_us_per_request\": %s, \"note\": \"%s\"}%s\n",
+					f[1], f[2], f[3], num(f[14]), num(f[4]), ratio, num(f[5]), num(f[6]), num(f[7]), num(f[11]), num(f[12]), num(f[8]), num(f[9]), num(f[10]), num(f[13]), f[15], i < n ? "," : ""
+			}
+		}' "$RESULTS"
+	printf '  ]\n}\n'
+}
+
+# ----------------------------------------------------------------- profile
+
+# profile: the edge's request path (bench/edgeprof: edge.Handler and
+# backhaul.Proxy wired as the serve command wires them) under the http-1k
+# load, with a CPU profile, an allocation profile of the window, and the
+# per-request figures /proc gives.
+profile() {
+	mkdir -p "$PROFILE_DIR"
+	(cd "$REPO" && go build -o "$CACHE/edgeprof" ./bench/edgeprof) || die "build bench/edgeprof failed"
+	write_edge_routes
+	start "$WORK/edgeprof.log" env GOMAXPROCS="$WORKERS" "$CACHE/edgeprof" \
+		-addr "127.0.0.1:$PX_PORT" -pprof-addr "127.0.0.1:$ADMIN_PORT" -routes-file "$WORK/routes.json"
+	local pid=$PID url=http://$HOST:$PX_PORT/1k pp=http://127.0.0.1:$ADMIN_PORT/debug/pprof
+	wait_ok "$url" 1024 "$pid" || die "edgeprof did not start: $(tail -3 "$WORK/edgeprof.log")"
+	local secs=${DURATION%s}
+	[[ $secs =~ ^[0-9]+$ ]] || die "--profile needs --duration in whole seconds (e.g. 10s)"
+	local wrkargs=(-t "$THREADS" -c "$CONNS" --latency --timeout 10s)
+	"$WRK" "${wrkargs[@]}" -d "$WARMUP" "$url" >/dev/null 2>&1 || true
+
+	# Window 1: CPU profile, with the /proc figures over the same window.
+	log "profiling: CPU for ${secs}s under http-1k load"
+	"$CURL" -s -o "$PROFILE_DIR/allocs-before.pprof" "$pp/allocs"
+	local c0 s0 r0
+	c0=$(cpu_ticks "$pid"); s0=$(ctx_switches "$pid"); r0=$(rw_syscalls "$pid")
+	"$CURL" -s -o "$PROFILE_DIR/cpu.pprof" "$pp/profile?seconds=$secs" &
+	local curl_pid=$!
+	"$WRK" "${wrkargs[@]}" -d "${secs}s" "$url" >"$PROFILE_DIR/wrk.txt" 2>&1 || true
+	wait "$curl_pid" || true
+	local c1 s1 r1
+	c1=$(cpu_ticks "$pid"); s1=$(ctx_switches "$pid"); r1=$(rw_syscalls "$pid")
+	"$CURL" -s -o "$PROFILE_DIR/allocs-after.pprof" "$pp/allocs"
+	local reqs
+	reqs=$(awk '/ requests in / { print $1 }' "$PROFILE_DIR/wrk.txt")
+	((reqs > 0)) || die "profile: wrk measured no request: $(cat "$PROFILE_DIR/wrk.txt")"
+
+	{
+		printf '## edge request path under http-1k load (%s connections, %s)\n\n' "$CONNS" "$DURATION"
+		grep -E 'Requests/sec|requests in' "$PROFILE_DIR/wrk.txt" | sed 's/^ */    /'
+		awk -v c="$((c1 - c0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v n="$reqs" -v tck="$CLK_TCK" 'BEGIN {
+			printf "    CPU %.1f µs/request; %.2f context switches/request; %.2f read+write syscalls/request\n\n", c * 1e6 / tck / n, s / n, r / n }'
+		printf '### CPU (go tool pprof -top -nodecount=40 %s/cpu.pprof)\n\n```\n' "$PROFILE_DIR"
+		go tool pprof -top -nodecount=40 "$CACHE/edgeprof" "$PROFILE_DIR/cpu.pprof" 2>/dev/null
+		printf '```\n\n### CPU, cumulative (-top -cum -nodecount=40)\n\n```\n'
+		go tool pprof -top -cum -nodecount=40 "$CACHE/edgeprof" "$PROFILE_DIR/cpu.pprof" 2>/dev/null
+		printf '```\n\n### Allocations in the window (alloc_objects, -base allocs-before)\n\n'
+		go tool pprof -raw -sample_index=alloc_objects -base "$PROFILE_DIR/allocs-before.pprof" \
+			"$CACHE/edgeprof" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null | awk -v n="$reqs" '
+			/^Samples:/ { s = 1; next } /^Locations/ { s = 0 }
+			s && /^ *-?[0-9]+ +-?[0-9]+:/ { split($1, a, " "); objs += $1 + 0; bytes += $2 + 0 }
+			END { if (n) printf "%.1f objects and %.0f bytes allocated per request (sampled, so approximate)\n\n", objs / n, bytes / n }'
+		printf '```\n'
+		go tool pprof -top -nodecount=30 -sample_index=alloc_objects -base "$PROFILE_DIR/allocs-before.pprof" \
+			"$CACHE/edgeprof" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null
+		printf '```\n'
+	} | tee "$PROFILE_DIR/summary.md"
+	stop_tree "$pid"
+}
+
+if [[ -n $PROFILE_DIR ]]; then
+	profile
+	exit 0
+fi
+
+# ------------------------------------------------------------------- main
+
+IFS=, read -r -a cell_list <<<"$CELLS"
+for cell in "${cell_list[@]}"; do cell_spec "$cell"; done
+proxy_list=(direct)
+for p in scafo-edge caddy traefik nginx haproxy; do has "$PROXIES" "$p" && proxy_list+=("$p"); done
+for p in ${PROXIES//,/ }; do
+	case $p in direct | scafo-edge | caddy | traefik | nginx | haproxy) ;; *) die "unknown proxy $p" ;; esac
+done
+
+for cell in "${cell_list[@]}"; do
+	for proxy in "${proxy_list[@]}"; do
+		run_cell "$proxy" "$cell"
+	done
+done
+
+if ((JSON)); then report_json; else report_markdown; fi
