@@ -149,7 +149,7 @@ func writeRoutes(w io.Writer, v *statusView, maxPaths int) {
 			t.row("  /"+p.Prefix, p.Application, "-> "+p.Target, "")
 		}
 		if more := r.PathCount - n; more > 0 {
-			t.row(fmt.Sprintf("  ... %s more (--max-paths 0 lists all)", plural(more, "prefix")), "", "", "")
+			t.row(fmt.Sprintf("  ... %s (--max-paths 0 lists all)", plural(more, "more prefix")), "", "", "")
 		}
 	}
 
