@@ -1,0 +1,357 @@
+package certstest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// toolDir holds the Pebble binaries RunWithPebble built; it is written once,
+// before any test runs.
+var toolDir string
+
+// RunWithPebble builds pebble and pebble-challtestsrv (tool dependencies
+// in go.mod) once for the test binary, runs the tests, and removes the
+// binaries. Call it from TestMain: os.Exit(certstest.RunWithPebble(m)).
+func RunWithPebble(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "certstest-pebble-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "certstest: make tool dir:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	for _, tool := range []struct{ out, pkg string }{
+		{"pebble", "github.com/letsencrypt/pebble/v2/cmd/pebble"},
+		{"pebble-challtestsrv", "github.com/letsencrypt/pebble/v2/cmd/pebble-challtestsrv"},
+	} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, tool.out), tool.pkg)
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "certstest: go build %s: %v\n%s", tool.pkg, err, out)
+			return 1
+		}
+	}
+	toolDir = dir
+	return m.Run()
+}
+
+// PebbleConfig sets where Pebble's validator connects.
+type PebbleConfig struct {
+	// HTTPPort and TLSPort are the ports Pebble dials on 127.0.0.1 (every
+	// name resolves there) for HTTP-01 and TLS-ALPN-01.
+	HTTPPort, TLSPort int
+}
+
+// Pebble is a running Pebble ACME server and its challenge test server,
+// which is Pebble's DNS: every name resolves to 127.0.0.1 unless set.
+type Pebble struct {
+	// DirectoryURL is the ACME directory.
+	DirectoryURL string
+	// RootPEM is the root that signs Pebble's own HTTPS certificate (not
+	// the issued ones); trust it to talk ACME.
+	RootPEM []byte
+	// ChallSrvURL is the challenge test server's management API.
+	ChallSrvURL string
+
+	mgmtURL string
+	client  *http.Client
+	orders  atomic.Int64
+	logMu   sync.Mutex
+	logTail []string
+}
+
+// StartPebble starts Pebble and pebble-challtestsrv on free loopback ports
+// and stops both when t ends. RunWithPebble must have built them.
+func StartPebble(t testing.TB, cfg PebbleConfig) *Pebble {
+	t.Helper()
+	if toolDir == "" {
+		t.Fatal("certstest: Pebble not built; call certstest.RunWithPebble from TestMain")
+	}
+	modDir, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/letsencrypt/pebble/v2").Output()
+	if err != nil {
+		t.Fatalf("certstest: locate pebble module: %v", err)
+	}
+	pebbleDir := strings.TrimSpace(string(modDir))
+	rootPEM, err := os.ReadFile(filepath.Join(pebbleDir, "test/certs/pebble.minica.pem"))
+	if err != nil {
+		t.Fatalf("certstest: read pebble minica root: %v", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(rootPEM)
+	p := &Pebble{
+		RootPEM: rootPEM,
+		client: &http.Client{
+			Timeout:   10 * time.Second,
+			Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true},
+		},
+	}
+
+	dnsAddr := freeUDPAndTCPAddr(t)
+	chMgmt := freeTCPAddr(t)
+	p.ChallSrvURL = "http://" + chMgmt
+	p.start(t, "challtestsrv", exec.Command(filepath.Join(toolDir, "pebble-challtestsrv"),
+		"-http01", "", "-https01", "", "-tlsalpn01", "", "-doh", "",
+		"-dnsserver", dnsAddr, "-management", chMgmt,
+		"-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""), nil)
+
+	listen, mgmt := freeTCPAddr(t), freeTCPAddr(t)
+	conf := map[string]any{"pebble": map[string]any{
+		"listenAddress":                  listen,
+		"managementListenAddress":        mgmt,
+		"certificate":                    filepath.Join(pebbleDir, "test/certs/localhost/cert.pem"),
+		"privateKey":                     filepath.Join(pebbleDir, "test/certs/localhost/key.pem"),
+		"httpPort":                       cfg.HTTPPort,
+		"tlsPort":                        cfg.TLSPort,
+		"ocspResponderURL":               "",
+		"externalAccountBindingRequired": false,
+		"keyAlgorithm":                   "ecdsa",
+		"profiles": map[string]any{
+			"default": map[string]any{"description": "default", "validityPeriod": 7776000},
+		},
+	}}
+	confPath := filepath.Join(t.TempDir(), "pebble.json")
+	b, _ := json.Marshal(conf)
+	if err := os.WriteFile(confPath, b, 0o600); err != nil {
+		t.Fatalf("certstest: write pebble config: %v", err)
+	}
+	p.start(t, "pebble", exec.Command(filepath.Join(toolDir, "pebble"), "-config", confPath, "-dnsserver", dnsAddr),
+		[]string{"PEBBLE_VA_NOSLEEP=1", "PEBBLE_WFE_NONCEREJECT=0", "PEBBLE_AUTHZREUSE=0"})
+	p.DirectoryURL = "https://" + listen + "/dir"
+	p.mgmtURL = "https://" + mgmt
+
+	waitFor(t, 20*time.Second, "pebble directory", func() error {
+		resp, err := p.client.Get(p.DirectoryURL)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	})
+	waitFor(t, 20*time.Second, "challtestsrv management", func() error {
+		return p.challPost("/set-default-ipv4", map[string]any{"ip": "127.0.0.1"})
+	})
+	return p
+}
+
+// start runs cmd until t ends, counting Pebble's new orders from its log.
+func (p *Pebble) start(t testing.TB, name string, cmd *exec.Cmd, env []string) {
+	t.Helper()
+	cmd.Env = append(os.Environ(), env...)
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("certstest: start %s: %v", name, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		pw.Close()
+		close(exited)
+	}()
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			line := sc.Text()
+			// Pebble's order lines carry no domain; one per new order.
+			if strings.Contains(line, "Added order") {
+				p.orders.Add(1)
+			}
+			p.logMu.Lock()
+			p.logTail = append(p.logTail, name+": "+line)
+			if len(p.logTail) > 400 {
+				p.logTail = p.logTail[len(p.logTail)-300:]
+			}
+			p.logMu.Unlock()
+		}
+		io.Copy(io.Discard, pr)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+		<-scanned
+		if t.Failed() {
+			p.logMu.Lock()
+			defer p.logMu.Unlock()
+			t.Logf("last lines of %s and friends:\n%s", name, strings.Join(p.logTail, "\n"))
+			p.logTail = nil
+		}
+	})
+}
+
+// OrderCount returns how many orders Pebble has accepted since it started.
+func (p *Pebble) OrderCount() int { return int(p.orders.Load()) }
+
+// WaitOrderCount waits until OrderCount reaches want; a log line can trail
+// the HTTP response that created the order by a moment.
+func (p *Pebble) WaitOrderCount(t testing.TB, want int) {
+	t.Helper()
+	waitFor(t, 5*time.Second, fmt.Sprintf("pebble order count %d", want), func() error {
+		if got := p.OrderCount(); got != want {
+			return fmt.Errorf("order count %d", got)
+		}
+		return nil
+	})
+}
+
+// IssuerRoots returns a pool with the root that signs the certificates this
+// Pebble issues (new on every start).
+func (p *Pebble) IssuerRoots(t testing.TB) *x509.CertPool {
+	t.Helper()
+	resp, err := p.client.Get(p.mgmtURL + "/roots/0")
+	if err != nil {
+		t.Fatalf("certstest: fetch pebble root: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		t.Fatalf("certstest: pebble root is not PEM: %q", b)
+	}
+	return pool
+}
+
+// CertStatus returns Pebble's status ("Valid", "Revoked") of the
+// certificate with serial, or an error when Pebble does not know it.
+func (p *Pebble) CertStatus(serial *big.Int) (string, error) {
+	resp, err := p.client.Get(p.mgmtURL + "/cert-status-by-serial/" + serial.Text(16))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("cert status %s: HTTP %d", serial.Text(16), resp.StatusCode)
+	}
+	var st struct{ Status string }
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return "", err
+	}
+	return st.Status, nil
+}
+
+// SetA makes host resolve to addrs (IPv4) for Pebble's validator.
+func (p *Pebble) SetA(t testing.TB, host string, addrs ...string) {
+	t.Helper()
+	if err := p.challPost("/add-a", map[string]any{"host": fqdn(host), "addresses": addrs}); err != nil {
+		t.Fatalf("certstest: set A %s: %v", host, err)
+	}
+}
+
+// SetTXT adds a TXT value at name; ClearTXT removes all of name's values.
+func (p *Pebble) SetTXT(name, value string) error {
+	return p.challPost("/set-txt", map[string]any{"host": fqdn(name), "value": value})
+}
+
+// ClearTXT removes every TXT value at name.
+func (p *Pebble) ClearTXT(name string) error {
+	return p.challPost("/clear-txt", map[string]any{"host": fqdn(name)})
+}
+
+func (p *Pebble) challPost(path string, body any) error {
+	b, _ := json.Marshal(body)
+	resp, err := p.client.Post(p.ChallSrvURL+path, "application/json", bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("%s: HTTP %d: %s", path, resp.StatusCode, msg)
+	}
+	return nil
+}
+
+func fqdn(name string) string {
+	if strings.HasSuffix(name, ".") {
+		return name
+	}
+	return name + "."
+}
+
+func freeTCPAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("certstest: free port: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// freeUDPAndTCPAddr finds a port free for both, as the DNS server binds both.
+func freeUDPAndTCPAddr(t testing.TB) string {
+	t.Helper()
+	for range 20 {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("certstest: free udp port: %v", err)
+		}
+		addr := pc.LocalAddr().String()
+		ln, err := net.Listen("tcp", addr)
+		pc.Close()
+		if err == nil {
+			ln.Close()
+			return addr
+		}
+	}
+	t.Fatal("certstest: no port free for both udp and tcp")
+	return ""
+}
+
+// waitFor retries check until it succeeds or timeout passes.
+func waitFor(t testing.TB, timeout time.Duration, what string, check func() error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	delay := 10 * time.Millisecond
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("certstest: waiting for %s: %v", what, errors.Join(err, ctx.Err()))
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 200*time.Millisecond)
+	}
+}
+
+// PortOf returns the port of a listener address such as "127.0.0.1:8080".
+func PortOf(t testing.TB, addr string) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("certstest: split %q: %v", addr, err)
+	}
+	n, _ := strconv.Atoi(port)
+	return n
+}

@@ -1,0 +1,209 @@
+package certs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+)
+
+// Refusal causes, returned to certmagic by the decision function.
+var (
+	errWildcardKey = errors.New("a *.<base> name never approves issuance")
+	errNotNamed    = errors.New("name is not in the routing document")
+	errBackingOff  = errors.New("backing off after a failed issuance")
+)
+
+// decide is certmagic's on-demand decision function. certmagic calls it
+// before loading a certificate from storage, before obtaining one and before
+// renewing one on demand; a refusal costs no storage access and no ACME
+// traffic.
+func (m *Manager) decide(_ context.Context, name string) error {
+	name = normalizeHost(name)
+	var reason string
+	var err error
+	switch {
+	case strings.HasPrefix(name, "*."):
+		// DESIGN.md rule 8: the wildcard key exists for routing only.
+		reason, err = "wildcard", errWildcardKey
+	case m.allowed == nil || !m.allowed(name):
+		reason, err = "not_named", errNotNamed
+	default:
+		if until, ok := m.backoff.active(name); ok {
+			reason, err = "backoff", fmt.Errorf("%w until %s", errBackingOff, until.UTC().Format(time.RFC3339))
+		}
+	}
+	if err != nil {
+		m.metrics.refusals.WithLabelValues(reason).Inc()
+		return err
+	}
+	return nil
+}
+
+// onEvent follows certmagic's issuance events: it bounds issuances in
+// flight, counts outcomes, starts a name's back-off after a failure and
+// remembers which certificates are cached.
+func (m *Manager) onEvent(ctx context.Context, event string, data map[string]any) error {
+	name, _ := data["identifier"].(string)
+	renewal, _ := data["renewal"].(bool)
+	kind := "new"
+	if renewal {
+		kind = "renewal"
+	}
+	switch event {
+	case "cert_obtaining":
+		select {
+		case m.slots <- struct{}{}:
+		case <-ctx.Done():
+			return certmagic.ErrNoRetry{Err: fmt.Errorf("wait for an issuance slot: %w", ctx.Err())}
+		}
+		m.mu.Lock()
+		m.held[name]++
+		m.mu.Unlock()
+		m.metrics.inFlight.Inc()
+	case "cert_obtained":
+		m.release(name)
+		m.metrics.issuances.WithLabelValues("obtained", kind).Inc()
+		if m.backoff.clear(name) {
+			m.log.Info().Str("name", name).Msg("certificate obtained after earlier failures; back-off cleared")
+		}
+	case "cert_failed":
+		m.release(name)
+		m.metrics.issuances.WithLabelValues("failed", kind).Inc()
+		// Renewals follow certmagic's own schedule, configured names are
+		// retried by certmagic, and a failure caused by our own stop or by
+		// the client going away is no reason to hold the name back.
+		if renewal || m.isBaseName(name) || ctx.Err() != nil {
+			return nil
+		}
+		d := m.backoff.fail(name)
+		err, _ := data["error"].(error)
+		m.log.Warn().Err(err).Str("name", name).Dur("backoff", d).Msg("certificate issuance failed; no new attempt for this name until the back-off ends")
+		// Handshakes waiting on this name would otherwise sit in
+		// certmagic's retry wait (a minute, then more) holding the lock.
+		m.cancelPending(name)
+	case "cached_managed_cert":
+		sans, _ := data["sans"].([]string)
+		if len(sans) > 0 {
+			m.mu.Lock()
+			m.known[strings.Join(sans, ",")] = slices.Clone(sans)
+			m.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+// release gives back the issuance slot name took, if it took one.
+func (m *Manager) release(name string) {
+	m.mu.Lock()
+	took := m.held[name] > 0
+	if took {
+		m.held[name]--
+		if m.held[name] == 0 {
+			delete(m.held, name)
+		}
+	}
+	m.mu.Unlock()
+	if took {
+		<-m.slots
+		m.metrics.inFlight.Dec()
+	}
+}
+
+// maxBackoffNames bounds the back-off table; names come from the routing
+// document, so this is only reached by a very large or churning document.
+const maxBackoffNames = 10000
+
+// backoff is the per-name back-off after failed on-demand issuances.
+type backoff struct {
+	base, max time.Duration
+	now       func() time.Time
+
+	mu    sync.Mutex
+	names map[string]*backoffState
+}
+
+type backoffState struct {
+	failures int
+	until    time.Time
+}
+
+func newBackoff(base, max time.Duration) *backoff {
+	if max < base {
+		max = base
+	}
+	return &backoff{base: base, max: max, now: time.Now, names: map[string]*backoffState{}}
+}
+
+// fail records a failure for name and returns how long it is held back:
+// base, doubled for each failure in a row, at most max.
+func (b *backoff) fail(name string) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	st := b.names[name]
+	if st == nil {
+		if len(b.names) >= maxBackoffNames {
+			b.pruneLocked(now)
+		}
+		st = &backoffState{}
+		b.names[name] = st
+	} else if now.Sub(st.until) > b.max {
+		// Quiet for longer than the longest back-off: start over.
+		st.failures = 0
+	}
+	st.failures++
+	d := b.base
+	for i := 1; i < st.failures && d < b.max; i++ {
+		d *= 2
+	}
+	d = min(d, b.max)
+	st.until = now.Add(d)
+	return d
+}
+
+// active reports whether name is held back, and until when.
+func (b *backoff) active(name string) (time.Time, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.names[name]
+	if st == nil || !b.now().Before(st.until) {
+		return time.Time{}, false
+	}
+	return st.until, true
+}
+
+// clear forgets name's failures and reports whether there were any.
+func (b *backoff) clear(name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, had := b.names[name]
+	delete(b.names, name)
+	return had
+}
+
+// count returns how many names are held back now.
+func (b *backoff) count() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now, n := b.now(), 0
+	for _, st := range b.names {
+		if now.Before(st.until) {
+			n++
+		}
+	}
+	return n
+}
+
+func (b *backoff) pruneLocked(now time.Time) {
+	for name, st := range b.names {
+		if !now.Before(st.until) {
+			delete(b.names, name)
+		}
+	}
+}

@@ -1,0 +1,64 @@
+package certs
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/certmagic"
+)
+
+// HTTPHandler wraps the plain-HTTP listener's handler. It answers ACME
+// HTTP-01 challenges for names being issued (before any routing), redirects
+// with 308 to HTTPS every host that has or may get a certificate, and passes
+// everything else to next: a host that can have no certificate, such as one
+// under a wildcard route without a covering certificate held, is proxied
+// over HTTP. In ModeOff it returns next unchanged.
+func (m *Manager) HTTPHandler(next http.Handler) http.Handler {
+	if m.mode == ModeOff {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// HandleHTTPChallenge answers only a token of a challenge in
+		// progress (in memory or, for a shared store, in storage).
+		if m.acme != nil && certmagic.LooksLikeHTTPChallenge(r) && m.acme.HandleHTTPChallenge(w, r) {
+			return
+		}
+		host := normalizeHost(r.Host)
+		if host != "" && m.httpsAvailable(host) {
+			http.Redirect(w, r, m.httpsURL(host, r), http.StatusPermanentRedirect)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// httpsAvailable reports whether host has a certificate in memory or may be
+// issued one on demand.
+func (m *Manager) httpsAvailable(host string) bool {
+	if strings.HasPrefix(host, "*.") {
+		return false
+	}
+	if m.allowed != nil && m.allowed(host) {
+		return true
+	}
+	return len(m.cache.AllMatchingCertificates(host)) > 0
+}
+
+func (m *Manager) httpsURL(host string, r *http.Request) string {
+	var b strings.Builder
+	b.WriteString("https://")
+	b.WriteString(host)
+	if m.httpsPort != 443 {
+		b.WriteByte(':')
+		b.WriteString(strconv.Itoa(m.httpsPort))
+	}
+	// RequestURI is the request-target as the client sent it, so the
+	// redirect keeps the path's exact bytes and the query.
+	uri := r.RequestURI
+	if uri == "" || !strings.HasPrefix(uri, "/") {
+		uri = r.URL.RequestURI()
+	}
+	b.WriteString(uri)
+	return b.String()
+}

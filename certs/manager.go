@@ -1,0 +1,548 @@
+// Package certs owns scafo-edge's TLS certificates: certmagic configured for
+// on-demand issuance gated by a decision function (a name gets a
+// certificate only when the live routing document names it exactly),
+// HTTP-01, TLS-ALPN-01 and DNS-01 (Cloudflare) challenges, wildcard
+// certificates kept managed by DNS-01, certificate storage in the edge's
+// bbolt file (or a shared store handed in, with the ACME account kept
+// local), an internal CA mode, and the HTTP-to-HTTPS redirect.
+//
+// It knows nothing about routing or proxying: the caller hands it the
+// decision function and the bbolt database, and wires TLSConfig and
+// HTTPHandler into its listeners.
+package certs
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	"github.com/libdns/cloudflare"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	bolt "go.etcd.io/bbolt"
+)
+
+// Mode selects where certificates come from.
+type Mode string
+
+const (
+	// ModeACME obtains certificates from an ACME CA (Let's Encrypt by default).
+	ModeACME Mode = "acme"
+	// ModeInternal issues certificates from a local CA kept in storage.
+	ModeInternal Mode = "internal"
+	// ModeOff serves no TLS: the edge listens on HTTP only.
+	ModeOff Mode = "off"
+)
+
+// Defaults for zero Options fields.
+const (
+	DefaultMaxIssuancesInFlight = 4
+	// The back-off defaults keep a name that keeps failing under Let's
+	// Encrypt's limit of five failed validations per name per hour.
+	DefaultFailureBackoffBase  = 5 * time.Minute
+	DefaultFailureBackoffMax   = time.Hour
+	DefaultDNSPropagationDelay = 10 * time.Second
+)
+
+// Options configures a Manager.
+type Options struct {
+	// Mode is where certificates come from; empty means ModeACME.
+	Mode Mode
+	// DB is the edge's state database; required unless Mode is ModeOff.
+	// The ACME account, and with a nil Storage everything else, is kept in
+	// its "certmagic" buckets.
+	DB *bolt.DB
+	// Storage holds certificates, keys, challenge tokens and issuance locks.
+	// Nil means NewBoltStorage(DB). When set (a fleet-shared store), ACME
+	// account keys and registrations still go to DB.
+	Storage certmagic.Storage
+	// Allowed reports whether a certificate may be requested for name: true
+	// only when the live routing document names it exactly (a route host or
+	// an API host). It is called on every on-demand decision, including
+	// before a certificate is loaded from storage, so it must be cheap and
+	// safe for concurrent use. Nil refuses every name.
+	Allowed func(name string) bool
+
+	// CA is the ACME directory URL; empty means Let's Encrypt production.
+	CA string
+	// CARoot is extra PEM roots to trust for the ACME server's own TLS
+	// (Pebble's), given as PEM text or as the path of a PEM file. Empty
+	// trusts the system roots only.
+	CARoot string
+	// Email is the ACME account's contact; empty registers without one.
+	Email string
+
+	// DNSProvider is "" (no DNS-01) or "cloudflare", whose API token is
+	// CloudflareToken.
+	DNSProvider     string
+	CloudflareToken string
+	// CloudflareHTTPClient carries the Cloudflare API calls; nil means
+	// http.DefaultClient. Tests point it at a fake of the API.
+	CloudflareHTTPClient *http.Client
+	// DNSPropagationDelay is waited between writing a DNS-01 record and
+	// asking the CA to check it. Zero means DefaultDNSPropagationDelay;
+	// negative means no wait.
+	DNSPropagationDelay time.Duration
+	// WildcardDomains are bases for which "*.<base>" and "<base>" are
+	// obtained by DNS-01 at start (or from the internal CA) and kept
+	// renewed. Hosts one label under a base are then served with the
+	// wildcard certificate without any issuance of their own.
+	WildcardDomains []string
+
+	// HTTPPort is the port the plain-HTTP listener is bound to; zero means
+	// 80. certmagic would otherwise open its own HTTP-01 listener there.
+	HTTPPort int
+	// HTTPSPort is the port clients reach HTTPS on, used in redirects (and
+	// omitted from them when 443) and as the TLS-ALPN-01 port; zero means 443.
+	HTTPSPort int
+
+	// MaxIssuancesInFlight bounds concurrent issuances; further ones wait.
+	// Zero means DefaultMaxIssuancesInFlight.
+	MaxIssuancesInFlight int
+	// FailureBackoffBase and FailureBackoffMax shape the per-name back-off
+	// after a failed on-demand issuance: Base, doubling with each failure
+	// in a row, capped at Max. Zero means the defaults above.
+	FailureBackoffBase, FailureBackoffMax time.Duration
+
+	// Log receives the package's logs and certmagic's; the zero value logs
+	// nothing.
+	Log zerolog.Logger
+	// Registerer receives the package's metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+// CertInfo describes one certificate the edge holds in memory.
+type CertInfo struct {
+	Names    []string
+	Issuer   string
+	NotAfter time.Time
+}
+
+// Manager runs certificate management for one edge process.
+type Manager struct {
+	mode      Mode
+	log       zerolog.Logger
+	allowed   func(string) bool
+	httpsPort int
+
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	cache *certmagic.Cache
+	// cfg serves on-demand names; wcfg (nil without WildcardDomains) keeps
+	// the wildcard and base certificates managed.
+	cfg, wcfg *certmagic.Config
+	// acme answers HTTP-01 challenges; nil in internal mode.
+	acme *certmagic.ACMEIssuer
+	ca   *internalCA
+
+	bases   map[string]bool // wildcard bases
+	backoff *backoff
+	slots   chan struct{}
+	metrics *metrics
+
+	mu sync.Mutex
+	// held counts the issuance slots taken per name, released when
+	// certmagic reports the issuance's outcome.
+	held map[string]int
+	// pending holds, per name, the cancel functions of handshakes waiting
+	// in certmagic, so a failed issuance ends them at once instead of
+	// leaving them in certmagic's one-minute retry wait.
+	pending map[string]map[uint64]context.CancelFunc
+	nextID  uint64
+	// known are the SAN sets of certificates certmagic cached.
+	known map[string][]string
+
+	stopOnce sync.Once
+}
+
+// New configures certificate management. In ModeACME and ModeInternal it
+// loads what storage holds and starts obtaining the wildcard certificates in
+// the background; Stop ends all of it.
+func New(ctx context.Context, opts Options) (*Manager, error) {
+	if opts.Mode == "" {
+		opts.Mode = ModeACME
+	}
+	m := &Manager{
+		mode:      opts.Mode,
+		log:       opts.Log,
+		allowed:   opts.Allowed,
+		httpsPort: orInt(opts.HTTPSPort, 443),
+		bases:     map[string]bool{},
+		held:      map[string]int{},
+		pending:   map[string]map[uint64]context.CancelFunc{},
+		known:     map[string][]string{},
+		backoff:   newBackoff(orDur(opts.FailureBackoffBase, DefaultFailureBackoffBase), orDur(opts.FailureBackoffMax, DefaultFailureBackoffMax)),
+		slots:     make(chan struct{}, orInt(opts.MaxIssuancesInFlight, DefaultMaxIssuancesInFlight)),
+	}
+	switch opts.Mode {
+	case ModeOff:
+		return m, nil
+	case ModeACME, ModeInternal:
+	default:
+		return nil, fmt.Errorf("tls mode %q: want acme, internal or off", opts.Mode)
+	}
+	if opts.DB == nil {
+		return nil, errors.New("tls mode " + string(opts.Mode) + ": no state database")
+	}
+	if opts.DNSProvider != "" && opts.DNSProvider != "cloudflare" {
+		return nil, fmt.Errorf("dns provider %q: only cloudflare is supported", opts.DNSProvider)
+	}
+	if opts.DNSProvider == "cloudflare" && opts.CloudflareToken == "" {
+		return nil, errors.New("dns provider cloudflare: no API token")
+	}
+	for _, b := range opts.WildcardDomains {
+		b = strings.TrimSuffix(strings.TrimPrefix(strings.ToLower(strings.TrimSpace(b)), "*."), ".")
+		if b == "" || !strings.Contains(b, ".") {
+			return nil, fmt.Errorf("wildcard domain %q: want a base such as example.com", b)
+		}
+		m.bases[b] = true
+	}
+	if len(m.bases) > 0 && opts.Mode == ModeACME && opts.DNSProvider == "" {
+		return nil, errors.New("wildcard domains need a dns provider (DNS-01 is the only challenge a wildcard can use)")
+	}
+
+	local, err := NewBoltStorage(opts.DB)
+	if err != nil {
+		return nil, err
+	}
+	var storage certmagic.Storage = local
+	if opts.Storage != nil {
+		storage = &accountLocal{shared: opts.Storage, local: local}
+	}
+
+	m.metrics, err = newMetrics(opts.Registerer, m)
+	if err != nil {
+		return nil, err
+	}
+
+	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	zl := newZapLogger(opts.Log)
+	m.cache = certmagic.NewCache(certmagic.CacheOptions{GetConfigForCert: m.configFor, Logger: zl})
+	base := certmagic.Config{
+		Storage:        storage,
+		Logger:         zl,
+		OnEvent:        m.onEvent,
+		ShouldEmitFunc: wantEvent,
+		Issuers:        []certmagic.Issuer{},
+	}
+	onDemand := base
+	onDemand.OnDemand = &certmagic.OnDemandConfig{DecisionFunc: m.decide}
+	m.cfg = certmagic.New(m.cache, onDemand)
+	if len(m.bases) > 0 {
+		m.wcfg = certmagic.New(m.cache, base)
+	}
+
+	if opts.Mode == ModeInternal {
+		m.ca, err = loadOrCreateInternalCA(m.ctx, storage)
+		if err != nil {
+			m.Stop()
+			return nil, err
+		}
+		m.cfg.Issuers = []certmagic.Issuer{m.ca}
+		if m.wcfg != nil {
+			m.wcfg.Issuers = []certmagic.Issuer{m.ca}
+		}
+	} else {
+		roots, err := trustedRoots(opts.CARoot)
+		if err != nil {
+			m.Stop()
+			return nil, err
+		}
+		tmpl := certmagic.ACMEIssuer{
+			CA:           opts.CA,
+			Email:        opts.Email,
+			Agreed:       true,
+			TrustedRoots: roots,
+			// Point certmagic at our own listeners' ports: binding them
+			// fails as "in use", and certmagic then relies on HTTPHandler
+			// and TLSConfig to answer, instead of opening listeners of its own.
+			AltHTTPPort:    orInt(opts.HTTPPort, 80),
+			AltTLSALPNPort: m.httpsPort,
+			Logger:         zl,
+		}
+		m.acme = certmagic.NewACMEIssuer(m.cfg, tmpl)
+		m.cfg.Issuers = []certmagic.Issuer{m.acme}
+		if m.wcfg != nil {
+			provider := &cloudflare.Provider{APIToken: opts.CloudflareToken}
+			if opts.CloudflareHTTPClient != nil {
+				provider.HTTPClient = opts.CloudflareHTTPClient
+			}
+			delay := orDur(opts.DNSPropagationDelay, DefaultDNSPropagationDelay)
+			wtmpl := tmpl
+			wtmpl.DNS01Solver = newDNS01Solver(provider, delay)
+			m.wcfg.Issuers = []certmagic.Issuer{certmagic.NewACMEIssuer(m.wcfg, wtmpl)}
+		}
+	}
+
+	if m.wcfg != nil {
+		var names []string
+		for b := range m.bases {
+			names = append(names, "*."+b, b)
+		}
+		sort.Strings(names)
+		if err := m.wcfg.ManageAsync(m.ctx, names); err != nil {
+			m.Stop()
+			return nil, fmt.Errorf("manage wildcard certificates: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func orInt(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+func orDur(v, def time.Duration) time.Duration {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// trustedRoots returns the system roots plus extra, which is PEM text or
+// the path of a PEM file; nil when extra is empty (certmagic's default).
+func trustedRoots(extra string) (*x509.CertPool, error) {
+	if extra == "" {
+		return nil, nil
+	}
+	pemBytes := []byte(extra)
+	if !strings.Contains(extra, "-----BEGIN") {
+		b, err := os.ReadFile(extra)
+		if err != nil {
+			return nil, fmt.Errorf("read acme ca root: %w", err)
+		}
+		pemBytes = b
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pemBytes) {
+		return nil, errors.New("acme ca root: no certificate in the PEM given")
+	}
+	return pool, nil
+}
+
+// configFor tells certmagic's cache which config maintains a certificate.
+func (m *Manager) configFor(c certmagic.Certificate) (*certmagic.Config, error) {
+	if m.wcfg != nil && slices.ContainsFunc(c.Names, m.isBaseName) {
+		return m.wcfg, nil
+	}
+	return m.cfg, nil
+}
+
+// isBaseName reports whether name is a wildcard base or its "*.<base>".
+func (m *Manager) isBaseName(name string) bool {
+	return m.bases[strings.TrimPrefix(name, "*.")]
+}
+
+// underBase reports whether a certificate for one of the wildcard bases
+// would cover name: the base itself or one label under it.
+func (m *Manager) underBase(name string) bool {
+	if m.bases[name] {
+		return true
+	}
+	i := strings.IndexByte(name, '.')
+	return i > 0 && m.bases[name[i+1:]]
+}
+
+// TLSConfig returns the configuration for the HTTPS listener: certificates
+// through certmagic (on demand, gated by Allowed), ALPN h2 and http/1.1, and
+// acme-tls/1 for TLS-ALPN-01 challenges. Nil in ModeOff.
+func (m *Manager) TLSConfig() *tls.Config {
+	if m.mode == ModeOff {
+		return nil
+	}
+	return &tls.Config{
+		GetCertificate: m.getCertificate,
+		NextProtos:     []string{"h2", "http/1.1", "acme-tls/1"},
+		MinVersion:     tls.VersionTLS12,
+	}
+}
+
+func (m *Manager) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if len(hello.SupportedProtos) == 1 && hello.SupportedProtos[0] == "acme-tls/1" {
+		m.metrics.handshakes.WithLabelValues("challenge").Inc()
+		return m.cfg.GetCertificate(hello)
+	}
+	name := normalizeHost(hello.ServerName)
+	cfg := m.cfg
+	// A name a held wildcard covers is served by the config that manages
+	// the wildcard: no on-demand maintenance, never an issuance.
+	if m.wcfg != nil && m.underBase(name) && len(m.cache.AllMatchingCertificates(name)) > 0 {
+		cfg = m.wcfg
+	}
+	ctx, cancel := context.WithCancel(hello.Context())
+	id := m.track(name, cancel)
+	cert, err := cfg.GetCertificateWithContext(ctx, hello)
+	m.untrack(name, id)
+	cancel()
+	if err != nil {
+		m.metrics.handshakes.WithLabelValues("no_certificate").Inc()
+		return nil, err
+	}
+	m.metrics.handshakes.WithLabelValues("ok").Inc()
+	return cert, nil
+}
+
+func (m *Manager) track(name string, cancel context.CancelFunc) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.nextID++
+	ps := m.pending[name]
+	if ps == nil {
+		ps = map[uint64]context.CancelFunc{}
+		m.pending[name] = ps
+	}
+	ps[m.nextID] = cancel
+	return m.nextID
+}
+
+func (m *Manager) untrack(name string, id uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.pending[name], id)
+	if len(m.pending[name]) == 0 {
+		delete(m.pending, name)
+	}
+}
+
+// cancelPending ends the handshakes waiting on name's issuance.
+func (m *Manager) cancelPending(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, cancel := range m.pending[name] {
+		cancel()
+	}
+}
+
+// Covers reports whether the certificate served for sni covers host, for
+// the edge's 421 rule. Both are compared lower-cased, without port or
+// trailing dot; equal names always cover each other.
+func (m *Manager) Covers(sni, host string) bool {
+	sni, host = normalizeHost(sni), normalizeHost(host)
+	if sni == host {
+		return true
+	}
+	if m.mode == ModeOff || sni == "" {
+		return false
+	}
+	for _, c := range m.cache.AllMatchingCertificates(sni) {
+		if namesCover(c.Names, host) {
+			return true
+		}
+	}
+	return false
+}
+
+// namesCover reports whether a certificate for names is valid for host:
+// an exact name, or a "*.<parent>" matching exactly one label (RFC 6125 §6.4.3).
+func namesCover(names []string, host string) bool {
+	for _, n := range names {
+		n = strings.ToLower(n)
+		if n == host {
+			return true
+		}
+		if rest, ok := strings.CutPrefix(n, "*."); ok {
+			if i := strings.IndexByte(host, '.'); i > 0 && host[i+1:] == rest {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Certificates lists the certificates held in memory, soonest expiry first.
+func (m *Manager) Certificates() []CertInfo {
+	if m.mode == ModeOff {
+		return nil
+	}
+	m.mu.Lock()
+	sets := make([][]string, 0, len(m.known))
+	for _, names := range m.known {
+		sets = append(sets, names)
+	}
+	m.mu.Unlock()
+	var out []CertInfo
+	for _, names := range sets {
+		found := false
+		for _, c := range m.cache.AllMatchingCertificates(names[0]) {
+			if !slices.Equal(c.Names, names) || c.Leaf == nil {
+				continue
+			}
+			out = append(out, CertInfo{Names: slices.Clone(c.Names), Issuer: c.Leaf.Issuer.CommonName, NotAfter: c.Leaf.NotAfter})
+			found = true
+			break
+		}
+		if !found {
+			// Evicted from certmagic's cache (expired, or replaced).
+			m.mu.Lock()
+			delete(m.known, strings.Join(names, ","))
+			m.mu.Unlock()
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].NotAfter.Before(out[j].NotAfter) })
+	return out
+}
+
+// InternalRootPEM returns the internal CA's root certificate, for clients to
+// trust; nil unless the mode is ModeInternal.
+func (m *Manager) InternalRootPEM() []byte {
+	if m.ca == nil {
+		return nil
+	}
+	return slices.Clone(m.ca.rootPEM)
+}
+
+// Stop ends background maintenance and issuance, and fails handshakes still
+// waiting on an issuance.
+func (m *Manager) Stop() {
+	if m.mode == ModeOff {
+		return
+	}
+	m.stopOnce.Do(func() {
+		m.cancel()
+		m.mu.Lock()
+		for _, ps := range m.pending {
+			for _, cancel := range ps {
+				cancel()
+			}
+		}
+		m.mu.Unlock()
+		m.cache.Stop()
+	})
+}
+
+// normalizeHost lower-cases h and drops a port and one trailing dot.
+func normalizeHost(h string) string {
+	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.Contains(h[i:], "]") {
+		h = h[:i]
+	}
+	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
+	h = strings.TrimSuffix(h, ".")
+	return strings.ToLower(h)
+}
+
+// wantEvent limits certmagic's events to those onEvent handles, so it does
+// not build a ClientHello copy for every handshake.
+func wantEvent(event string) bool {
+	switch event {
+	case "cert_obtaining", "cert_obtained", "cert_failed", "cached_managed_cert":
+		return true
+	}
+	return false
+}

@@ -1,0 +1,101 @@
+package certs
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// maxExpiryNames bounds the per-name expiry series to the soonest-expiring
+// certificates: those are the ones an operator must act on, and the bound
+// keeps a large fleet's document from exploding the series count.
+const maxExpiryNames = 100
+
+type metrics struct {
+	issuances  *prometheus.CounterVec
+	refusals   *prometheus.CounterVec
+	inFlight   prometheus.Gauge
+	handshakes *prometheus.CounterVec
+}
+
+// newMetrics builds the package's collectors and registers them on reg;
+// with a nil reg they still count, unobserved.
+func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
+	mt := &metrics{
+		issuances: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scafo_edge_tls_issuances_total",
+			Help: "Certificate issuances finished, by result (obtained, failed) and kind (new, renewal).",
+		}, []string{"result", "kind"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scafo_edge_tls_on_demand_refusals_total",
+			Help: "On-demand certificate decisions refused, by reason (not_named, wildcard, backoff).",
+		}, []string{"reason"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "scafo_edge_tls_issuances_in_flight",
+			Help: "Certificate issuances in progress.",
+		}),
+		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scafo_edge_tls_handshake_certificates_total",
+			Help: "Certificate look-ups during TLS handshakes, by result (ok, no_certificate, challenge).",
+		}, []string{"result"}),
+	}
+	for _, r := range []string{"ok", "no_certificate", "challenge"} {
+		mt.handshakes.WithLabelValues(r)
+	}
+	for _, r := range []string{"not_named", "wildcard", "backoff"} {
+		mt.refusals.WithLabelValues(r)
+	}
+	if reg == nil {
+		return mt, nil
+	}
+	backedOff := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "scafo_edge_tls_backoff_names",
+		Help: "Names held back after a failed issuance.",
+	}, func() float64 { return float64(m.backoff.count()) })
+	for _, c := range []prometheus.Collector{mt.issuances, mt.refusals, mt.inFlight, mt.handshakes, backedOff, &expiryCollector{m: m}} {
+		if err := reg.Register(c); err != nil {
+			var already prometheus.AlreadyRegisteredError
+			if errors.As(err, &already) {
+				return nil, fmt.Errorf("register tls metrics: %w (one Manager per registry)", err)
+			}
+			return nil, fmt.Errorf("register tls metrics: %w", err)
+		}
+	}
+	return mt, nil
+}
+
+var (
+	expiryDesc = prometheus.NewDesc("scafo_edge_tls_certificate_expiry_seconds",
+		"Seconds until a held certificate expires, for the 100 soonest-expiring, by its first name.",
+		[]string{"name"}, nil)
+	heldDesc = prometheus.NewDesc("scafo_edge_tls_certificates",
+		"Certificates held in memory.", nil, nil)
+)
+
+// expiryCollector reports expiry at scrape time from certmagic's cache.
+type expiryCollector struct{ m *Manager }
+
+func (c *expiryCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- expiryDesc
+	ch <- heldDesc
+}
+
+func (c *expiryCollector) Collect(ch chan<- prometheus.Metric) {
+	certs := c.m.Certificates()
+	ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(len(certs)))
+	seen := map[string]bool{}
+	for _, ci := range certs {
+		if len(seen) == maxExpiryNames {
+			break
+		}
+		// Two certificates for one name (a renewal not yet evicted): the
+		// first, soonest to expire, is reported.
+		if seen[ci.Names[0]] {
+			continue
+		}
+		seen[ci.Names[0]] = true
+		ch <- prometheus.MustNewConstMetric(expiryDesc, prometheus.GaugeValue, time.Until(ci.NotAfter).Seconds(), ci.Names[0])
+	}
+}
