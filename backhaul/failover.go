@@ -71,48 +71,29 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstr
 	out, body := p.outboundRequest(r, upgrade)
 	now := p.now()
 
-	// skipped marks upstreams that were ejected when the request started;
-	// they get a turn only after every other one failed. A bit set covers
-	// the usual short lists without allocating.
-	var skippedBits uint64
-	var skippedMore []bool
-	skip := func(i int) {
-		if i < 64 {
-			skippedBits |= 1 << i
-			return
-		}
-		if skippedMore == nil {
-			skippedMore = make([]bool, len(ups))
-		}
-		skippedMore[i] = true
-	}
-	wasSkipped := func(i int) bool {
-		if i < 64 {
-			return skippedBits&(1<<i) != 0
-		}
-		return skippedMore != nil && skippedMore[i]
-	}
-
+	// Upstreams ejected when the request started get a turn only after
+	// every other one failed to connect.
+	var skipped indexSet
 	var lastErr error
-	tries := 0
+	tried := false
 	for pass := 0; pass < 2; pass++ {
 		for i, u := range ups {
 			s := p.health.state(u, now)
 			if pass == 0 && s.ejected(now) {
-				skip(i)
+				skipped.add(i)
 				continue
 			}
-			if pass == 1 && !wasSkipped(i) {
+			if pass == 1 && !skipped.has(i) {
 				continue
 			}
-			if tries > 0 {
-				// A fresh request per attempt: the transport may still hold
-				// the previous one in a background dial.
+			if tried {
+				// The transport may still touch the request it failed
+				// from its own goroutines: each attempt gets its own.
 				out = retarget(out)
 				res.Failovers++
 				p.metrics.failover(res.Node)
 			}
-			tries++
+			tried = true
 			res.Node, res.Address = u.Node, u.Address
 			connectFailed, err := p.try(w, r, out, body, u, s, upgrade, &res)
 			if !connectFailed {
@@ -120,12 +101,39 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstr
 			}
 			lastErr = err
 		}
-		if skippedBits == 0 && skippedMore == nil {
+		if skipped.empty() {
 			break
 		}
 	}
 	return res, fmt.Errorf("%w: %w", ErrNoUpstream, lastErr)
 }
+
+// indexSet is a set of small indexes; the first 64 cost no allocation,
+// which covers any realistic upstream list.
+type indexSet struct {
+	lo uint64
+	hi map[int]bool
+}
+
+func (s *indexSet) add(i int) {
+	if i < 64 {
+		s.lo |= 1 << i
+		return
+	}
+	if s.hi == nil {
+		s.hi = map[int]bool{}
+	}
+	s.hi[i] = true
+}
+
+func (s *indexSet) has(i int) bool {
+	if i < 64 {
+		return s.lo&(1<<i) != 0
+	}
+	return s.hi[i]
+}
+
+func (s *indexSet) empty() bool { return s.lo == 0 && len(s.hi) == 0 }
 
 // try sends out to u and, when it answers, writes its response to w. It
 // reports whether connecting failed, the one case where the next upstream

@@ -2,6 +2,7 @@ package backhaul
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -385,5 +386,35 @@ func TestAFailureEpisodeIsLoggedOnceAndItsRecoveryOnce(t *testing.T) {
 	}
 	if n := strings.Count(out, "recovered"); n != 1 {
 		t.Errorf("logged %d recoveries, want 1:\n%s", n, out)
+	}
+}
+
+func TestALongListFailsOverPastSixtyFourEntries(t *testing.T) {
+	clock := newFakeClock()
+	p := newProxy(t, Options{EjectBase: time.Minute, Now: clock.Now})
+	var ups []node.Upstream
+	for i := range 69 {
+		ups = append(ups, refused(t, fmt.Sprintf("down%d", i)))
+	}
+	ups = append(ups, named(t, "last"))
+	e := startEdge(t, p, ups...)
+	c := client(t)
+	for _, want := range []int{69, 0} { // then every dead one is ejected and skipped
+		if status, body := get(t, c, e.srv.URL+"/"); status != 200 || body != "last" {
+			t.Fatalf("got %d %q, want 200 from the last upstream", status, body)
+		}
+		if got := e.next(t).res.Failovers; got != want {
+			t.Errorf("Failovers = %d, want %d", got, want)
+		}
+	}
+	// The last one goes down too: all 70 are tried, the ejected ones in
+	// order after it.
+	ups[69] = refused(t, "last")
+	e2 := startEdge(t, p, ups...)
+	if status, _ := get(t, c, e2.srv.URL+"/"); status != 502 {
+		t.Errorf("status = %d, want 502", status)
+	}
+	if res := e2.next(t).res; res.Failovers != 69 || res.Node != "down68" {
+		t.Errorf("Result = %+v, want 69 failovers ending at down68", res)
 	}
 }
