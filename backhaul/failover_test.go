@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -417,4 +418,38 @@ func TestALongListFailsOverPastSixtyFourEntries(t *testing.T) {
 	if res := e2.next(t).res; res.Failovers != 69 || res.Node != "down68" {
 		t.Errorf("Result = %+v, want 69 failovers ending at down68", res)
 	}
+}
+
+func TestUpstreamsUnusedForAnHourAreForgotten(t *testing.T) {
+	clock := newFakeClock()
+	p := newProxy(t, Options{Now: clock.Now})
+	old, kept, fresh := named(t, "old"), named(t, "kept"), named(t, "new")
+	c := client(t)
+	send := func(u node.Upstream) {
+		e := startEdge(t, p, u)
+		get(t, c, e.srv.URL+"/")
+		e.next(t)
+	}
+	send(old)
+	send(kept)
+	clock.Advance(50 * time.Minute)
+	send(kept) // still in use
+	clock.Advance(20 * time.Minute)
+	send(fresh) // a new upstream is when old entries are swept
+	var got []string
+	for _, h := range p.Health() {
+		got = append(got, h.Node)
+	}
+	if strings.Join(got, ",") != strings.Join(sortedByAddress(kept, fresh), ",") {
+		t.Errorf("Health nodes = %v, want kept and new only", got)
+	}
+}
+
+func sortedByAddress(ups ...node.Upstream) []string {
+	slices.SortFunc(ups, func(a, b node.Upstream) int { return strings.Compare(a.Address, b.Address) })
+	var names []string
+	for _, u := range ups {
+		names = append(names, u.Node)
+	}
+	return names
 }

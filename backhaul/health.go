@@ -21,8 +21,9 @@ type UpstreamHealth struct {
 	EjectedUntil time.Time
 }
 
-// Health returns the passive health of every upstream seen recently, sorted
-// by address then node.
+// Health returns the passive health of every upstream forwarded to within
+// the last hour or so (older entries are forgotten as new upstreams appear),
+// sorted by address then node.
 func (p *Proxy) Health() []UpstreamHealth {
 	m := *p.health.hosts.Load()
 	out := make([]UpstreamHealth, 0, len(m))
