@@ -150,6 +150,11 @@ func (e *runningEdge) logText() string {
 	return b.String()
 }
 
+// logged reports whether any log line, in any field, contains s.
+func (e *runningEdge) logged(s string) bool {
+	return strings.Contains(e.logText(), s)
+}
+
 // countLogs counts log lines whose message contains msg.
 func (e *runningEdge) countLogs(msg string) int {
 	e.mu.Lock()
