@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -74,19 +73,25 @@ func parse(body []byte, limit int64) (*Document, error) {
 	if int64(len(body)) > limit {
 		return nil, invalidf("document is %d bytes, over the %d byte limit", len(body), limit)
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, invalidf("empty body")
+	}
 	var doc Document
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, invalidf("empty body")
+	if err := json.Unmarshal(body, &doc); err != nil {
+		// A second value (or stray bytes) after the object means the body
+		// is not the document we think it is: a concatenation, a truncated
+		// retry, or a proxy's error page glued on.
+		// Unmarshal reports that as a syntax error; one valid value at the
+		// start tells it apart from a broken document (off the hot path).
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			var first json.RawMessage
+			dec := json.NewDecoder(bytes.NewReader(body))
+			if dec.Decode(&first) == nil {
+				return nil, invalidf("trailing data after the document at byte %d", dec.InputOffset())
+			}
 		}
 		return nil, invalidf("decode json: %v", err)
-	}
-	// A second value (or stray bytes) after the object means the body is not
-	// the document we think it is: a concatenation, a truncated retry, or a
-	// proxy's error page glued on.
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, invalidf("trailing data after the document at byte %d", dec.InputOffset())
 	}
 	if err := validate(&doc); err != nil {
 		return nil, err
