@@ -292,7 +292,9 @@ log "building the upstream and scafo-edge from $REPO"
 (cd "$REPO" && go build -o "$CACHE/bench-upstream" ./bench/upstream) || die "build bench/upstream failed"
 EDGE_BIN=
 EDGE_NOTE=
-if (cd "$REPO" && go build -o "$CACHE/scafo-edge" ./cmd/scafo-edge) 2>"$WORK/edge-build.log"; then
+if [[ -n $PROFILE_DIR ]]; then
+	: # the profile builds bench/edgeprof instead
+elif (cd "$REPO" && go build -o "$CACHE/scafo-edge" ./cmd/scafo-edge) 2>"$WORK/edge-build.log"; then
 	EDGE_BIN=$CACHE/scafo-edge
 else
 	EDGE_NOTE="build failed: $(head -1 "$WORK/edge-build.log")"
@@ -471,47 +473,50 @@ EOF
 CADDY_BIN='' TRAEFIK_BIN='' NGINX_BIN='' HAPROXY_BIN=''
 declare -A SKIP=()   # proxy -> why it is not run
 declare -A VERSION=()
-
 VERSION[wrk]=$("$WRK" -v 2>&1 | head -1 | awk '{print $2}') || true
 VERSION[direct]="bench/upstream (Go $(go env GOVERSION | sed 's/^go//'))"
-if has "$PROXIES" scafo-edge; then
-	if [[ -n $EDGE_BIN ]]; then
-		VERSION[scafo-edge]="$(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git diff --quiet HEAD -- . 2>/dev/null || echo '+dirty')"
-		write_edge_routes
-	else
-		SKIP[scafo-edge]=$EDGE_NOTE
+
+# Profile mode needs none of the other proxies.
+if [[ -z $PROFILE_DIR ]]; then
+	if has "$PROXIES" scafo-edge; then
+		if [[ -n $EDGE_BIN ]]; then
+			VERSION[scafo-edge]="$(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git diff --quiet HEAD -- . 2>/dev/null || echo '+dirty')"
+			write_edge_routes
+		else
+			SKIP[scafo-edge]=$EDGE_NOTE
+		fi
 	fi
-fi
-if has "$PROXIES" caddy; then
-	if CADDY_BIN=$(go_install "caddy-$CADDY_VERSION" caddy "github.com/caddyserver/caddy/v2/cmd/caddy@$CADDY_VERSION"); then
-		VERSION[caddy]=$(go_mod_version "$CADDY_BIN")
-		write_caddy_config
-	else
-		SKIP[caddy]="Caddy $CADDY_VERSION did not build from the Go module proxy"
+	if has "$PROXIES" caddy; then
+		if CADDY_BIN=$(go_install "caddy-$CADDY_VERSION" caddy "github.com/caddyserver/caddy/v2/cmd/caddy@$CADDY_VERSION"); then
+			VERSION[caddy]=$(go_mod_version "$CADDY_BIN")
+			write_caddy_config
+		else
+			SKIP[caddy]="Caddy $CADDY_VERSION did not build from the Go module proxy"
+		fi
 	fi
-fi
-if has "$PROXIES" traefik; then
-	if TRAEFIK_BIN=$(go_install traefik-v3 traefik "$TRAEFIK_MODULE@$TRAEFIK_VERSION"); then
-		VERSION[traefik]=$(go_mod_version "$TRAEFIK_BIN")
-		write_traefik_config
-	else
-		SKIP[traefik]="Traefik v3 does not build from the Go module proxy (its go.mod has replace directives and forked dependencies that go install refuses)"
+	if has "$PROXIES" traefik; then
+		if TRAEFIK_BIN=$(go_install traefik-v3 traefik "$TRAEFIK_MODULE@$TRAEFIK_VERSION"); then
+			VERSION[traefik]=$(go_mod_version "$TRAEFIK_BIN")
+			write_traefik_config
+		else
+			SKIP[traefik]="Traefik v3 ($TRAEFIK_VERSION) does not build from the Go module proxy: $(grep -v '^go: downloading' "$CACHE/traefik-v3/failed.log" 2>/dev/null | tr -s ' \t\n' ' ' | cut -c1-240)"
+		fi
 	fi
-fi
-if has "$PROXIES" nginx; then
-	if NGINX_BIN=$(need nginx); then
-		VERSION[nginx]=$("$NGINX_BIN" -v 2>&1 | sed 's/.*nginx\///')
-		write_nginx_config
-	else
-		SKIP[nginx]="nginx is not installed and could not be"
+	if has "$PROXIES" nginx; then
+		if NGINX_BIN=$(need nginx); then
+			VERSION[nginx]=$("$NGINX_BIN" -v 2>&1 | sed 's/.*nginx\///')
+			write_nginx_config
+		else
+			SKIP[nginx]="nginx is not installed and could not be"
+		fi
 	fi
-fi
-if has "$PROXIES" haproxy; then
-	if HAPROXY_BIN=$(need haproxy); then
-		VERSION[haproxy]=$("$HAPROXY_BIN" -v 2>&1 | awk 'NR==1 {print $3}')
-		write_haproxy_config
-	else
-		SKIP[haproxy]="HAProxy is not installed and could not be"
+	if has "$PROXIES" haproxy; then
+		if HAPROXY_BIN=$(need haproxy); then
+			VERSION[haproxy]=$("$HAPROXY_BIN" -v 2>&1 | awk 'NR==1 {print $3}')
+			write_haproxy_config
+		else
+			SKIP[haproxy]="HAProxy is not installed and could not be"
+		fi
 	fi
 fi
 for p in "${!SKIP[@]}"; do log "$p: skipped: ${SKIP[$p]}"; done
@@ -615,6 +620,8 @@ run_cell() {
 		"$WRK" "${wrkargs[@]}" -d "$WARMUP" "$url" >/dev/null 2>&1 || true
 	fi
 
+	local stats0=
+	[[ $proxy == direct && $cell == https-close ]] && stats0=$("$CURL" -sk "https://127.0.0.1:$UP_TLS_PORT/stats")
 	pids=$(proc_tree "$pid")      # nginx/haproxy may have forked late
 	up_pids=$(proc_tree "$UP_PID")
 	local c0 u0 s0 r0
@@ -622,12 +629,28 @@ run_cell() {
 	s0=$(ctx_switches $pids); r0=$(rw_syscalls $pids)
 	wrkout=$WORK/wrk-$proxy-$cell.txt
 	"$WRK" "${wrkargs[@]}" -d "$DURATION" "$url" >"$wrkout" 2>&1 || true
+	if grep -q '^ *0 requests in' "$wrkout"; then
+		# wrk 4.1 now and then stalls every connection of a TLS
+		# Connection: close run; a second run has always gone through.
+		log "$proxy $cell: wrk measured no request; running it once more"
+		c0=$(cpu_ticks $pids); u0=$(cpu_ticks $up_pids)
+		s0=$(ctx_switches $pids); r0=$(rw_syscalls $pids)
+		"$WRK" "${wrkargs[@]}" -d "$DURATION" "$url" >"$wrkout" 2>&1 || true
+	fi
 	local c1 u1 s1 r1 peak_kib
 	c1=$(cpu_ticks $pids); u1=$(cpu_ticks $up_pids)
 	s1=$(ctx_switches $pids); r1=$(rw_syscalls $pids)
 	peak_kib=$(status_kib VmHWM $pids)
 	[[ $proxy != direct ]] && stop_tree "$pid"
 
+	local note=''
+	if [[ -n $stats0 ]]; then
+		# wrk keeps each connection's TLS session, so its new connections
+		# resume: say how many did (the other servers issue tickets too).
+		note=$(printf '%s\n%s\n' "$stats0" "$("$CURL" -sk "https://127.0.0.1:$UP_TLS_PORT/stats")" | awk -F'[:,}]' '
+			NR == 1 { t0 = $2; r0 = $4 } NR == 2 { t = $2 - t0; r = $4 - r0 }
+			END { if (t > 0) printf "%.0f%% of the new TLS connections resumed a session (so the handshakes measured are mostly resumptions)", 100 * r / t }')
+	fi
 	local rps reqs p50 p99 errors
 	read -r rps reqs p50 p99 errors < <(awk '
 		/Requests\/sec:/ { rps = $2 }
@@ -644,7 +667,7 @@ run_cell() {
 	awk -v proxy="$proxy" -v cell="$cell" -v rps="$rps" -v reqs="$reqs" \
 		-v p50="$(to_ms "$p50")" -v p99="$(to_ms "$p99")" -v tck="$CLK_TCK" \
 		-v c="$((c1 - c0))" -v u="$((u1 - u0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" \
-		-v peak="$peak_kib" -v idle="$idle_kib" -v err="$errors" -v direct="$([[ $proxy == direct ]] && echo 1 || echo 0)" '
+		-v peak="$peak_kib" -v idle="$idle_kib" -v err="$errors" -v note="$note" -v direct="$([[ $proxy == direct ]] && echo 1 || echo 0)" '
 		BEGIN {
 			OFS = "\t"
 			cpu = direct ? "" : sprintf("%.1f", c * 1e6 / tck / reqs)
@@ -652,7 +675,7 @@ run_cell() {
 			rw = direct ? "" : sprintf("%.2f", r / reqs)
 			pk = direct ? "" : sprintf("%.1f", peak / 1024)
 			id = direct ? "" : sprintf("%.1f", idle / 1024)
-			print proxy, cell, "ok", rps, p50, p99, cpu, pk, id, err, ctx, rw, sprintf("%.1f", u * 1e6 / tck / reqs), reqs, ""
+			print proxy, cell, "ok", rps, p50, p99, cpu, pk, id, err, ctx, rw, sprintf("%.1f", u * 1e6 / tck / reqs), reqs, note
 		}' >>"$RESULTS"
 }
 
@@ -678,7 +701,8 @@ report_markdown() {
 			print "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
 			for (k = 1; k <= nc; k++) for (i = 1; i <= n; i++) {
 				if (C[i] != cells[k]) continue
-				if (S[i] != "ok") { printf "| %s | %s | %s | | | | | | | | |\n", cellname(C[i]), P[i], S[i]; notes[++nn] = P[i] " (" C[i] "): " S[i] ": " NOTE[i]; continue }
+				if (NOTE[i] != "") notes[++nn] = P[i] ": " (S[i] == "ok" ? "" : S[i] ": ") NOTE[i]
+				if (S[i] != "ok") { printf "| %s | %s | %s | | | | | | | | |\n", cellname(C[i]), P[i], S[i]; continue }
 				ratio = (C[i] in D) && D[C[i]] > 0 ? sprintf("%.2f", RPS[i] / D[C[i]]) : "—"
 				printf "| %s | %s | %.0f | %s | %.2f | %.2f | %s | %s | %s | %s | %s |\n", cellname(C[i]), P[i], RPS[i], ratio, P50[i], P99[i], orDash(CPU[i]), orDash(CTX[i]), orDash(PK[i]), orDash(ID[i]), ERR[i]
 			}
@@ -786,11 +810,13 @@ profile() {
 		printf '```\n\n### CPU, cumulative (-top -cum -nodecount=40)\n\n```\n'
 		go tool pprof -top -cum -nodecount=40 "$CACHE/edgeprof" "$PROFILE_DIR/cpu.pprof" 2>/dev/null
 		printf '```\n\n### Allocations in the window (alloc_objects, -base allocs-before)\n\n'
-		go tool pprof -raw -sample_index=alloc_objects -base "$PROFILE_DIR/allocs-before.pprof" \
-			"$CACHE/edgeprof" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null | awk -v n="$reqs" '
-			/^Samples:/ { s = 1; next } /^Locations/ { s = 0 }
-			s && /^ *-?[0-9]+ +-?[0-9]+:/ { split($1, a, " "); objs += $1 + 0; bytes += $2 + 0 }
-			END { if (n) printf "%.1f objects and %.0f bytes allocated per request (sampled, so approximate)\n\n", objs / n, bytes / n }'
+		local objs bytes
+		objs=$(go tool pprof -top -nodecount=1 -sample_index=alloc_objects -base "$PROFILE_DIR/allocs-before.pprof" \
+			"$CACHE/edgeprof" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null | awk '/ total$/ { print $(NF-1) }')
+		bytes=$(go tool pprof -top -nodecount=1 -unit=B -sample_index=alloc_space -base "$PROFILE_DIR/allocs-before.pprof" \
+			"$CACHE/edgeprof" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null | awk '/ total$/ { print $(NF-1) + 0 }')
+		awk -v o="${objs:-0}" -v b="${bytes:-0}" -v n="$reqs" 'BEGIN {
+			printf "About %.0f objects and %.0f bytes allocated per request (the heap profile is sampled and ends at the last GC).\n\n", o / n, b / n }'
 		printf '```\n'
 		go tool pprof -top -nodecount=30 -sample_index=alloc_objects -base "$PROFILE_DIR/allocs-before.pprof" \
 			"$CACHE/edgeprof" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -36,11 +37,27 @@ func newBody(n int) body {
 
 var contentType = []string{"application/octet-stream"}
 
-type handler struct{ small, large body }
+type handler struct {
+	small, large body
+	// TLS requests served, and those on a resumed session: /stats tells
+	// whether the load generator's new connections resumed sessions (a
+	// full handshake signs with the certificate key; a resumed one does
+	// not), which says what a "new connection per request" cell measures.
+	tlsRequests, resumed atomic.Int64
+}
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.TLS != nil {
+		h.tlsRequests.Add(1)
+		if r.TLS.DidResume {
+			h.resumed.Add(1)
+		}
+	}
 	var b body
 	switch r.URL.Path {
+	case "/stats":
+		fmt.Fprintf(w, "{\"tls_requests\": %d, \"resumed\": %d}\n", h.tlsRequests.Load(), h.resumed.Load())
+		return
 	case "/1k", "/":
 		b = h.small
 	case "/1m":
