@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -18,11 +19,24 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
 
 	"github.com/scafo/scafo-edge/certs/certstest"
 )
 
-func TestMain(m *testing.M) { os.Exit(certstest.RunWithPebble(m)) }
+func TestMain(m *testing.M) {
+	before := goleak.IgnoreCurrent()
+	code := certstest.RunWithPebble(m)
+	if code == 0 {
+		// certmagic keeps one rate limiter per CA and account for the
+		// process's life (a package-level map it never stops).
+		if err := goleak.Find(before, goleak.IgnoreAnyFunction("github.com/caddyserver/certmagic.(*RingBufferRateLimiter).loop")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // nameSet is the test's stand-in for the routing document's exact names.
 type nameSet struct {
@@ -63,7 +77,7 @@ var inner = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "inner %s %s", r.Host, r.URL.RequestURI())
 })
 
-func newTestEdge(t *testing.T) *testEdge {
+func newTestEdge(t testing.TB) *testEdge {
 	t.Helper()
 	e := &testEdge{}
 	var err error
@@ -75,10 +89,11 @@ func newTestEdge(t *testing.T) *testEdge {
 	}
 	e.httpPort = certstest.PortOf(t, e.httpLn.Addr().String())
 	e.httpsPort = certstest.PortOf(t, e.httpsLn.Addr().String())
-	httpSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	quiet := log.New(io.Discard, "", 0)
+	httpSrv := &http.Server{ErrorLog: quiet, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.cur.Load().HTTPHandler(inner).ServeHTTP(w, r)
 	})}
-	httpsSrv := &http.Server{Handler: inner, TLSConfig: &tls.Config{
+	httpsSrv := &http.Server{ErrorLog: quiet, Handler: inner, TLSConfig: &tls.Config{
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			return e.cur.Load().TLSConfig(), nil
 		},
@@ -96,7 +111,7 @@ func newTestEdge(t *testing.T) *testEdge {
 }
 
 // start makes a Manager on the database at dir with opts and makes it current.
-func (e *testEdge) start(t *testing.T, dir string, opts Options) *Manager {
+func (e *testEdge) start(t testing.TB, dir string, opts Options) *Manager {
 	t.Helper()
 	db := openTestDB(t, dir)
 	opts.DB = db
@@ -112,7 +127,7 @@ func (e *testEdge) start(t *testing.T, dir string, opts Options) *Manager {
 
 // restart stops the current Manager, closes its database and starts a new
 // Manager on the same file.
-func (e *testEdge) restart(t *testing.T, dir string, opts Options) *Manager {
+func (e *testEdge) restart(t testing.TB, dir string, opts Options) *Manager {
 	t.Helper()
 	old := e.cur.Load()
 	old.Stop()
