@@ -33,8 +33,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scafo_edge_requests_total",
-			Help: "Requests answered, by application, status code class and method class.",
-		}, []string{"application", "code", "method"}),
+			Help: "Requests answered, by application, status code class, method class and protocol.",
+		}, []string{"application", "code", "method", "protocol"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "scafo_edge_request_duration_seconds",
 			Help:    "Time from request to the end of its response, by application.",
@@ -73,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // Observe implements Observer.
 func (m *Metrics) Observe(rec *Record) {
 	app := applicationLabel(rec.Route)
-	m.requests.WithLabelValues(app, codeClass(rec.Status), methodClass(rec.Method)).Inc()
+	m.requests.WithLabelValues(app, codeClass(rec.Status), methodClass(rec.Method), protocolClass(rec.Proto)).Inc()
 	m.duration.WithLabelValues(app).Observe(rec.Duration.Seconds())
 	if rec.BytesIn > 0 {
 		m.bytesIn.WithLabelValues(app).Add(float64(rec.BytesIn))
@@ -124,6 +124,15 @@ func methodClass(m string) string {
 		return m
 	}
 	return "OTHER"
+}
+
+// protocolClass folds the request's protocol into a bounded set.
+func protocolClass(p string) string {
+	switch p {
+	case "HTTP/1.0", "HTTP/1.1", "HTTP/2.0", "HTTP/3.0":
+		return p
+	}
+	return "other"
 }
 
 // AccessLog writes one JSON line per request, at most Limit lines a second

@@ -39,6 +39,8 @@ type config struct {
 	accessLog        bool
 	accessLogRate    int
 	readHeaderTimout time.Duration
+	proxyProtocol    string
+	http3            bool
 	idleTimeout      time.Duration
 	maxHeaderBytes   int
 }
@@ -146,6 +148,7 @@ func serveFlags(c *config) *flagSet {
 	fs.durationVar(&c.readHeaderTimout, "read-header-timeout", "SCAFO_EDGE_READ_HEADER_TIMEOUT", 10*time.Second, "time a client has to send its request headers (slowloris bound)")
 	fs.durationVar(&c.idleTimeout, "idle-timeout", "SCAFO_EDGE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive client connection is kept")
 	fs.intVar(&c.maxHeaderBytes, "max-header-bytes", "SCAFO_EDGE_MAX_HEADER_BYTES", 64<<10, "largest request header block accepted (431 beyond)")
+	fs.stringVar(&c.proxyProtocol, "proxy-protocol-from", "SCAFO_EDGE_PROXY_PROTOCOL_FROM", "", "comma-separated CIDRs allowed to send a PROXY protocol v1/v2 header on the HTTP and HTTPS listeners; a header from anywhere else closes the connection")
 	fs.stringVar(&c.trustedProxies, "trusted-proxies", "SCAFO_EDGE_TRUSTED_PROXIES", "", "comma-separated CIDRs whose X-Forwarded-* headers are kept (default: none)")
 
 	fs.group = "Upstreams"
@@ -162,6 +165,7 @@ func serveFlags(c *config) *flagSet {
 	fs.stringVar(&c.acmeEmail, "acme-email", "SCAFO_EDGE_ACME_EMAIL", "", "ACME account email")
 	fs.stringVar(&c.dnsProvider, "dns-provider", "SCAFO_EDGE_DNS_PROVIDER", "", "DNS-01 provider for wildcard certificates: cloudflare (token in CLOUDFLARE_API_TOKEN)")
 	fs.stringVar(&c.wildcardDomains, "wildcard-domains", "SCAFO_EDGE_WILDCARD_DOMAINS", "", "comma-separated bases to keep *.<base> certificates for (needs --dns-provider)")
+	fs.boolVar(&c.http3, "http3", "SCAFO_EDGE_HTTP3", true, "serve HTTP/3 over UDP on the HTTPS port and advertise it with Alt-Svc (only with TLS on)")
 	fs.stringVar(&c.certStore, "cert-store", "SCAFO_EDGE_CERT_STORE", "", "local (bbolt only) or fleet (through the node, bbolt as local copy); default fleet with --node, local with --routes-file")
 
 	fs.group = "Logging"

@@ -60,6 +60,10 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--trusted-proxies: %w", err)
 	}
+	proxyFrom, err := parseCIDRs(c.proxyProtocol)
+	if err != nil {
+		return fmt.Errorf("--proxy-protocol-from: %w", err)
+	}
 	token, warnings, err := node.LoadToken(c.token, c.tokenFile)
 	if err != nil {
 		return err
@@ -180,8 +184,23 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 	edgeHandler := metrics.InFlight(handler)
 	httpSrv := newServer(tlsSetup.httpHandler(edgeHandler), nil, "http")
 	var httpsSrv *http.Server
+	var h3 *http3Listener
 	if httpsLn != nil {
-		httpsSrv = newServer(edgeHandler, tlsSetup.config, "https")
+		httpsHandler := edgeHandler
+		if c.http3 {
+			if h3, err = newHTTP3(httpsLn.Addr(), tlsSetup.config, edgeHandler, c.maxHeaderBytes, c.idleTimeout); err != nil {
+				closeAll()
+				return err
+			}
+			httpsHandler = h3.advertiseHTTP3(edgeHandler)
+		}
+		httpsSrv = newServer(httpsHandler, tlsSetup.config, "https")
+	}
+	// The PROXY header is read in Accept's connection wrapper, before TLS
+	// and HTTP, so the client address reaches logs and forwarded headers.
+	httpLn = withProxyProtocol(httpLn, proxyFrom, c.readHeaderTimout)
+	if httpsLn != nil {
+		httpsLn = withProxyProtocol(httpsLn, proxyFrom, c.readHeaderTimout)
 	}
 	admin := &adminServer{live: live, source: source, reg: reg, proxy: proxy, token: token, certs: tlsSetup.certificates}
 	adminSrv := newServer(admin.handler(), nil, "admin")
@@ -191,9 +210,18 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 	if httpsLn != nil {
 		ev = ev.Str("https_addr", httpsLn.Addr().String())
 	}
+	if h3 != nil {
+		ev = ev.Str("http3_addr", h3.conn.LocalAddr().String())
+	}
+	if len(proxyFrom) > 0 {
+		ev = ev.Str("proxy_protocol_from", c.proxyProtocol)
+	}
 	ev.Bool("token_set", token != "").Msg("scafo-edge started")
 
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
+	if h3 != nil {
+		go func() { errc <- h3.serve() }()
+	}
 	go func() { errc <- serveOn(httpSrv, httpLn, false) }()
 	if httpsSrv != nil {
 		go func() { errc <- serveOn(httpsSrv, httpsLn, true) }()
@@ -231,6 +259,13 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 				log.Warn().Err(err).Msg("shutdown deadline passed; closing remaining connections")
 				srv.Close()
 			}
+		}()
+	}
+	if h3 != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h3.shutdown(shutCtx, log)
 		}()
 	}
 	wg.Wait()

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+
+	proxyproto "github.com/pires/go-proxyproto"
+	"github.com/quic-go/quic-go/http3"
+	"github.com/rs/zerolog"
+)
+
+// withProxyProtocol makes l read a PROXY protocol (v1 or v2) header from
+// connections whose source is in from, and take the client address it
+// carries; a header from any other source closes the connection, as does a
+// malformed one. With from empty, l is returned as is.
+//
+// From a trusted source the header is optional (USE rather than REQUIRE), as
+// Traefik's trustedIPs and Caddy's proxy_protocol allow do: a box-local health
+// check from inside a trusted range still gets through without one.
+func withProxyProtocol(l net.Listener, from []netip.Prefix, headerTimeout time.Duration) net.Listener {
+	if len(from) == 0 {
+		return l
+	}
+	return &proxyproto.Listener{
+		Listener:          l,
+		ReadHeaderTimeout: headerTimeout,
+		ConnPolicy: func(o proxyproto.ConnPolicyOptions) (proxyproto.Policy, error) {
+			ap, err := netip.ParseAddrPort(o.Upstream.String())
+			if err != nil {
+				return proxyproto.REJECT, nil
+			}
+			for _, p := range from {
+				if p.Contains(ap.Addr().Unmap()) {
+					return proxyproto.USE, nil
+				}
+			}
+			return proxyproto.REJECT, nil
+		},
+	}
+}
+
+// http3Listener serves HTTP/3 on the UDP side of the HTTPS port with the
+// same certificates and handler as HTTPS over TCP.
+type http3Listener struct {
+	srv  *http3.Server
+	conn net.PacketConn
+}
+
+func newHTTP3(httpsAddr net.Addr, tlsConf *tls.Config, h http.Handler, maxHeaderBytes int, idle time.Duration) (*http3Listener, error) {
+	conn, err := net.ListenPacket("udp", httpsAddr.String())
+	if err != nil {
+		return nil, fmt.Errorf("listen udp %s for HTTP/3: %w", httpsAddr, err)
+	}
+	return &http3Listener{
+		conn: conn,
+		srv: &http3.Server{
+			TLSConfig:      http3.ConfigureTLSConfig(tlsConf),
+			Handler:        h,
+			MaxHeaderBytes: maxHeaderBytes,
+			IdleTimeout:    idle,
+		},
+	}, nil
+}
+
+func (h *http3Listener) serve() error {
+	err := h.srv.Serve(h.conn)
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+func (h *http3Listener) shutdown(ctx context.Context, log zerolog.Logger) {
+	if err := h.srv.Shutdown(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		log.Warn().Err(err).Msg("HTTP/3 shutdown deadline passed; closing remaining connections")
+	}
+	h.srv.Close()
+	h.conn.Close()
+}
+
+// advertiseHTTP3 sets Alt-Svc on every HTTPS response so clients learn they
+// may switch to HTTP/3 on the same port.
+func (h *http3Listener) advertiseHTTP3(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor < 3 {
+			h.srv.SetQUICHeaders(w.Header())
+		}
+		next.ServeHTTP(w, r)
+	})
+}
