@@ -91,9 +91,9 @@ func TestKeepLastGoodUnderNodeFailures(t *testing.T) {
 	})
 
 	failures := []struct {
-		name  string
-		break_ func()
-		heal  func()
+		name string
+		fail func()
+		heal func()
 	}{
 		{"node answers 500", func() { n.SetStatus(500) }, func() { n.SetStatus(0) }},
 		{"node answers 503 draining", func() { n.SetDraining(true) }, func() { n.SetDraining(false) }},
@@ -109,7 +109,7 @@ func TestKeepLastGoodUnderNodeFailures(t *testing.T) {
 	for _, f := range failures {
 		t.Run(f.name, func(t *testing.T) {
 			before := n.Requests()
-			f.break_()
+			f.fail()
 			// Let a few polls fail, then check traffic is unaffected.
 			waitFor(t, 15*time.Second, "polls during the failure", func() error {
 				if f.name != "node is unreachable" && n.Requests() < before+3 {
