@@ -358,3 +358,30 @@ func TestWildcardByDNS01(t *testing.T) {
 		}
 	})
 }
+
+func TestConcurrentNamesWithOneIssuanceSlot(t *testing.T) {
+	e := newTestEdge(t)
+	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: e.httpPort, TLSPort: e.httpsPort})
+	e.start(t, t.TempDir(), Options{
+		Allowed:              newNameSet("c1.test", "c2.test", "c3.test").Allowed,
+		CA:                   pb.DirectoryURL,
+		CARoot:               string(pb.RootPEM),
+		MaxIssuancesInFlight: 1,
+	})
+	roots := pb.IssuerRoots(t)
+	errs := make(chan error, 3)
+	for _, name := range []string{"c1.test", "c2.test", "c3.test"} {
+		go func() {
+			_, err := e.handshake(name, roots)
+			errs <- err
+		}()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Errorf("handshake: %v", err)
+		}
+	}
+	if got := pb.OrderCount(); got != 3 {
+		t.Errorf("orders = %d, want 3", got)
+	}
+}

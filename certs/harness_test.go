@@ -140,7 +140,7 @@ func (e *testEdge) restart(t testing.TB, dir string, opts Options) *Manager {
 // handshake connects to the HTTPS listener with SNI name and returns the
 // leaf it was served, verified against roots.
 func (e *testEdge) handshake(name string, roots *x509.CertPool) (*x509.Certificate, error) {
-	d := &net.Dialer{Timeout: 5 * time.Second}
+	d := &net.Dialer{Timeout: 30 * time.Second}
 	conn, err := tls.DialWithDialer(d, "tcp", e.httpsLn.Addr().String(), &tls.Config{
 		ServerName:             name,
 		RootCAs:                roots,

@@ -168,7 +168,8 @@ type Manager struct {
 
 // New configures certificate management. In ModeACME and ModeInternal it
 // loads what storage holds and starts obtaining the wildcard certificates in
-// the background; Stop ends all of it.
+// the background. ctx bounds only the start-up work (loading or creating
+// the internal CA); the Manager runs until Stop.
 func New(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.Mode == "" {
 		opts.Mode = ModeACME
@@ -244,7 +245,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	}
 
 	if opts.Mode == ModeInternal {
-		m.ca, err = loadOrCreateInternalCA(m.ctx, storage)
+		m.ca, err = loadOrCreateInternalCA(ctx, storage)
 		if err != nil {
 			m.Stop()
 			return nil, err

@@ -233,3 +233,48 @@ func TestZapBridge(t *testing.T) {
 }
 
 func errorsIs(err, target error) bool { return errors.Is(err, target) }
+
+func TestIssuanceSlots(t *testing.T) {
+	m := &Manager{slots: make(chan struct{}, 1), held: map[string]int{}, backoff: newBackoff(time.Minute, time.Minute)}
+	var err error
+	if m.metrics, err = newMetrics(nil, m); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := m.onEvent(ctx, "cert_obtaining", map[string]any{"identifier": "a.test"}); err != nil {
+		t.Fatalf("first issuance refused a free slot: %v", err)
+	}
+	t.Run("an issuance beyond the bound waits and gives up with its context", func(t *testing.T) {
+		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		err := m.onEvent(short, "cert_obtaining", map[string]any{"identifier": "b.test"})
+		var noRetry certmagic.ErrNoRetry
+		if !errors.As(err, &noRetry) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("second issuance = %v, want ErrNoRetry wrapping the deadline", err)
+		}
+	})
+	t.Run("a finished issuance frees its slot for the next", func(t *testing.T) {
+		done := make(chan error, 1)
+		go func() { done <- m.onEvent(ctx, "cert_obtaining", map[string]any{"identifier": "c.test"}) }()
+		m.onEvent(ctx, "cert_failed", map[string]any{"identifier": "a.test", "renewal": true})
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("waiting issuance = %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("waiting issuance never got the freed slot")
+		}
+		m.onEvent(ctx, "cert_obtained", map[string]any{"identifier": "c.test"})
+		if len(m.slots) != 0 || len(m.held) != 0 {
+			t.Errorf("slots in use = %d, held = %v; want none", len(m.slots), m.held)
+		}
+	})
+	t.Run("an outcome for a name that took no slot frees nothing", func(t *testing.T) {
+		m.onEvent(ctx, "cert_obtaining", map[string]any{"identifier": "d.test"})
+		m.onEvent(ctx, "cert_obtained", map[string]any{"identifier": "never-started.test"})
+		if len(m.slots) != 1 {
+			t.Errorf("slots in use = %d, want 1", len(m.slots))
+		}
+	})
+}

@@ -43,7 +43,7 @@ func RunWithPebble(m *testing.M) int {
 		{"pebble-challtestsrv", "github.com/letsencrypt/pebble/v2/cmd/pebble-challtestsrv"},
 	} {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, tool.out), tool.pkg)
-		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "CGO_ENABLED=0")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "certstest: go build %s: %v\n%s", tool.pkg, err, out)
 			return 1
@@ -55,8 +55,11 @@ func RunWithPebble(m *testing.M) int {
 
 // PebbleConfig sets where Pebble's validator connects.
 type PebbleConfig struct {
-	// HTTPPort and TLSPort are the ports Pebble dials on 127.0.0.1 (every
-	// name resolves there) for HTTP-01 and TLS-ALPN-01.
+	// HTTPPort and TLSPort are the ports Pebble dials for HTTP-01 and
+	// TLS-ALPN-01, at the address the name resolves to: 127.0.0.1 unless
+	// SetA or SetDefaultA says otherwise. Several edges can share one
+	// Pebble by listening on these ports at different loopback addresses
+	// (127.0.0.2, 127.0.0.3, ...).
 	HTTPPort, TLSPort int
 }
 
@@ -264,7 +267,15 @@ func (p *Pebble) SetA(t testing.TB, host string, addrs ...string) {
 	}
 }
 
-// SetTXT adds a TXT value at name; ClearTXT removes all of name's values.
+// SetDefaultA makes every name without its own A record resolve to ip.
+func (p *Pebble) SetDefaultA(t testing.TB, ip string) {
+	t.Helper()
+	if err := p.challPost("/set-default-ipv4", map[string]any{"ip": ip}); err != nil {
+		t.Fatalf("certstest: set default A %s: %v", ip, err)
+	}
+}
+
+// SetTXT adds a TXT value at name, for Pebble's DNS-01 validation.
 func (p *Pebble) SetTXT(name, value string) error {
 	return p.challPost("/set-txt", map[string]any{"host": fqdn(name), "value": value})
 }
