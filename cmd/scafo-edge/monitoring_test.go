@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -539,6 +545,88 @@ scafo_edge_request_duration_seconds_count{application="shop"} 3
 			}
 			if got := sc.check(sels[0]); got != tc.want {
 				t.Errorf("check(%q) = %q, want %q", tc.expr, got, tc.want)
+			}
+		})
+	}
+}
+
+// BenchmarkObservability measures what request metrics and the access log
+// cost on a loopback load run: the same handler, upstream and client, with
+// no observer, with metrics, and with metrics plus an unlimited access log
+// (written to io.Discard, so the figure is the formatting, not the disk).
+//
+//	go test -run '^$' -bench Observability -benchtime 3s ./cmd/scafo-edge
+func BenchmarkObservability(b *testing.B) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "ok\n")
+	}))
+	defer upstream.Close()
+	live := &edge.Live{}
+	edge.NewUpdater(live, zerolog.Nop(), nil).Apply(node.Update{Doc: &node.Document{V: 1, Routes: []node.Route{
+		{Host: "app.test", Application: "app", Upstreams: []node.Upstream{{Node: "n1", Address: upstream.Listener.Addr().String()}}},
+	}}, Fingerprint: "f", FetchedAt: time.Now()})
+
+	variants := []struct {
+		name     string
+		observer func(reg prometheus.Registerer) edge.Observer
+	}{
+		{"none", func(prometheus.Registerer) edge.Observer { return nil }},
+		{"metrics", func(reg prometheus.Registerer) edge.Observer { return edge.NewMetrics(reg) }},
+		{"metrics+access_log", func(reg prometheus.Registerer) edge.Observer {
+			return edge.Observers{edge.NewMetrics(reg), edge.NewAccessLog(zerolog.New(io.Discard).With().Timestamp().Logger(), 0, reg)}
+		}},
+	}
+	for _, v := range variants {
+		b.Run(v.name, func(b *testing.B) {
+			proxy := backhaul.New(backhaul.Options{})
+			defer proxy.Close()
+			h := &edge.Handler{Table: live, Forwarder: proxy, Observer: v.observer(prometheus.NewRegistry())}
+			front := httptest.NewServer(h)
+			defer front.Close()
+			tr := &http.Transport{MaxIdleConnsPerHost: 256}
+			defer tr.CloseIdleConnections()
+			client := &http.Client{Transport: tr}
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					req, _ := http.NewRequest("GET", front.URL+"/", nil)
+					req.Host = "app.test"
+					resp, err := client.Do(req)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkObserve is the per-request cost of each observer alone, which the
+// loopback run above cannot resolve from its own noise.
+func BenchmarkObserve(b *testing.B) {
+	route := &edge.Route{Host: "app.test", Application: "app"}
+	rec := &edge.Record{Start: time.Now(), Duration: 3 * time.Millisecond, Method: "GET", Host: "app.test",
+		Path: "/some/path", Proto: "HTTP/1.1", Route: route, Status: 200, Node: "n1", BytesOut: 1234}
+	for _, v := range []struct {
+		name string
+		o    edge.Observer
+	}{
+		{"metrics", edge.NewMetrics(prometheus.NewRegistry())},
+		{"access_log", edge.NewAccessLog(zerolog.New(io.Discard).With().Timestamp().Logger(), 0, prometheus.NewRegistry())},
+		{"access_log_rate_limited_away", func() edge.Observer {
+			a := edge.NewAccessLog(zerolog.New(io.Discard), 1, prometheus.NewRegistry())
+			a.Observe(rec) // spend the burst: every further line is dropped and counted
+			return a
+		}()},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				v.o.Observe(rec)
 			}
 		})
 	}
