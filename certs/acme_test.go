@@ -64,6 +64,12 @@ func TestOnDemandACME(t *testing.T) {
 		if got := metricValue(t, reg, "scafo_edge_tls_issuances_total", map[string]string{"result": "obtained", "kind": "new"}); got != 1 {
 			t.Errorf("obtained issuances metric = %v, want 1", got)
 		}
+		if got := metricValue(t, reg, "scafo_edge_tls_certificate_expiry_seconds", map[string]string{"name": "app.test"}); got < 24*3600 {
+			t.Errorf("expiry metric for app.test = %v seconds, want days", got)
+		}
+		if got := metricValue(t, reg, "scafo_edge_tls_handshake_certificates_total", map[string]string{"result": "ok"}); got < 3 {
+			t.Errorf("handshakes served = %v, want at least 3", got)
+		}
 	})
 
 	t.Run("an API host gets a certificate", func(t *testing.T) {
