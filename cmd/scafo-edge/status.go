@@ -294,7 +294,8 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 		}
 		return roundDuration(now.Sub(*t)) + " ago"
 	},
-	"secs": func(s float64) string { return roundDuration(time.Duration(s * float64(time.Second))) },
+	"since": func(now time.Time, t *time.Time) string { return roundDuration(now.Sub(*t)) },
+	"secs":  func(s float64) string { return roundDuration(time.Duration(s * float64(time.Second))) },
 	"upto": func(n int, ps []pathView) []pathView {
 		if len(ps) > n {
 			return ps[:n]

@@ -343,7 +343,7 @@ func TestStatusPage(t *testing.T) {
 	})
 	t.Run("shows the document, the poll state and every host", func(t *testing.T) {
 		for _, want := range []string{
-			"9f86d081884c", "1m30s ago", "node http://127.0.0.1:7400", "poll: connection refused",
+			"9f86d081884c", "1m30s ago", "up 1h0m0s ·", "node http://127.0.0.1:7400", "poll: connection refused",
 			"shop.example.test", "*.tenant.example.test", "classic.example.test", "go.example.test",
 			"tito-go", f.deadAddr, f.liveAddr, ">ejected<", ">ok<", ">untried<",
 			"api.example.test", "platform.example.test", "/v1/secrets", "/v1/ingress/routes",
@@ -627,6 +627,12 @@ func TestStatusPageInABrowser(t *testing.T) {
 	}
 	dom := stdout.String()
 	t.Logf("screenshot: %s", shot)
+	// t.TempDir goes with the test; SCAFO_KEEP_SCREENSHOT=FILE keeps a copy.
+	if d := os.Getenv("SCAFO_KEEP_SCREENSHOT"); d != "" {
+		if b, err := os.ReadFile(shot); err == nil {
+			os.WriteFile(d, b, 0o644)
+		}
+	}
 
 	for _, want := range []string{
 		"shop.example.test", "*.tenant.example.test", "classic.example.test", "go.example.test",
