@@ -203,14 +203,19 @@ func TestAlertRulesCoverTheIssue(t *testing.T) {
 	}
 }
 
-// TestAlertRulesPassPromtool checks the rule file and its unit tests with
-// promtool (Debian package "prometheus") when the machine has it.
+// TestAlertRulesPassPromtool checks the rule file, its unit tests and the
+// example scrape config with promtool (Debian package "prometheus") when the
+// machine has it.
 func TestAlertRulesPassPromtool(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		t.Skip("promtool not installed (Debian: apt-get install prometheus); the rule file's metric names are still checked by TestMonitoringAssetsMatchARunningEdge")
 	}
-	for _, args := range [][]string{{"check", "rules", alertsFile}, {"test", "rules", alertTestFile}} {
+	for _, args := range [][]string{
+		{"check", "rules", alertsFile},
+		{"test", "rules", alertTestFile},
+		{"check", "config", "../../deploy/prometheus/prometheus.yml"},
+	} {
 		out, err := exec.Command(promtool, args...).CombinedOutput()
 		if err != nil {
 			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
