@@ -277,7 +277,9 @@ go_install() {
 # go_mod_version BINARY: the main module version a Go binary was built from
 # (Caddy's own "version" says "unknown" when built by go install).
 go_mod_version() {
-	go version -m "$1" 2>/dev/null | awk '$1 == "mod" { print $3; exit }'
+	# awk reads to the end: quitting early would fail the pipeline (SIGPIPE
+	# under pipefail) and, through set -e, the whole run.
+	go version -m "$1" 2>/dev/null | awk '$1 == "mod" && !v { v = $3 } END { print v }'
 }
 
 # ------------------------------------------------------------- the tools
