@@ -1,0 +1,369 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// The node's storage surface (routing-and-ingress.md, "Certificate
+// storage"): the fleet's certificates, keys and issuance locks, kept in the
+// fleet's bucket and reached only through the node with the ingress token.
+const (
+	// StorageObjectsPath + key: PUT, GET and DELETE raw bytes. A delete
+	// removes the key and everything beneath it.
+	StorageObjectsPath = "/v1/storage/objects/"
+	// StorageListPath?prefix=&recursive=: the keys under prefix; an empty
+	// result is 404.
+	StorageListPath = "/v1/storage/list"
+	// StorageStatPath?key=: size and modification time of one object.
+	StorageStatPath = "/v1/storage/stat"
+	// StorageLocksPath + name: POST try-acquires (409 when held, never
+	// waits), DELETE releases (idempotent).
+	StorageLocksPath = "/v1/storage/locks/"
+)
+
+// MaxObjectSize is the largest object the storage client reads back
+// (16 MiB). The store holds certificates, keys and small JSON documents;
+// anything far larger is a broken node, not a certificate.
+const MaxObjectSize = 16 << 20
+
+// ObjectInfo is what the node's stat answers for one object, and the JSON
+// body GET /v1/storage/stat carries.
+type ObjectInfo struct {
+	Key      string    `json:"key"`
+	Size     int64     `json:"size"`
+	Modified time.Time `json:"modified"`
+}
+
+// ListResult is the JSON body of GET /v1/storage/list: full keys, sorted.
+type ListResult struct {
+	Keys []string `json:"keys"`
+}
+
+// StatusError is an answer from the node other than the one a call wants.
+// A 404 is fs.ErrNotExist to errors.Is, so callers treat a missing key the
+// same way whatever store it came from. A failure to get any answer at all
+// (refused, reset, timeout) is not a StatusError.
+type StatusError struct {
+	Op     string // "get", "put", "delete", "list", "stat", "lock", "unlock"
+	Key    string // the key, list prefix or lock name
+	Status int
+	Body   string // a short, printable excerpt of the answer
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("storage %s %q: node answered %d %s: %s", e.Op, e.Key, e.Status, http.StatusText(e.Status), e.Body)
+}
+
+// Is makes a 404 match fs.ErrNotExist.
+func (e *StatusError) Is(target error) bool {
+	return target == fs.ErrNotExist && e.Status == http.StatusNotFound
+}
+
+// StorageClient calls the node's /v1/storage surface with the ingress
+// token. It holds no state beyond its configuration and is safe for
+// concurrent use. It does not retry: what a failure means (fall back to a
+// local copy, queue a write) is the caller's decision.
+type StorageClient struct {
+	base    *url.URL // scheme://host[/path], no trailing slash
+	baseErr error
+	token   string
+	client  *http.Client
+	private bool
+}
+
+// NewStorageClient returns a client of the storage surface of the node at
+// base (e.g. "http://127.0.0.1:7400"), sending token as the bearer token
+// (empty: none). A nil client means a private one without proxies or
+// redirects (a redirect would drop the token); CloseIdleConnections closes
+// its connections. A base that does not parse makes every call fail with
+// the reason.
+func NewStorageClient(base, token string, client *http.Client) *StorageClient {
+	c := &StorageClient{token: token, client: client}
+	u, err := url.Parse(base)
+	switch {
+	case err != nil:
+		c.baseErr = fmt.Errorf("parse node url: %w", err)
+	case (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		c.baseErr = fmt.Errorf("parse node url %q: want http(s)://host[:port]", base)
+	case u.RawQuery != "" || u.Fragment != "":
+		c.baseErr = fmt.Errorf("parse node url %q: a base url has no query or fragment", base)
+	default:
+		u.Path = strings.TrimSuffix(u.Path, "/")
+		u.RawPath = ""
+		c.base = u
+	}
+	if c.client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.Proxy = nil
+		c.client = &http.Client{
+			Transport:     tr,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+		c.private = true
+	}
+	return c
+}
+
+// String names the node the client talks to, for logs.
+func (c *StorageClient) String() string {
+	if c.base == nil {
+		return "node storage (bad url)"
+	}
+	return "node storage " + c.base.Scheme + "://" + c.base.Host
+}
+
+// CloseIdleConnections closes the idle connections of a client made
+// without an http.Client of the caller's.
+func (c *StorageClient) CloseIdleConnections() {
+	if c.private {
+		c.client.CloseIdleConnections()
+	}
+}
+
+// Put stores value at key, replacing what was there.
+func (c *StorageClient) Put(ctx context.Context, key string, value []byte) error {
+	resp, err := c.do(ctx, "put", key, http.MethodPut, StorageObjectsPath, key, nil, value)
+	if err != nil {
+		return err
+	}
+	defer drain(resp)
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusCreated, http.StatusNoContent:
+		return nil
+	}
+	return statusError("put", key, resp)
+}
+
+// Get returns the bytes at key; a missing key is an error matching
+// fs.ErrNotExist.
+func (c *StorageClient) Get(ctx context.Context, key string) ([]byte, error) {
+	resp, err := c.do(ctx, "get", key, http.MethodGet, StorageObjectsPath, key, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer drain(resp)
+	if resp.StatusCode != http.StatusOK {
+		return nil, statusError("get", key, resp)
+	}
+	body, err := readLimited(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("storage get %q: %w", key, err)
+	}
+	return body, nil
+}
+
+// Delete removes key and everything beneath it. A key that is not there
+// is not an error.
+func (c *StorageClient) Delete(ctx context.Context, key string) error {
+	resp, err := c.do(ctx, "delete", key, http.MethodDelete, StorageObjectsPath, key, nil, nil)
+	if err != nil {
+		return err
+	}
+	defer drain(resp)
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusNoContent, http.StatusNotFound:
+		return nil
+	}
+	return statusError("delete", key, resp)
+}
+
+// List returns the keys under prefix (component-wise: "acme" covers
+// "acme/x", not "acmeother"): the direct children, or with recursive
+// everything beneath. Nothing under prefix is the node's 404, returned as
+// an error matching fs.ErrNotExist, as certmagic's own stores do. An empty
+// prefix lists from the root.
+func (c *StorageClient) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
+	q := url.Values{"prefix": {prefix}, "recursive": {fmt.Sprint(recursive)}}
+	resp, err := c.do(ctx, "list", prefix, http.MethodGet, StorageListPath, "", q, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer drain(resp)
+	if resp.StatusCode != http.StatusOK {
+		return nil, statusError("list", prefix, resp)
+	}
+	body, err := readLimited(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("storage list %q: %w", prefix, err)
+	}
+	var res ListResult
+	if err := json.Unmarshal(body, &res); err != nil {
+		// A bare array of keys says the same thing; accept it too.
+		if err2 := json.Unmarshal(body, &res.Keys); err2 != nil {
+			return nil, fmt.Errorf("storage list %q: decode answer: %w", prefix, err)
+		}
+	}
+	if len(res.Keys) == 0 {
+		return nil, fmt.Errorf("storage list %q: %w", prefix, fs.ErrNotExist)
+	}
+	return res.Keys, nil
+}
+
+// Stat returns the size and modification time of the object at key; a
+// missing key is an error matching fs.ErrNotExist.
+func (c *StorageClient) Stat(ctx context.Context, key string) (ObjectInfo, error) {
+	resp, err := c.do(ctx, "stat", key, http.MethodGet, StorageStatPath, "", url.Values{"key": {key}}, nil)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	defer drain(resp)
+	if resp.StatusCode != http.StatusOK {
+		return ObjectInfo{}, statusError("stat", key, resp)
+	}
+	body, err := readLimited(resp.Body)
+	if err != nil {
+		return ObjectInfo{}, fmt.Errorf("storage stat %q: %w", key, err)
+	}
+	var info ObjectInfo
+	if err := json.Unmarshal(body, &info); err != nil {
+		return ObjectInfo{}, fmt.Errorf("storage stat %q: decode answer: %w", key, err)
+	}
+	if info.Key == "" {
+		info.Key = key
+	}
+	return info, nil
+}
+
+// TryLock tries once to take the lock name, leaving body with the node (a
+// record of who holds it). It reports false, with no error, when someone
+// holds the lock (the node's 409); it never waits.
+func (c *StorageClient) TryLock(ctx context.Context, name string, body []byte) (bool, error) {
+	resp, err := c.do(ctx, "lock", name, http.MethodPost, StorageLocksPath, name, nil, body)
+	if err != nil {
+		return false, err
+	}
+	defer drain(resp)
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusCreated, http.StatusNoContent:
+		return true, nil
+	case http.StatusConflict:
+		return false, nil
+	}
+	return false, statusError("lock", name, resp)
+}
+
+// Unlock releases the lock name. Releasing a lock nobody holds is not an
+// error.
+func (c *StorageClient) Unlock(ctx context.Context, name string) error {
+	resp, err := c.do(ctx, "unlock", name, http.MethodDelete, StorageLocksPath, name, nil, nil)
+	if err != nil {
+		return err
+	}
+	defer drain(resp)
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusNoContent, http.StatusNotFound:
+		return nil
+	}
+	return statusError("unlock", name, resp)
+}
+
+// do sends one request: endpoint, then key escaped component by component
+// when key is not empty, then q.
+func (c *StorageClient) do(ctx context.Context, op, key, method, endpoint, pathKey string, q url.Values, body []byte) (*http.Response, error) {
+	if c.baseErr != nil {
+		return nil, fmt.Errorf("storage %s %q: %w", op, key, c.baseErr)
+	}
+	u := *c.base
+	if endpoint == StorageObjectsPath || endpoint == StorageLocksPath {
+		esc, err := EscapeKey(pathKey)
+		if err != nil {
+			return nil, fmt.Errorf("storage %s: %w", op, err)
+		}
+		u.Path = c.base.Path + endpoint + pathKey
+		u.RawPath = c.base.EscapedPath() + endpoint + esc
+	} else {
+		u.Path = c.base.Path + endpoint
+		u.RawPath = ""
+	}
+	if q != nil {
+		u.RawQuery = q.Encode()
+	}
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return nil, fmt.Errorf("storage %s %q: build request: %w", op, key, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
+	req.Header.Set("User-Agent", "scafo-edge")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("storage %s %q: %w", op, key, err)
+	}
+	return resp, nil
+}
+
+// EscapeKey returns key as a URL path: each slash-separated component
+// percent-escaped on its own (url.PathEscape), the slashes kept as
+// separators. A key with an empty, "." or ".." component is refused: no
+// store has such a key, and servers clean them out of paths.
+func EscapeKey(key string) (string, error) {
+	if key == "" {
+		return "", errors.New("empty key")
+	}
+	parts := strings.Split(key, "/")
+	for i, p := range parts {
+		if p == "" || p == "." || p == ".." {
+			return "", fmt.Errorf("key %q: empty, . or .. component", key)
+		}
+		parts[i] = url.PathEscape(p)
+	}
+	return strings.Join(parts, "/"), nil
+}
+
+// UnescapeKey is EscapeKey's inverse, for a server reading a key from an
+// escaped path (url.URL.EscapedPath after the endpoint prefix).
+func UnescapeKey(escaped string) (string, error) {
+	parts := strings.Split(escaped, "/")
+	for i, p := range parts {
+		u, err := url.PathUnescape(p)
+		if err != nil {
+			return "", fmt.Errorf("unescape key %q: %w", escaped, err)
+		}
+		parts[i] = u
+	}
+	key := strings.Join(parts, "/")
+	if _, err := EscapeKey(key); err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+func statusError(op, key string, resp *http.Response) error {
+	return &StatusError{Op: op, Key: key, Status: resp.StatusCode, Body: snippet(resp.Body)}
+}
+
+func readLimited(r io.Reader) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, MaxObjectSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read answer: %w", err)
+	}
+	if len(b) > MaxObjectSize {
+		return nil, fmt.Errorf("answer is over the %d byte limit", MaxObjectSize)
+	}
+	return b, nil
+}
+
+// drain reads a little of what is left and closes the body, so the
+// connection can be reused; a large leftover is not worth reading.
+func drain(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+}
