@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/scafo/scafo-edge/certs/certstest"
 )
 
 // edgeBinary is the scafo-edge binary the end-to-end tests run, built once
@@ -35,7 +37,9 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
-	code := m.Run()
+	// Pebble and its challenge server are built once too, for the tests
+	// that obtain certificates through the real binary.
+	code := certstest.RunWithPebble(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
