@@ -501,7 +501,11 @@ if [[ -z $PROFILE_DIR ]]; then
 			VERSION[traefik]=$(go_mod_version "$TRAEFIK_BIN")
 			write_traefik_config
 		else
-			SKIP[traefik]="Traefik v3 ($TRAEFIK_VERSION) does not build from the Go module proxy: $(grep -v '^go: downloading' "$CACHE/traefik-v3/failed.log" 2>/dev/null | tr -s ' \t\n' ' ' | cut -c1-240)"
+			why=$(grep -v '^go: downloading' "$CACHE/traefik-v3/failed.log" 2>/dev/null | tr -s ' \t\n' ' ' | cut -c1-200) || true
+			if grep -q 'replace directives' "$CACHE/traefik-v3/failed.log" 2>/dev/null; then
+				why="its go.mod has replace directives (forked dependencies), which go install refuses"
+			fi
+			SKIP[traefik]="Traefik v3 ($TRAEFIK_VERSION) does not build from the Go module proxy: $why; see $CACHE/traefik-v3/failed.log"
 		fi
 	fi
 	if has "$PROXIES" nginx; then
