@@ -29,6 +29,8 @@ Usage: bench/run.sh [flags]
   --profile DIR        instead of the table: CPU and allocation profiles of
                        the edge's request path under the http-1k load,
                        written to DIR with a text summary on stdout
+  --edge-rev REV       build scafo-edge from commit REV, not the working
+                       tree (which, when it does not build, gives way to HEAD)
   --keep               keep the work directory (configs, logs, wrk output)
   -h, --help           this text
 EOF
@@ -48,6 +50,7 @@ INSTALL=1
 RETRY_BUILDS=0
 PORT_BASE=18080
 PROFILE_DIR=
+EDGE_REV=
 KEEP=0
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench
 CADDY_VERSION=v2.11.9
@@ -70,6 +73,7 @@ while (($#)); do
 	--retry-builds) RETRY_BUILDS=1 ;;
 	--port-base) PORT_BASE=$2; shift ;;
 	--profile) PROFILE_DIR=$2; shift ;;
+	--edge-rev) EDGE_REV=$2; shift ;;
 	--keep) KEEP=1 ;;
 	-h | --help) usage; exit 0 ;;
 	*) echo "run.sh: unknown flag $1" >&2; usage >&2; exit 2 ;;
@@ -290,17 +294,47 @@ CURL=$(need curl) || die "curl is needed (Debian package curl)"
 OPENSSL=$(need openssl) || die "openssl is needed (Debian package openssl)"
 mkdir -p "$CACHE"
 
-log "building the upstream and scafo-edge from $REPO"
+log "building the upstream"
 (cd "$REPO" && go build -o "$CACHE/bench-upstream" ./bench/upstream) || die "build bench/upstream failed"
-EDGE_BIN=
-EDGE_NOTE=
-if [[ -n $PROFILE_DIR ]]; then
-	: # the profile builds bench/edgeprof instead
-elif (cd "$REPO" && go build -o "$CACHE/scafo-edge" ./cmd/scafo-edge) 2>"$WORK/edge-build.log"; then
-	EDGE_BIN=$CACHE/scafo-edge
+# scafo-edge (or, for --profile, bench/edgeprof) is built from the working
+# tree, or from --edge-rev. Other people may be mid-edit in the working tree:
+# when it does not build, HEAD is built instead and the table says so.
+EDGE_PKG=./cmd/scafo-edge EDGE_OUT=$CACHE/scafo-edge
+if [[ -n $PROFILE_DIR ]]; then EDGE_PKG=./bench/edgeprof EDGE_OUT=$CACHE/edgeprof; fi
+SRC=$REPO
+EDGE_BIN='' EDGE_NOTE='' EDGE_VERSION=''
+
+# export_rev REV: REV's tree, with this checkout's bench/ over it, in
+# WORK/src, which becomes SRC.
+export_rev() {
+	local dir=$WORK/src
+	rm -rf "$dir" && mkdir -p "$dir"
+	(cd "$REPO" && git archive "$1") | tar -x -C "$dir" || return 1
+	rm -rf "$dir/bench" && cp -r "$REPO/bench" "$dir/bench"
+	SRC=$dir
+}
+build_edge() { (cd "$SRC" && go build -o "$EDGE_OUT" "$EDGE_PKG") 2>"$WORK/edge-build.log"; }
+
+if [[ -n $EDGE_REV ]]; then
+	export_rev "$EDGE_REV" || die "--edge-rev $EDGE_REV: git archive failed"
+	EDGE_VERSION=$(cd "$REPO" && git rev-parse --short "$EDGE_REV")
 else
-	EDGE_NOTE="build failed: $(head -1 "$WORK/edge-build.log")"
-	log "scafo-edge: $EDGE_NOTE"
+	EDGE_VERSION="$(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git diff --quiet HEAD -- . 2>/dev/null || echo '+dirty')"
+fi
+log "building $EDGE_PKG from ${EDGE_REV:+commit $EDGE_REV of }$REPO"
+if build_edge; then
+	EDGE_BIN=$EDGE_OUT
+elif [[ -z $EDGE_REV ]] && (cd "$REPO" && git rev-parse -q --verify HEAD >/dev/null 2>&1); then
+	log "$EDGE_PKG: the working tree does not build; building HEAD instead:"
+	head -3 "$WORK/edge-build.log" | sed 's/^/    /' >&2
+	if export_rev HEAD && build_edge; then
+		EDGE_BIN=$EDGE_OUT
+		EDGE_VERSION="$(cd "$REPO" && git rev-parse --short HEAD) (HEAD; the working tree did not build)"
+	fi
+fi
+if [[ -z $EDGE_BIN ]]; then
+	EDGE_NOTE="build failed: $(grep -v '^#' "$WORK/edge-build.log" | head -1)"
+	log "$EDGE_PKG: $EDGE_NOTE"
 fi
 
 for p in "$UP_PORT" "$UP_TLS_PORT" "$PX_PORT" "$PX_TLS_PORT" "$ADMIN_PORT"; do
@@ -482,7 +516,7 @@ VERSION[direct]="bench/upstream (Go $(go env GOVERSION | sed 's/^go//'))"
 if [[ -z $PROFILE_DIR ]]; then
 	if has "$PROXIES" scafo-edge; then
 		if [[ -n $EDGE_BIN ]]; then
-			VERSION[scafo-edge]="$(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git diff --quiet HEAD -- . 2>/dev/null || echo '+dirty')"
+			VERSION[scafo-edge]=$EDGE_VERSION
 			write_edge_routes
 		else
 			SKIP[scafo-edge]=$EDGE_NOTE
@@ -779,9 +813,9 @@ report_json() {
 # per-request figures /proc gives.
 profile() {
 	mkdir -p "$PROFILE_DIR"
-	(cd "$REPO" && go build -o "$CACHE/edgeprof" ./bench/edgeprof) || die "build bench/edgeprof failed"
+	[[ -n $EDGE_BIN ]] || die "bench/edgeprof: $EDGE_NOTE"
 	write_edge_routes
-	start "$WORK/edgeprof.log" env GOMAXPROCS="$WORKERS" "$CACHE/edgeprof" \
+	start "$WORK/edgeprof.log" env GOMAXPROCS="$WORKERS" "$EDGE_BIN" \
 		-addr "127.0.0.1:$PX_PORT" -pprof-addr "127.0.0.1:$ADMIN_PORT" -routes-file "$WORK/routes.json"
 	local pid=$PID url=http://$HOST:$PX_PORT/1k pp=http://127.0.0.1:$ADMIN_PORT/debug/pprof
 	wait_ok "$url" 1024 "$pid" || die "edgeprof did not start: $(tail -3 "$WORK/edgeprof.log")"
@@ -807,25 +841,25 @@ profile() {
 	((reqs > 0)) || die "profile: wrk measured no request: $(cat "$PROFILE_DIR/wrk.txt")"
 
 	{
-		printf '## edge request path under http-1k load (%s connections, %s)\n\n' "$CONNS" "$DURATION"
+		printf '## edge request path (%s) under http-1k load (%s connections, %s)\n\n' "$EDGE_VERSION" "$CONNS" "$DURATION"
 		grep -E 'Requests/sec|requests in' "$PROFILE_DIR/wrk.txt" | sed 's/^ */    /'
 		awk -v c="$((c1 - c0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v n="$reqs" -v tck="$CLK_TCK" 'BEGIN {
 			printf "    CPU %.1f µs/request; %.2f context switches/request; %.2f read+write syscalls/request\n\n", c * 1e6 / tck / n, s / n, r / n }'
 		printf '### CPU (go tool pprof -top -nodecount=40 %s/cpu.pprof)\n\n```\n' "$PROFILE_DIR"
-		go tool pprof -top -nodecount=40 "$CACHE/edgeprof" "$PROFILE_DIR/cpu.pprof" 2>/dev/null
+		go tool pprof -top -nodecount=40 "$EDGE_BIN" "$PROFILE_DIR/cpu.pprof" 2>/dev/null
 		printf '```\n\n### CPU, cumulative (-top -cum -nodecount=40)\n\n```\n'
-		go tool pprof -top -cum -nodecount=40 "$CACHE/edgeprof" "$PROFILE_DIR/cpu.pprof" 2>/dev/null
+		go tool pprof -top -cum -nodecount=40 "$EDGE_BIN" "$PROFILE_DIR/cpu.pprof" 2>/dev/null
 		printf '```\n\n### Allocations in the window (alloc_objects, -base allocs-before)\n\n'
 		local objs bytes
 		objs=$(go tool pprof -top -nodecount=1 -sample_index=alloc_objects -base "$PROFILE_DIR/allocs-before.pprof" \
-			"$CACHE/edgeprof" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null | awk '/ total$/ { print $(NF-1) }')
+			"$EDGE_BIN" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null | awk '/ total$/ { print $(NF-1) }')
 		bytes=$(go tool pprof -top -nodecount=1 -unit=B -sample_index=alloc_space -base "$PROFILE_DIR/allocs-before.pprof" \
-			"$CACHE/edgeprof" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null | awk '/ total$/ { print $(NF-1) + 0 }')
+			"$EDGE_BIN" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null | awk '/ total$/ { print $(NF-1) + 0 }')
 		awk -v o="${objs:-0}" -v b="${bytes:-0}" -v n="$reqs" 'BEGIN {
 			printf "About %.0f objects and %.0f bytes allocated per request (the heap profile is sampled and ends at the last GC).\n\n", o / n, b / n }'
 		printf '```\n'
 		go tool pprof -top -nodecount=30 -sample_index=alloc_objects -base "$PROFILE_DIR/allocs-before.pprof" \
-			"$CACHE/edgeprof" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null
+			"$EDGE_BIN" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null
 		printf '```\n'
 	} | tee "$PROFILE_DIR/summary.md"
 	stop_tree "$pid"
