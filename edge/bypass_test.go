@@ -62,8 +62,8 @@ type normalisation struct {
 var normalisations = []normalisation{
 	{"decode", decodeOnce}, // %XX, valid escapes only
 	{"clean", func(p string) string { return path.Clean("/" + p) }}, // Go's path.Clean: dots and doubled slashes
-	{"dots", removeDotSegments},                                     // RFC 3986 §5.2.4: dots, but "//" kept
-	{"merge", mergeSlashes},                                         // "//" to "/", dots kept (nginx merge_slashes)
+	{"dots", modelRemoveDotSegments},                                     // RFC 3986 §5.2.4: dots, but "//" kept
+	{"merge", modelMergeSlashes},                                         // "//" to "/", dots kept (nginx merge_slashes)
 	{"backslash", func(p string) string { return strings.ReplaceAll(p, `\`, "/") }},
 	{"params", stripParams}, // servlet ";jsessionid=..." per segment
 	{"fold", strings.ToLower},
@@ -143,10 +143,10 @@ func decodeOnce(s string) string {
 	return out
 }
 
-// removeDotSegments is RFC 3986 §5.2.4: "." and ".." segments go, but an
+// modelRemoveDotSegments is RFC 3986 §5.2.4: "." and ".." segments go, but an
 // empty segment ("//") is a segment like any other, so "/a//../b" is "/a/b"
 // where path.Clean gives "/b".
-func removeDotSegments(p string) string {
+func modelRemoveDotSegments(p string) string {
 	if !strings.HasPrefix(p, "/") {
 		return p
 	}
@@ -173,7 +173,7 @@ func removeDotSegments(p string) string {
 	return "/" + strings.Join(out, "/")
 }
 
-func mergeSlashes(p string) string {
+func modelMergeSlashes(p string) string {
 	for strings.Contains(p, "//") {
 		p = strings.ReplaceAll(p, "//", "/")
 	}
@@ -264,10 +264,10 @@ func strictFirstSegment(view string) string {
 // each selects a route other than ti.to's own (classic).
 var bypassFlipped = map[string]string{"paulca": "go.tito.io", "bob": "go.tito.io", "beta": "beta.tito.io"}
 
-// knownBypasses are corpus paths that cross an invariant today, each mapped
-// to the skipped test that pins its bug down. TestBypassCorpus counts them
-// rather than failing on them, and fails if one stops crossing (remove it
-// from this list along with the fix and that test's t.Skip).
+// knownBypasses are corpus paths that once crossed an invariant, each mapped
+// to the regression test that pins its fix: the uncleaned and RFC 3986
+// spellings in denied.go and lookup.go's matchPath. They are checked like
+// every other corpus path, and again by their own tests.
 var knownBypasses = map[string]string{
 	// denied.go checks only the cleaned spelling: ".." erases the denied
 	// segment in the edge's eyes, not in a backend's that does no cleaning.
@@ -388,16 +388,6 @@ func TestBypassCorpus(t *testing.T) {
 		if reachedLegacy {
 			reached++
 		}
-		if test, ok := knownBypasses[p]; ok {
-			if bypass == "" {
-				t.Errorf("%q no longer crosses the invariant: remove it from knownBypasses and the t.Skip of %s", p, test)
-				return
-			}
-			known++
-			bypasses++
-			t.Logf("known bypass (%s): %s", test, bypass)
-			return
-		}
 		if bypass != "" {
 			bypasses++
 			t.Errorf("BYPASS: %s", bypass)
@@ -473,7 +463,6 @@ func checkKnownBypasses(t *testing.T, test string) {
 // "/v1/storage/.." is "/v1" to the edge and still under /v1/storage for a
 // backend that routes on the path as sent.
 func TestDeniedPrefixesOnTheUncleanedSpelling(t *testing.T) {
-	t.Skip("bug: denied.go matches only the cleaned spelling, /v1/storage/.. is proxied; see report")
 	checkKnownBypasses(t, "TestDeniedPrefixesOnTheUncleanedSpelling")
 }
 
@@ -481,7 +470,6 @@ func TestDeniedPrefixesOnTheUncleanedSpelling(t *testing.T) {
 // "/storage" after path.Clean but "/v1/storage" after RFC 3986 §5.2.4
 // dot-segment removal, which keeps empty segments.
 func TestDeniedPrefixesUnderRFC3986DotSegments(t *testing.T) {
-	t.Skip("bug: denied.go resolves .. only after merging slashes, /v1//../storage is proxied; see report")
 	checkKnownBypasses(t, "TestDeniedPrefixesUnderRFC3986DotSegments")
 }
 
@@ -490,7 +478,6 @@ func TestDeniedPrefixesUnderRFC3986DotSegments(t *testing.T) {
 // "/paulca/" after RFC 3986 dot-segment removal: classic answers for a
 // flipped account.
 func TestFlippedAccountsUnderRFC3986DotSegments(t *testing.T) {
-	t.Skip("bug: matchPath misses RFC 3986 dot removal, /x/../paulca//.. stays on classic; see report")
 	checkKnownBypasses(t, "TestFlippedAccountsUnderRFC3986DotSegments")
 }
 
@@ -574,10 +561,10 @@ func TestBackendModel(t *testing.T) {
 		name, in, want string
 		f              func(string) string
 	}{
-		{"RFC 3986 dot removal keeps an empty segment for .. to eat", "/v1//../storage", "/v1/storage", removeDotSegments},
-		{"RFC 3986 dot removal of a trailing ..", "/v1/storage/x/..", "/v1/storage/", removeDotSegments},
-		{"RFC 3986 dot removal stops at the root", "/../../a", "/a", removeDotSegments},
-		{"merging slashes keeps dots", "//a//./b", "/a/./b", mergeSlashes},
+		{"RFC 3986 dot removal keeps an empty segment for .. to eat", "/v1//../storage", "/v1/storage", modelRemoveDotSegments},
+		{"RFC 3986 dot removal of a trailing ..", "/v1/storage/x/..", "/v1/storage/", modelRemoveDotSegments},
+		{"RFC 3986 dot removal stops at the root", "/../../a", "/a", modelRemoveDotSegments},
+		{"merging slashes keeps dots", "//a//./b", "/a/./b", modelMergeSlashes},
 		{"params are dropped per segment", "/v1;a=b/storage;x", "/v1/storage", stripParams},
 		{"an overlong slash is a slash", "/v1\xc0\xafstorage", "/v1/storage", decodeOverlong},
 		{"a three-byte overlong dot is a dot", "/\xe0\x80\xae\xe0\x80\xae/x", "/../x", decodeOverlong},

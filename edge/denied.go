@@ -36,18 +36,20 @@ func canonicalDenied(doc []string) []string {
 }
 
 // deniedPath reports whether a request path hits a denied prefix in any of
-// the spellings a backend might act on: as it arrived, percent-decoded (up to
-// maxDecodeRounds times), dot-segments and doubled slashes removed,
-// backslashes read as slashes, ";params" dropped from segments, and ASCII case
-// folded. Denying a spelling the node would not have honoured costs nothing;
-// missing one it would have honoured exposes private keys.
+// the spellings a backend might act on: as it arrived and percent-decoded
+// (up to maxDecodeRounds times); each of those as sent, with doubled slashes
+// merged, with dot segments removed the RFC 3986 way (empty segments kept),
+// and cleaned by path.Clean (slashes merged first); always with backslashes
+// read as slashes, ";params" dropped from segments and ASCII case folded.
+// Denying a spelling the node would not have honoured costs nothing; missing
+// one it would have honoured exposes private keys.
 func deniedPath(denied []string, rawPath, decodedPath string) bool {
 	if len(denied) == 0 {
 		return false
 	}
 	for _, p := range [2]string{rawPath, decodedPath} {
 		for range maxDecodeRounds + 1 {
-			if matchDenied(denied, canonicalDeniedPath(p)) {
+			if deniedAnySpelling(denied, p) {
 				return true
 			}
 			next, changed := percentDecode(p)
@@ -58,6 +60,22 @@ func deniedPath(denied []string, rawPath, decodedPath string) bool {
 		}
 	}
 	return false
+}
+
+// deniedAnySpelling checks one decoding of a path in every normalisation a
+// backend might apply to it.
+func deniedAnySpelling(denied []string, p string) bool {
+	f := foldDeniedPath(p)
+	if matchDenied(denied, f) || matchDenied(denied, path.Clean(f)) {
+		return true
+	}
+	merged := mergeSlashes(f)
+	if matchDenied(denied, merged) || matchDenied(denied, removeDotSegments(merged)) {
+		return true
+	}
+	// After RFC 3986 dot removal, path.Clean only merges the slashes left.
+	dots := removeDotSegments(f)
+	return matchDenied(denied, dots) || matchDenied(denied, path.Clean(dots))
 }
 
 // matchDenied reports whether the canonical path c is a denied prefix or lies
@@ -71,9 +89,9 @@ func matchDenied(denied []string, c string) bool {
 	return false
 }
 
-// canonicalDeniedPath folds one spelling of a path into the form denied
-// prefixes are stored in.
-func canonicalDeniedPath(p string) string {
+// foldDeniedPath folds the spelling differences no backend cares about:
+// case, backslashes for slashes, ";params" on segments. The result is rooted.
+func foldDeniedPath(p string) string {
 	p = strings.ToLower(strings.ReplaceAll(p, "\\", "/"))
 	if strings.IndexByte(p, ';') >= 0 {
 		segs := strings.Split(p, "/")
@@ -87,7 +105,60 @@ func canonicalDeniedPath(p string) string {
 	if !strings.HasPrefix(p, "/") {
 		p = "/" + p
 	}
-	return path.Clean(p)
+	return p
+}
+
+// canonicalDeniedPath is the form denied prefixes are stored in: folded and
+// cleaned.
+func canonicalDeniedPath(p string) string {
+	return path.Clean(foldDeniedPath(p))
+}
+
+// mergeSlashes replaces every run of slashes with one.
+func mergeSlashes(p string) string {
+	if !strings.Contains(p, "//") {
+		return p
+	}
+	var b strings.Builder
+	b.Grow(len(p))
+	for i := 0; i < len(p); i++ {
+		if p[i] == '/' && i > 0 && p[i-1] == '/' {
+			continue
+		}
+		b.WriteByte(p[i])
+	}
+	return b.String()
+}
+
+// removeDotSegments resolves "." and ".." segments as RFC 3986 §5.2.4 does:
+// unlike path.Clean it keeps empty segments, so "/v1//../storage" is
+// "/v1/storage" rather than "/storage". Backends that resolve references the
+// RFC's way (url.ResolveReference, Jetty) read paths like this.
+func removeDotSegments(p string) string {
+	if !strings.Contains(p, ".") {
+		return p
+	}
+	segs := strings.Split(p, "/")
+	out := make([]string, 0, len(segs))
+	for i, s := range segs {
+		last := i == len(segs)-1
+		switch s {
+		case ".":
+			if last {
+				out = append(out, "")
+			}
+		case "..":
+			if len(out) > 1 {
+				out = out[:len(out)-1]
+			}
+			if last {
+				out = append(out, "")
+			}
+		default:
+			out = append(out, s)
+		}
+	}
+	return strings.Join(out, "/")
 }
 
 // percentDecode decodes every valid %XX escape of s and leaves invalid ones

@@ -113,7 +113,8 @@ func wildcardStart(key []byte) int {
 
 // matchPath looks the first path segment up in every spelling a backend
 // might route on (path-routing-design.md §6): the normalised one (path.Clean
-// of the decoded path) wins; then the decoded one as it arrived; then the
+// of the decoded path) wins; then the decoded one with dot segments removed
+// the RFC 3986 way; then the decoded one as it arrived; then the
 // still-encoded one. For the two unnormalised spellings the first non-empty
 // segment is taken, so a backend that collapses doubled slashes but keeps dot
 // segments ("//paulca/../x") cannot answer a flipped account from the route
@@ -127,6 +128,16 @@ func (r *Route) matchPath(rawPath, decodedPath string) (*Route, string) {
 	if seg := firstSegment(clean); seg != "" {
 		if t := r.paths[seg]; t != nil {
 			return t, seg
+		}
+	}
+	if clean != decodedPath {
+		// RFC 3986 dot removal keeps empty segments, so it can land on
+		// another first segment than path.Clean: "/x/../paulca//.." is
+		// "/paulca/" to such a backend and "/" to path.Clean.
+		if seg := firstNonEmptySegment(removeDotSegments(decodedPath)); seg != "" {
+			if t := r.paths[seg]; t != nil {
+				return t, seg
+			}
 		}
 	}
 	if seg := firstNonEmptySegment(decodedPath); seg != "" {
