@@ -62,8 +62,8 @@ type normalisation struct {
 var normalisations = []normalisation{
 	{"decode", decodeOnce}, // %XX, valid escapes only
 	{"clean", func(p string) string { return path.Clean("/" + p) }}, // Go's path.Clean: dots and doubled slashes
-	{"dots", modelRemoveDotSegments},                                     // RFC 3986 §5.2.4: dots, but "//" kept
-	{"merge", modelMergeSlashes},                                         // "//" to "/", dots kept (nginx merge_slashes)
+	{"dots", modelRemoveDotSegments},                                // RFC 3986 §5.2.4: dots, but "//" kept
+	{"merge", modelMergeSlashes},                                    // "//" to "/", dots kept (nginx merge_slashes)
 	{"backslash", func(p string) string { return strings.ReplaceAll(p, `\`, "/") }},
 	{"params", stripParams}, // servlet ";jsessionid=..." per segment
 	{"fold", strings.ToLower},
