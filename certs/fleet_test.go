@@ -1,0 +1,382 @@
+package certs
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/scafo/scafo-edge/certs/certstest"
+	"github.com/scafo/scafo-edge/node"
+	"github.com/scafo/scafo-edge/node/nodetest"
+)
+
+const fleetToken = "fleet-token"
+
+// openFleetDB opens <dir>/edge.db; the caller closes it (a restart closes
+// and reopens the same file).
+func openFleetDB(t testing.TB, dir string) *bolt.DB {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(dir, "edge.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("open bbolt: %v", err)
+	}
+	return db
+}
+
+// fleetStore is one edge's FleetStorage on its own bbolt file.
+type fleetStore struct {
+	*FleetStorage
+	local  *BoltStorage
+	db     *bolt.DB
+	client *node.StorageClient
+}
+
+// newFleetStore opens a FleetStorage on the database in dir, talking to n;
+// t's cleanup closes it unless close was called first.
+func newFleetStore(t testing.TB, n *nodetest.Node, dir string, opts FleetOptions) *fleetStore {
+	t.Helper()
+	db := openFleetDB(t, dir)
+	local, err := NewBoltStorage(db)
+	if err != nil {
+		t.Fatalf("NewBoltStorage: %v", err)
+	}
+	client := node.NewStorageClient(n.URL(), fleetToken, nil)
+	s, err := NewFleetStorage(client, local, opts)
+	if err != nil {
+		t.Fatalf("NewFleetStorage: %v", err)
+	}
+	fs := &fleetStore{FleetStorage: s, local: local, db: db, client: client}
+	t.Cleanup(fs.close)
+	return fs
+}
+
+// close stops the store like a shutdown: retries end, the file closes.
+func (s *fleetStore) close() {
+	s.Close()
+	s.client.CloseIdleConnections()
+	s.db.Close()
+}
+
+// fastFleet is FleetOptions for tests: short lock bound and retries.
+func fastFleet() FleetOptions {
+	return FleetOptions{
+		LockTTL:     time.Second,
+		LockPollMax: 50 * time.Millisecond,
+		NodeTimeout: 2 * time.Second,
+		RetryMin:    20 * time.Millisecond,
+		RetryMax:    200 * time.Millisecond,
+	}
+}
+
+func TestFleetStorageConformance(t *testing.T) {
+	certstest.StorageConformance(t, func(t *testing.T) certmagic.Storage {
+		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+		return newFleetStore(t, n, t.TempDir(), fastFleet()).FleetStorage
+	})
+}
+
+func TestFleetStorageOutage(t *testing.T) {
+	ctx := context.Background()
+
+	t.Run("a write during an outage is kept locally, served, and lands when the node returns", func(t *testing.T) {
+		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+		s := newFleetStore(t, n, t.TempDir(), fastFleet())
+		n.Stop()
+		if err := s.Store(ctx, "certificates/ca/a.test/a.test.crt", []byte("cert")); err != nil {
+			t.Fatalf("Store during an outage = %v, want nil (kept locally and queued)", err)
+		}
+		if got := s.Pending(); got != 1 {
+			t.Errorf("Pending = %d, want 1", got)
+		}
+		if v, err := s.Load(ctx, "certificates/ca/a.test/a.test.crt"); err != nil || string(v) != "cert" {
+			t.Errorf("Load during the outage = %q, %v, want the local copy", v, err)
+		}
+		if err := n.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		waitUntilFleet(t, 10*time.Second, "the queued write to reach the node", func() bool {
+			v, ok := n.StorageObject("certificates/ca/a.test/a.test.crt")
+			return ok && string(v) == "cert" && s.Pending() == 0
+		})
+	})
+
+	t.Run("queued writes survive a restart of the edge and land in order", func(t *testing.T) {
+		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+		n.PutStorageObject("a/old", []byte("old"))
+		dir := t.TempDir()
+		s := newFleetStore(t, n, dir, fastFleet())
+		n.Stop()
+		for _, step := range []func() error{
+			func() error { return s.Store(ctx, "a/b", []byte("1")) },
+			func() error { return s.Delete(ctx, "a") },
+			func() error { return s.Store(ctx, "a/c", []byte("2")) },
+			func() error { return s.Store(ctx, "a/c", []byte("3")) },
+		} {
+			if err := step(); err != nil {
+				t.Fatalf("write during the outage: %v", err)
+			}
+		}
+		s.close()
+		s = newFleetStore(t, n, dir, fastFleet())
+		// The first put may already have been dropped: the delete queued
+		// after it removed its local value, so there is nothing to send.
+		if got := s.Pending(); got != 4 && got != 3 {
+			t.Fatalf("Pending after the edge restarted = %d, want 3 or 4", got)
+		}
+		if err := n.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		waitUntilFleet(t, 10*time.Second, "the queue to drain", func() bool { return s.Pending() == 0 })
+		if got, want := n.StorageKeys(), []string{"a/c"}; !slices.Equal(got, want) {
+			t.Errorf("node keys = %q, want %q (the delete replayed between the puts)", got, want)
+		}
+		if v, _ := n.StorageObject("a/c"); string(v) != "3" {
+			t.Errorf("node a/c = %q, want the last write, 3", v)
+		}
+	})
+
+	t.Run("a value another edge wrote is copied locally and served after the node goes", func(t *testing.T) {
+		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+		a := newFleetStore(t, n, t.TempDir(), fastFleet())
+		bDir := t.TempDir()
+		b := newFleetStore(t, n, bDir, fastFleet())
+		if err := a.Store(ctx, "certificates/ca/x.test/x.test.key", []byte("key")); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := b.Load(ctx, "certificates/ca/x.test/x.test.key"); err != nil || string(v) != "key" {
+			t.Fatalf("B Load = %q, %v, want what A stored", v, err)
+		}
+		n.Stop()
+		b.close()
+		b = newFleetStore(t, n, bDir, fastFleet())
+		if v, err := b.Load(ctx, "certificates/ca/x.test/x.test.key"); err != nil || string(v) != "key" {
+			t.Errorf("restarted B Load with the node down = %q, %v, want its local copy", v, err)
+		}
+		if !b.Exists(ctx, "certificates/ca/x.test") {
+			t.Error("restarted B: Exists(directory) with the node down = false")
+		}
+		keys, err := b.List(ctx, "certificates", true)
+		if want := []string{"certificates/ca", "certificates/ca/x.test", "certificates/ca/x.test/x.test.key"}; err != nil || !slices.Equal(keys, want) {
+			t.Errorf("restarted B List with the node down = %q, %v, want %q", keys, err, want)
+		}
+	})
+
+	for _, tc := range []struct {
+		name   string
+		break_ func(n *nodetest.Node)
+	}{
+		{"a node answering 503", func(n *nodetest.Node) { n.SetStorageStatus(http.StatusServiceUnavailable) }},
+		{"a node refusing the token", func(n *nodetest.Node) { n.SetToken("rotated") }},
+		{"a node that hangs", func(n *nodetest.Node) { n.SetStorageDelay(time.Minute) }},
+	} {
+		t.Run(tc.name+" falls back to the local copy within the node timeout", func(t *testing.T) {
+			n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+			opts := fastFleet()
+			opts.NodeTimeout = 300 * time.Millisecond
+			s := newFleetStore(t, n, t.TempDir(), opts)
+			if err := s.Store(ctx, "k/v", []byte("v")); err != nil {
+				t.Fatal(err)
+			}
+			tc.break_(n)
+			start := time.Now()
+			if v, err := s.Load(ctx, "k/v"); err != nil || string(v) != "v" {
+				t.Errorf("Load = %q, %v, want the local copy", v, err)
+			}
+			if d := time.Since(start); d > 3*time.Second {
+				t.Errorf("Load took %v, want about the node timeout", d)
+			}
+			if _, err := s.Load(ctx, "k/none"); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("Load(missing) = %v, want fs.ErrNotExist", err)
+			}
+		})
+	}
+
+	t.Run("a write the node refuses for good is an error and is not queued", func(t *testing.T) {
+		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+		s := newFleetStore(t, n, t.TempDir(), fastFleet())
+		n.SetStorageStatus(http.StatusRequestEntityTooLarge)
+		err := s.Store(ctx, "big/one", []byte("x"))
+		var se *node.StatusError
+		if !errors.As(err, &se) || se.Status != http.StatusRequestEntityTooLarge {
+			t.Errorf("Store = %v, want the node's 413", err)
+		}
+		if s.Pending() != 0 {
+			t.Errorf("Pending = %d, want 0", s.Pending())
+		}
+	})
+
+	t.Run("locks fall back to the local store while the node is down", func(t *testing.T) {
+		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+		s := newFleetStore(t, n, t.TempDir(), fastFleet())
+		n.Stop()
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := s.Lock(lctx, "issue_cert_down.test"); err != nil {
+			t.Fatalf("Lock with the node down: %v", err)
+		}
+		if ok, err := s.TryLock(ctx, "issue_cert_down.test"); ok || err != nil {
+			t.Errorf("second TryLock = %v, %v, want false, nil", ok, err)
+		}
+		if err := s.Unlock(ctx, "issue_cert_down.test"); err != nil {
+			t.Errorf("Unlock: %v", err)
+		}
+	})
+}
+
+func TestFleetStorageLocks(t *testing.T) {
+	ctx := context.Background()
+
+	t.Run("a lock is exclusive across edges and its record names the holder", func(t *testing.T) {
+		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+		opts := fastFleet()
+		opts.Holder = "edge-a"
+		a := newFleetStore(t, n, t.TempDir(), opts)
+		b := newFleetStore(t, n, t.TempDir(), fastFleet())
+		if ok, err := a.TryLock(ctx, "issue_cert_x.test"); !ok || err != nil {
+			t.Fatalf("A TryLock = %v, %v", ok, err)
+		}
+		if rec, _ := n.StorageObject("locks/issue_cert_x.test"); !strings.Contains(string(rec), `"holder":"edge-a"`) {
+			t.Errorf("lock record = %s, want it to name edge-a", rec)
+		}
+		if ok, err := b.TryLock(ctx, "issue_cert_x.test"); ok || err != nil {
+			t.Errorf("B TryLock of A's fresh lock = %v, %v, want false, nil", ok, err)
+		}
+		if err := a.Unlock(ctx, "issue_cert_x.test"); err != nil {
+			t.Fatal(err)
+		}
+		if _, held := n.StorageLock("issue_cert_x.test"); held {
+			t.Error("lock still held on the node after Unlock")
+		}
+		if _, ok := n.StorageObject("locks/issue_cert_x.test"); ok {
+			t.Error("lock record left after Unlock")
+		}
+		if ok, err := b.TryLock(ctx, "issue_cert_x.test"); !ok || err != nil {
+			t.Errorf("B TryLock after A's Unlock = %v, %v, want true, nil", ok, err)
+		}
+	})
+
+	t.Run("a renewed lease keeps the lock past the lock bound", func(t *testing.T) {
+		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+		a := newFleetStore(t, n, t.TempDir(), fastFleet())
+		b := newFleetStore(t, n, t.TempDir(), fastFleet())
+		if err := a.Lock(ctx, "renewed"); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.RenewLockLease(ctx, "renewed", time.Minute); err != nil {
+			t.Fatalf("RenewLockLease: %v", err)
+		}
+		lctx, cancel := context.WithTimeout(ctx, 2500*time.Millisecond) // past the 1s bound
+		defer cancel()
+		if err := b.Lock(lctx, "renewed"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("B Lock of a renewed lock = %v, want it to wait until its deadline", err)
+		}
+		if err := a.Unlock(ctx, "renewed"); err != nil {
+			t.Errorf("A Unlock: %v", err)
+		}
+	})
+
+	for _, tc := range []struct {
+		name  string
+		leave func(t *testing.T, n *nodetest.Node, dir string)
+	}{
+		{"with its record", func(t *testing.T, n *nodetest.Node, dir string) {
+			dead := newFleetStore(t, n, dir, fastFleet())
+			if err := dead.Lock(ctx, "issue_cert_dead.test"); err != nil {
+				t.Fatal(err)
+			}
+			dead.close() // dies holding it
+		}},
+		{"before writing its record", func(t *testing.T, n *nodetest.Node, _ string) {
+			c := node.NewStorageClient(n.URL(), fleetToken, nil)
+			defer c.CloseIdleConnections()
+			if ok, err := c.TryLock(ctx, "issue_cert_dead.test", []byte("{}")); !ok || err != nil {
+				t.Fatalf("raw TryLock = %v, %v", ok, err)
+			}
+		}},
+	} {
+		t.Run("a lock left by a holder that died "+tc.name+" is taken over after the bound", func(t *testing.T) {
+			n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+			tc.leave(t, n, t.TempDir())
+			s := newFleetStore(t, n, t.TempDir(), fastFleet())
+			lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			if err := s.Lock(lctx, "issue_cert_dead.test"); err != nil {
+				t.Fatalf("Lock of a dead holder's lock: %v", err)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("took over after %v, want about the 1s bound", d)
+			}
+			if err := s.Unlock(ctx, "issue_cert_dead.test"); err != nil {
+				t.Errorf("Unlock: %v", err)
+			}
+		})
+	}
+
+	t.Run("an edge whose lock was taken over does not release the new holder's", func(t *testing.T) {
+		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+		a := newFleetStore(t, n, t.TempDir(), fastFleet())
+		b := newFleetStore(t, n, t.TempDir(), fastFleet())
+		if err := a.Lock(ctx, "slow"); err != nil {
+			t.Fatal(err)
+		}
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := b.Lock(lctx, "slow"); err != nil { // A stalled past its lease
+			t.Fatal(err)
+		}
+		if err := a.RenewLockLease(ctx, "slow", time.Minute); err == nil {
+			t.Error("A RenewLockLease after the takeover = nil, want an error")
+		}
+		if err := a.Unlock(ctx, "slow"); err != nil {
+			t.Errorf("A Unlock = %v", err)
+		}
+		if _, held := n.StorageLock("slow"); !held {
+			t.Error("A's late Unlock released B's lock")
+		}
+		if err := b.Unlock(ctx, "slow"); err != nil {
+			t.Errorf("B Unlock: %v", err)
+		}
+	})
+}
+
+func TestShapeList(t *testing.T) {
+	keys := []string{"d/a/b/c", "d/a/x", "d/f", "dd/z", "d"}
+	for _, tc := range []struct {
+		name      string
+		dir       string
+		recursive bool
+		want      []string
+	}{
+		{"a direct listing cuts keys to the first component", "d", false, []string{"d/a", "d/f"}},
+		{"a recursive listing adds every directory between", "d", true, []string{"d/a", "d/a/b", "d/a/b/c", "d/a/x", "d/f"}},
+		{"the root lists top-level names", "", false, []string{"d", "dd"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := shapeList(tc.dir, keys, tc.recursive); !slices.Equal(got, tc.want) {
+				t.Errorf("shapeList(%q, %v) = %q, want %q", tc.dir, tc.recursive, got, tc.want)
+			}
+		})
+	}
+}
+
+// waitUntilFleet polls cond until it holds or the deadline passes.
+func waitUntilFleet(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+}
