@@ -50,8 +50,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"application"}),
 		self: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scafo_edge_self_answered_total",
-			Help: "Responses the edge answered itself, by reason.",
-		}, []string{"reason"}),
+			Help: "Responses the edge answered itself, by application (\"-\" when no route resolved) and reason.",
+		}, []string{"application", "reason"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "scafo_edge_requests_in_flight",
 			Help: "Requests being served.",
@@ -62,7 +62,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"application"}),
 	}
 	for _, r := range Reasons {
-		m.self.WithLabelValues(string(r))
+		m.self.WithLabelValues(noApplication, string(r))
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.self, m.inFlight, m.failovers)
@@ -80,7 +80,7 @@ func (m *Metrics) Observe(rec *Record) {
 	}
 	m.bytesOut.WithLabelValues(app).Add(float64(rec.BytesOut))
 	if rec.Reason != "" {
-		m.self.WithLabelValues(string(rec.Reason)).Inc()
+		m.self.WithLabelValues(app, string(rec.Reason)).Inc()
 	}
 	if rec.Failovers > 0 {
 		m.failovers.WithLabelValues(app).Inc()

@@ -125,7 +125,11 @@ func (fs *flagSet) printUsage(w io.Writer) {
 		if d.Default != "" {
 			def = fmt.Sprintf(" (default %s)", d.Default)
 		}
-		fmt.Fprintf(w, "  --%s  [%s]%s\n      %s\n", d.Name, d.Env, def, d.Usage)
+		env := ""
+		if d.Env != "" {
+			env = " [" + d.Env + "]"
+		}
+		fmt.Fprintf(w, "  --%s%s%s\n      %s\n", d.Name, env, def, d.Usage)
 	}
 }
 

@@ -141,6 +141,11 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 		listeners = append(listeners, l)
 		return l, nil
 	}
+	handshakeErrors := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "scafo_edge_tls_handshake_errors_total",
+		Help: "TLS handshakes that failed before a request: no certificate for the name, protocol errors, clients giving up.",
+	})
+	reg.MustRegister(handshakeErrors)
 	newServer := func(h http.Handler, tlsConf *tls.Config, name string) *http.Server {
 		srv := &http.Server{
 			Handler: h,
@@ -151,7 +156,7 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 			IdleTimeout:       c.idleTimeout,
 			MaxHeaderBytes:    c.maxHeaderBytes,
 			TLSConfig:         tlsConf,
-			ErrorLog:          newStdLogger(log.With().Str("component", name).Logger()),
+			ErrorLog:          newStdLogger(log.With().Str("component", name).Logger(), handshakeErrors),
 		}
 		servers = append(servers, srv)
 		return srv
@@ -202,7 +207,7 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 	if httpsLn != nil {
 		httpsLn = withProxyProtocol(httpsLn, proxyFrom, c.readHeaderTimout)
 	}
-	admin := &adminServer{live: live, source: source, reg: reg, proxy: proxy, token: token, certs: tlsSetup.certificates}
+	admin := &adminServer{live: live, source: source, reg: reg, proxy: proxy, token: token, certs: tlsSetup.certificates, started: time.Now()}
 	adminSrv := newServer(admin.handler(), nil, "admin")
 
 	ev := log.Info().Str("version", version).Str("source", sourceName).Str("state_dir", c.stateDir).
