@@ -2,12 +2,19 @@ package certs
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
+	"log"
+	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -378,5 +385,213 @@ func waitUntilFleet(t *testing.T, timeout time.Duration, what string, cond func(
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 		<-time.After(10 * time.Millisecond)
+	}
+}
+
+// fleetEdge is one edge of a fleet in this process: its two listeners on
+// loopback, serving through whichever Manager is current, its own bbolt
+// file, and a FleetStorage on the shared test node.
+type fleetEdge struct {
+	httpLn, httpsLn     net.Listener
+	httpPort, httpsPort int
+	dir                 string
+	cur                 atomic.Pointer[Manager]
+	store               *fleetStore
+}
+
+func newFleetEdge(t *testing.T) *fleetEdge {
+	t.Helper()
+	e := &fleetEdge{dir: t.TempDir()}
+	var err error
+	if e.httpLn, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	if e.httpsLn, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	e.httpPort = certstest.PortOf(t, e.httpLn.Addr().String())
+	e.httpsPort = certstest.PortOf(t, e.httpsLn.Addr().String())
+	serveEdge(t, e.httpLn, e.httpsLn, &e.cur)
+	return e
+}
+
+// serveEdge serves HTTP (challenges, redirects) and HTTPS through the
+// current Manager until t ends.
+func serveEdge(t testing.TB, httpLn, httpsLn net.Listener, cur *atomic.Pointer[Manager]) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	quiet := log.New(io.Discard, "", 0)
+	httpSrv := &http.Server{ErrorLog: quiet, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cur.Load().HTTPHandler(ok).ServeHTTP(w, r)
+	})}
+	httpsSrv := &http.Server{ErrorLog: quiet, Handler: ok, TLSConfig: &tls.Config{
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return cur.Load().TLSConfig(), nil },
+	}}
+	done := make(chan struct{}, 2)
+	go func() { httpSrv.Serve(httpLn); done <- struct{}{} }()
+	go func() { httpsSrv.ServeTLS(httpsLn, "", ""); done <- struct{}{} }()
+	t.Cleanup(func() {
+		httpSrv.Close()
+		httpsSrv.Close()
+		<-done
+		<-done
+	})
+}
+
+// start opens the edge's database and fleet store and starts a Manager
+// on them with opts.
+func (e *fleetEdge) start(t *testing.T, n *nodetest.Node, opts Options, fopts FleetOptions) *Manager {
+	t.Helper()
+	e.store = newFleetStore(t, n, e.dir, fopts)
+	opts.DB, opts.Storage = e.store.db, e.store.FleetStorage
+	opts.HTTPPort, opts.HTTPSPort = e.httpPort, e.httpsPort
+	m, err := New(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(m.Stop) // runs before the store's cleanup
+	e.cur.Store(m)
+	return m
+}
+
+// stop shuts the edge down like a process exit: the Manager, the fleet
+// store's retries, the database. The listeners stay for a restart.
+func (e *fleetEdge) stop() {
+	e.cur.Load().Stop()
+	e.store.close()
+}
+
+// handshake connects with SNI name and returns the leaf served, verified
+// against roots.
+func (e *fleetEdge) handshake(name string, roots *x509.CertPool) (*x509.Certificate, error) {
+	d := &net.Dialer{Timeout: 60 * time.Second}
+	conn, err := tls.DialWithDialer(d, "tcp", e.httpsLn.Addr().String(), &tls.Config{
+		ServerName: name, RootCAs: roots, SessionTicketsDisabled: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0], nil
+}
+
+func acmeOptions(pb *certstest.Pebble, names ...string) Options {
+	return Options{
+		Mode:    ModeACME,
+		Allowed: func(name string) bool { return slices.Contains(names, name) },
+		CA:      pb.DirectoryURL,
+		CARoot:  string(pb.RootPEM),
+		Email:   "ops@example.test",
+	}
+}
+
+// TestFleetOneOrderForManyEdges is issue 5's headline: N edges sharing one
+// node, each with its own bbolt file and listeners, asked for the same new
+// name at the same moment, place one ACME order between them and serve
+// the same certificate.
+//
+// The edges are Managers in this process, and certmagic deduplicates
+// on-demand issuance for a name within a process (a package-level map in
+// its handshake code), which would hide the fleet store from a test that
+// only sent handshakes. So each edge is asked through the call a
+// handshake makes, Config.ObtainCertAsync, whose only guard across edges
+// is the storage lock; then each edge serves the name over TLS.
+// TestFleetEdgeProcesses does the same with one process per edge.
+func TestFleetOneOrderForManyEdges(t *testing.T) {
+	for _, tc := range []struct {
+		edges int
+		fleet bool
+		want  int
+	}{
+		{2, true, 1},
+		{5, true, 1},
+		// The control: the same race with each edge on its own bbolt store
+		// places one order per edge, so this test can see duplicates.
+		{2, false, 2},
+	} {
+		name := fmt.Sprintf("%d edges with the fleet store place %d order", tc.edges, tc.want)
+		if !tc.fleet {
+			name = fmt.Sprintf("%d edges with local stores place %d orders", tc.edges, tc.want)
+		}
+		t.Run(name, func(t *testing.T) {
+			n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+			edges := make([]*fleetEdge, tc.edges)
+			for i := range edges {
+				edges[i] = newFleetEdge(t)
+			}
+			// Pebble validates at the first edge; the others' challenges
+			// reach it through the shared store.
+			pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: edges[0].httpPort, TLSPort: edges[0].httpsPort})
+			host := "shop.fleet.test"
+			for _, e := range edges {
+				if tc.fleet {
+					e.start(t, n, acmeOptions(pb, host), FleetOptions{LockPollMax: 200 * time.Millisecond})
+					continue
+				}
+				db := openFleetDB(t, e.dir)
+				t.Cleanup(func() { db.Close() })
+				opts := acmeOptions(pb, host)
+				opts.DB, opts.HTTPPort, opts.HTTPSPort = db, e.httpPort, e.httpsPort
+				m, err := New(context.Background(), opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(m.Stop)
+				e.cur.Store(m)
+			}
+
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			go1 := make(chan struct{})
+			errs := make(chan error, len(edges))
+			for _, e := range edges {
+				go func() {
+					<-go1
+					errs <- e.cur.Load().cfg.ObtainCertAsync(ctx, host)
+				}()
+			}
+			close(go1)
+			for range edges {
+				if err := <-errs; err != nil {
+					t.Errorf("obtain: %v", err)
+				}
+			}
+			roots := pb.IssuerRoots(t)
+			serials := map[string]int{}
+			for i, e := range edges {
+				leaf, err := e.handshake(host, roots)
+				if err != nil {
+					t.Fatalf("edge %d handshake: %v", i, err)
+				}
+				serials[leaf.SerialNumber.Text(16)]++
+			}
+			pb.WaitOrderCount(t, tc.want)
+			orders := pb.OrderCount()
+			t.Logf("ACME orders for %d edges asking for one name at once (fleet store %v): %d", tc.edges, tc.fleet, orders)
+			if !tc.fleet {
+				// Each edge orders for itself (a failed validation retried
+				// may add one more).
+				if orders < tc.want {
+					t.Errorf("Pebble saw %d orders, want at least %d", orders, tc.want)
+				}
+				return
+			}
+			if orders != tc.want {
+				t.Errorf("Pebble saw %d orders, want %d", orders, tc.want)
+			}
+			if len(serials) != 1 {
+				t.Errorf("edges serve %d different certificates (%v), want one", len(serials), serials)
+			}
+			for _, k := range n.StorageKeys() {
+				if strings.Contains(k, "/users/") {
+					t.Errorf("node holds ACME account key %q; accounts stay on each edge", k)
+				}
+			}
+			for i, e := range edges {
+				keys, _ := e.store.local.List(context.Background(), "certificates", true)
+				if !slices.ContainsFunc(keys, func(k string) bool { return strings.HasSuffix(k, "/"+host+".crt") }) {
+					t.Errorf("edge %d has no local copy of the certificate (local keys %q)", i, keys)
+				}
+			}
+		})
 	}
 }
