@@ -68,7 +68,14 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstr
 		return res, fmt.Errorf("%w: empty upstream list", ErrNoUpstream)
 	}
 	upgrade := upgradeProtocol(r.Header)
-	out, body := p.outboundRequest(r, upgrade)
+	// The common request takes the pooled client (h1.go); the rest the
+	// transport, with a request built for it.
+	h1 := !p.h1Off && h1Eligible(r, upgrade)
+	var out *http.Request
+	var body *requestBody
+	if !h1 {
+		out, body = p.outboundRequest(r, upgrade)
+	}
 	now := p.now()
 
 	// Upstreams ejected when the request started get a turn only after
@@ -89,13 +96,21 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstr
 			if tried {
 				// The transport may still touch the request it failed
 				// from its own goroutines: each attempt gets its own.
-				out = retarget(out)
+				if !h1 {
+					out = retarget(out)
+				}
 				res.Failovers++
 				p.metrics.failover(res.Node)
 			}
 			tried = true
 			res.Node, res.Address = u.Node, u.Address
-			connectFailed, err := p.try(w, r, out, body, u, s, upgrade, &res)
+			var connectFailed bool
+			var err error
+			if h1 {
+				connectFailed, err = p.tryH1(w, r, u, s, &res)
+			} else {
+				connectFailed, err = p.try(w, r, out, body, u, s, upgrade, &res)
+			}
 			if !connectFailed {
 				return res, err
 			}

@@ -61,6 +61,7 @@ var (
 	protoHTTPS    = []string{"https"}
 	teTrailers    = []string{"trailers"}
 	connUpgrade   = []string{"Upgrade"}
+	noUserAgent   = []string{""}
 	headerXFF     = "X-Forwarded-For"
 	headerXFProto = "X-Forwarded-Proto"
 	headerXFHost  = "X-Forwarded-Host"
@@ -90,6 +91,11 @@ func (p *Proxy) outboundHeader(r *http.Request, upgrade string, vals *[2]string)
 	// one TE value a proxy that forwards trailers may pass on.
 	if te := in["Te"]; te != nil && hasToken(te, "trailers") {
 		out["Te"] = teTrailers
+	}
+	// A proxy passes the client's User-Agent or none: left absent, the
+	// transport would write its own.
+	if _, ok := in["User-Agent"]; !ok {
+		out["User-Agent"] = noUserAgent
 	}
 	if upgrade != "" {
 		out["Connection"] = connUpgrade

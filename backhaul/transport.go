@@ -78,12 +78,18 @@ type Options struct {
 // zero value is not usable, call New.
 type Proxy struct {
 	transport *http.Transport
+	pool      *connPool // the pooled HTTP/1.1 client's connections (h1.go)
 	trusted   []netip.Prefix
 	now       func() time.Time
 	log       zerolog.Logger
 	health    health
 	metrics   *metrics
 	rhTimeout bool
+	// rhTimeoutDur is Options.ResponseHeaderTimeout, for the pooled client.
+	rhTimeoutDur time.Duration
+	// h1Off sends every request through the transport, so that tests can
+	// hold both paths to the same behaviour.
+	h1Off bool
 }
 
 // Defaults for the zero values of Options.
@@ -120,11 +126,13 @@ func New(opts Options) *Proxy {
 		opts.Now = time.Now
 	}
 	p := &Proxy{
-		transport: newTransport(opts),
-		trusted:   opts.TrustedProxies,
-		now:       opts.Now,
-		log:       opts.Log,
-		rhTimeout: opts.ResponseHeaderTimeout > 0,
+		transport:    newTransport(opts),
+		pool:         newConnPool(opts.DialTimeout, opts.IdleConnTimeout, opts.MaxIdleConnsPerHost),
+		trusted:      opts.TrustedProxies,
+		now:          opts.Now,
+		log:          opts.Log,
+		rhTimeout:    opts.ResponseHeaderTimeout > 0,
+		rhTimeoutDur: opts.ResponseHeaderTimeout,
 	}
 	p.health.init(opts.EjectBase, opts.EjectMax)
 	p.metrics = newMetrics(opts.Registerer, p, opts.Log)
@@ -135,6 +143,7 @@ func New(opts Options) *Proxy {
 // connections are left to finish; the Proxy stays usable.
 func (p *Proxy) Close() {
 	p.transport.CloseIdleConnections()
+	p.pool.closeIdle()
 }
 
 // newTransport builds the one http.Transport every upstream shares; it keeps

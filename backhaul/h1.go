@@ -1,0 +1,850 @@
+package backhaul
+
+// The common request (no body, no upgrade, no trailers, no Expect) takes a
+// small HTTP/1.1 client of the package's own rather than http.Transport:
+// the request is written and the response read on the handler's
+// goroutine, over a pooled keep-alive connection. http.Transport hands
+// every request to a persistConn's writeLoop and takes the response from
+// its readLoop, which costs two goroutine wake-ups, several channel
+// operations, a context and ~60 allocations per request, and keeps a
+// goroutine blocked on every idle connection (issue 8). The request's
+// header is written straight from the client's, without building an
+// outbound map, and the response head is parsed straight into the
+// client's response header.
+//
+// Requests with a body, upgrades, request trailers and Expect stay on
+// http.Transport: a body needs the full-duplex writer (an upstream may
+// answer before reading it all), 100-continue its wait, an upgrade the
+// transport's writable 101 body.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/scafo/scafo-edge/node"
+)
+
+// h1Eligible reports whether r takes the pooled client.
+func h1Eligible(r *http.Request, upgrade string) bool {
+	if upgrade != "" || r.Method == http.MethodConnect || len(r.Trailer) > 0 {
+		return false
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		return false
+	}
+	_, expect := r.Header["Expect"]
+	return !expect
+}
+
+// Failures of the pooled client that are not I/O errors. They match
+// nothing exported: Forward wraps them in ErrUpstreamFailed.
+var (
+	errMalformedResponse = errors.New("malformed HTTP response")
+	errHeaderTooLarge    = errors.New("response header too large")
+	errUnaskedSwitch     = errors.New("101 switching protocols without an upgrade asked for")
+	errInvalidRequest    = errors.New("request cannot be written as HTTP/1.1")
+)
+
+// aLongTimeAgo is a deadline in the past: setting it interrupts a blocked
+// read or write at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// tryH1 is try for a request the pooled client takes: it sends r to u and,
+// when u answers, writes the response to w. It reports whether connecting
+// failed, the one case where the next upstream may be tried.
+func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s *hostState, res *Result) (connectFailed bool, err error) {
+	ctx := r.Context()
+	pc, reused, err := p.pool.get(ctx, u.Address, time.Now())
+	if err != nil {
+		return p.failed(r, nil, u, s, err)
+	}
+	stop := pc.watch(ctx)
+	for {
+		var anyRead bool
+		if err = p.writeRequest(pc.bw, r, u.Address); err == nil {
+			anyRead, err = p.readHead(pc, r.Method == http.MethodHead)
+			if err == nil {
+				break
+			}
+		}
+		pc.nc.Close()
+		stop()
+		// A pooled connection may have been closed by the upstream just
+		// as it was taken (the keep-alive race): nothing of the response
+		// was read, so the upstream never answered on it. The request is
+		// sent again on a new connection when that cannot repeat an
+		// action: a request head that failed to go out never reached a
+		// handler; one that went out may be resent only if idempotent
+		// (the rules http.Transport applies).
+		retry := reused && ctx.Err() == nil && !errors.Is(err, errInvalidRequest) &&
+			(isWriteError(err) || (!anyRead && idempotent(r)))
+		if !retry {
+			return p.failed(r, nil, u, s, err)
+		}
+		if pc, err = p.pool.dial(ctx, u.Address); err != nil {
+			return p.failed(r, nil, u, s, err)
+		}
+		reused = false
+		stop = pc.watch(ctx)
+	}
+	p.connected(u, s)
+	clean, err := p.respondH1(w, r, pc, res)
+	// stop reports false when the client went away and the watch already
+	// interrupted the connection: its deadline is spent.
+	if stop() && clean && pc.head.keepAlive && pc.br.Buffered() == 0 {
+		p.pool.put(pc, time.Now())
+	} else {
+		pc.nc.Close()
+	}
+	return false, err
+}
+
+// watch interrupts pc's reads and writes when ctx ends (the client went
+// away), so that a request waiting on a slow upstream is released and the
+// upstream sees its connection close. The returned stop reports whether it
+// had not fired.
+func (pc *h1Conn) watch(ctx context.Context) (stop func() bool) {
+	if ctx.Done() == nil {
+		return alwaysStopped
+	}
+	return context.AfterFunc(ctx, pc.interrupt)
+}
+
+func alwaysStopped() bool { return true }
+
+// writeError marks a failure to send the request head.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return "write request: " + e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }
+
+func isWriteError(err error) bool {
+	var we *writeError
+	return errors.As(err, &we)
+}
+
+// idempotent reports whether resending r cannot repeat an action: a safe
+// method, or an idempotency key the client chose (as http.Transport
+// decides).
+func idempotent(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, k1 := r.Header["Idempotency-Key"]
+	_, k2 := r.Header["X-Idempotency-Key"]
+	return k1 || k2
+}
+
+// writeRequest writes r's head to bw and flushes it: the original
+// request-URI bytes (DESIGN.md rule 4), the Host, the end-to-end headers and
+// the X-Forwarded-* set, by the rules outboundHeader applies for the
+// transport. Nothing is allocated: values are written where they are.
+func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string) error {
+	target := r.RequestURI
+	if target == "" || (target[0] != '/' && target != "*") {
+		// Absolute form, or a request built in process: its path and
+		// query in escaped form, as an upstream expects origin form.
+		target = r.URL.RequestURI()
+	}
+	host := r.Host
+	if host == "" {
+		host = addr
+	}
+	if !validMethod(r.Method) || !validTarget(target) || !validValue(host) {
+		return errInvalidRequest
+	}
+	bw.WriteString(r.Method)
+	bw.WriteByte(' ')
+	bw.WriteString(target)
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(host)
+	bw.WriteString("\r\n")
+
+	in := r.Header
+	conn := in["Connection"]
+	client, clientOK := clientAddr(r.RemoteAddr)
+	trusted := clientOK && p.isTrusted(client)
+	var priorXFF []string
+	hasProto, hasXFHost := false, false
+	for k, vs := range in {
+		if isHopByHop(k) || k == "Host" || k == "Content-Length" ||
+			(conn != nil && namedByConnection(conn, k)) {
+			continue
+		}
+		if isForwarding(k) {
+			if !trusted {
+				continue
+			}
+			switch k {
+			case headerXFF:
+				priorXFF = vs
+				continue
+			case headerXFProto:
+				hasProto = true
+			case headerXFHost:
+				hasXFHost = true
+			}
+		}
+		if !validToken(k) {
+			return errInvalidRequest
+		}
+		for _, v := range vs {
+			if !validValue(v) {
+				return errInvalidRequest
+			}
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			bw.WriteString(v)
+			bw.WriteString("\r\n")
+		}
+	}
+	// "TE: trailers" is the one TE value a proxy that forwards trailers
+	// may pass on (gRPC clients send it).
+	if te := in["Te"]; te != nil && hasToken(te, "trailers") {
+		bw.WriteString("Te: trailers\r\n")
+	}
+	if clientOK {
+		bw.WriteString("X-Forwarded-For: ")
+		for _, v := range priorXFF {
+			if !validValue(v) {
+				return errInvalidRequest
+			}
+			bw.WriteString(v)
+			bw.WriteString(", ")
+		}
+		bw.Write(client.AppendTo(bw.AvailableBuffer()))
+		bw.WriteString("\r\n")
+	}
+	if !hasProto {
+		if r.TLS != nil {
+			bw.WriteString("X-Forwarded-Proto: https\r\n")
+		} else {
+			bw.WriteString("X-Forwarded-Proto: http\r\n")
+		}
+	}
+	if !hasXFHost && r.Host != "" {
+		bw.WriteString("X-Forwarded-Host: ")
+		bw.WriteString(r.Host)
+		bw.WriteString("\r\n")
+	}
+	// Many servers expect a length on a bodiless POST or DELETE; GET and
+	// HEAD go without (as http.Transport writes them).
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		bw.WriteString("Content-Length: 0\r\n")
+	}
+	bw.WriteString("\r\n")
+	if err := bw.Flush(); err != nil {
+		return &writeError{err}
+	}
+	return nil
+}
+
+// h1Head is the parsed head of the response being read on a connection.
+type h1Head struct {
+	status    int
+	keepAlive bool
+	body      bodyKind
+	length    int64 // for bodyFixed
+
+	// raw holds the canonical keys and the values of the header lines
+	// back to back; fields index it. Once the head is read it is copied
+	// into one string, so the whole header costs one allocation for its
+	// text and one for its value slices.
+	raw      []byte
+	fields   []h1Field
+	conn     []string // the Connection header's values
+	trailers []string // the keys the Trailer header announces
+}
+
+type h1Field struct {
+	kOff, kLen, vOff, vLen int
+	key, value             string
+}
+
+type bodyKind uint8
+
+const (
+	bodyNone    bodyKind = iota
+	bodyFixed            // Content-Length
+	bodyChunked          // Transfer-Encoding: chunked
+	bodyToClose          // neither: the body ends when the upstream closes
+)
+
+// readHead reads a response head on pc into pc.head, skipping 1xx
+// responses (not passed on, as with the transport; their bytes count
+// against the 1 MiB bound on the head, which is what bounds them). anyRead reports whether any byte of a response arrived, which
+// tells a keep-alive race from an upstream failing mid-answer.
+func (p *Proxy) readHead(pc *h1Conn, headRequest bool) (anyRead bool, err error) {
+	if p.rhTimeout {
+		pc.nc.SetReadDeadline(time.Now().Add(p.rhTimeoutDur))
+	}
+	h := &pc.head
+	total := 0
+	for {
+		h.reset()
+		line, err := pc.readLine(&total)
+		if err != nil {
+			return total > 0, fmt.Errorf("read response status: %w", err)
+		}
+		var http10 bool
+		if h.status, http10, err = parseStatusLine(line); err != nil {
+			return true, err
+		}
+		if err := pc.readFields(&total); err != nil {
+			return true, err
+		}
+		if h.status >= 200 {
+			if err := h.finish(http10, headRequest); err != nil {
+				return true, err
+			}
+			break
+		}
+		if h.status == http.StatusSwitchingProtocols {
+			return true, errUnaskedSwitch
+		}
+	}
+	if p.rhTimeout {
+		pc.nc.SetReadDeadline(time.Time{})
+	}
+	return true, nil
+}
+
+func (h *h1Head) reset() {
+	h.status, h.keepAlive, h.body, h.length = 0, false, bodyNone, 0
+	if cap(h.raw) > 64<<10 {
+		h.raw = nil // a huge head once should not stay with the connection
+	}
+	h.raw = h.raw[:0]
+	clear(h.fields)
+	h.fields = h.fields[:0]
+	h.conn, h.trailers = h.conn[:0], h.trailers[:0]
+}
+
+// readLine reads one line of a head without its CRLF, counting its bytes
+// in total against the 1 MiB bound on a response head. The line is valid
+// until the next read.
+func (pc *h1Conn) readLine(total *int) ([]byte, error) {
+	line, err := pc.br.ReadSlice('\n')
+	if err == bufio.ErrBufferFull {
+		// Longer than the read buffer (a large cookie): gather it.
+		long := append([]byte(nil), line...)
+		for err == bufio.ErrBufferFull && *total+len(long) <= maxResponseHeaderBytes {
+			line, err = pc.br.ReadSlice('\n')
+			long = append(long, line...)
+		}
+		line = long
+	}
+	*total += len(line)
+	if *total > maxResponseHeaderBytes {
+		return nil, errHeaderTooLarge
+	}
+	if err != nil {
+		if err == io.EOF && *total > 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	line = line[:len(line)-1]
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	return line, nil
+}
+
+// parseStatusLine parses "HTTP/1.1 200 OK"; the reason phrase is not kept
+// (the client gets the standard one).
+func parseStatusLine(line []byte) (status int, http10 bool, err error) {
+	var rest []byte
+	switch {
+	case bytes.HasPrefix(line, []byte("HTTP/1.1 ")):
+		rest = line[9:]
+	case bytes.HasPrefix(line, []byte("HTTP/1.0 ")):
+		rest, http10 = line[9:], true
+	default:
+		return 0, false, fmt.Errorf("%w: status line %q", errMalformedResponse, truncate(line))
+	}
+	if len(rest) < 3 || (len(rest) > 3 && rest[3] != ' ') {
+		return 0, false, fmt.Errorf("%w: status line %q", errMalformedResponse, truncate(line))
+	}
+	for _, c := range rest[:3] {
+		if c < '0' || c > '9' {
+			return 0, false, fmt.Errorf("%w: status line %q", errMalformedResponse, truncate(line))
+		}
+		status = status*10 + int(c-'0')
+	}
+	if status < 100 {
+		return 0, false, fmt.Errorf("%w: status %d", errMalformedResponse, status)
+	}
+	return status, http10, nil
+}
+
+func truncate(b []byte) []byte {
+	if len(b) > 64 {
+		return b[:64]
+	}
+	return b
+}
+
+// readFields reads header lines up to the empty line into pc.head.raw and
+// pc.head.fields, canonicalising keys as net/textproto does.
+func (pc *h1Conn) readFields(total *int) error {
+	h := &pc.head
+	for {
+		line, err := pc.readLine(total)
+		if err != nil {
+			return fmt.Errorf("read response header: %w", err)
+		}
+		if len(line) == 0 {
+			break
+		}
+		// Obsolete line folding: RFC 7230 §3.2.4 lets a proxy refuse the
+		// message with a 502, which is rarer than any client mishandling
+		// a fold it passed on.
+		if line[0] == ' ' || line[0] == '\t' {
+			return fmt.Errorf("%w: folded header line", errMalformedResponse)
+		}
+		i := bytes.IndexByte(line, ':')
+		if i <= 0 || !validTokenBytes(line[:i]) {
+			return fmt.Errorf("%w: header line %q", errMalformedResponse, truncate(line))
+		}
+		v := bytes.Trim(line[i+1:], " \t")
+		if !validValueBytes(v) {
+			return fmt.Errorf("%w: header line %q", errMalformedResponse, truncate(line))
+		}
+		f := h1Field{kOff: len(h.raw), kLen: i}
+		h.raw = appendCanonical(h.raw, line[:i])
+		f.vOff, f.vLen = len(h.raw), len(v)
+		h.raw = append(h.raw, v...)
+		h.fields = append(h.fields, f)
+	}
+	return nil
+}
+
+// finish turns the fields into strings and decides the body's framing
+// (RFC 7230 §3.3.3) and whether the connection stays open.
+func (h *h1Head) finish(http10, headRequest bool) error {
+	block := string(h.raw)
+	connClose, connKeepAlive := false, false
+	var length, te string
+	nLength := 0
+	for i := range h.fields {
+		f := &h.fields[i]
+		f.key, f.value = block[f.kOff:f.kOff+f.kLen], block[f.vOff:f.vOff+f.vLen]
+		switch f.key {
+		case "Connection":
+			h.conn = append(h.conn, f.value)
+			connClose = connClose || hasToken([]string{f.value}, "close")
+			connKeepAlive = connKeepAlive || hasToken([]string{f.value}, "keep-alive")
+		case "Content-Length":
+			if nLength > 0 && f.value != length {
+				return fmt.Errorf("%w: differing Content-Length values", errMalformedResponse)
+			}
+			length = f.value
+			nLength++
+		case "Transfer-Encoding":
+			if te != "" {
+				return fmt.Errorf("%w: more than one Transfer-Encoding", errMalformedResponse)
+			}
+			te = f.value
+		case "Trailer":
+			for v := f.value; v != ""; {
+				var k string
+				k, v, _ = strings.Cut(v, ",")
+				if k = strings.TrimSpace(k); k != "" {
+					h.trailers = append(h.trailers, http.CanonicalHeaderKey(k))
+				}
+			}
+		}
+	}
+	h.keepAlive = !connClose && (!http10 || connKeepAlive)
+	switch {
+	case headRequest || h.status == http.StatusNoContent || h.status == http.StatusNotModified:
+		h.body = bodyNone
+	case te != "":
+		// Only chunked is understood, as by http.Transport; any other
+		// coding would have to be delimited by the close.
+		if !strings.EqualFold(te, "chunked") {
+			return fmt.Errorf("%w: unsupported Transfer-Encoding %q", errMalformedResponse, te)
+		}
+		h.body = bodyChunked
+	case nLength > 0:
+		n, err := strconv.ParseInt(length, 10, 64)
+		if err != nil || n < 0 || length[0] == '+' {
+			return fmt.Errorf("%w: Content-Length %q", errMalformedResponse, length)
+		}
+		h.body, h.length = bodyFixed, n
+		if n == 0 {
+			h.body = bodyNone
+		}
+	default:
+		h.body, h.keepAlive = bodyToClose, false
+	}
+	return nil
+}
+
+// copyHeader copies the end-to-end fields into dst (w.Header()), sharing
+// one backing array for their value slices.
+func (h *h1Head) copyHeader(dst http.Header) {
+	vals := make([]string, len(h.fields))
+	for i := range h.fields {
+		f := &h.fields[i]
+		if isHopByHop(f.key) || (len(h.conn) > 0 && namedByConnection(h.conn, f.key)) ||
+			(h.body == bodyChunked && f.key == "Content-Length") {
+			continue
+		}
+		vals[i] = f.value
+		if prev, ok := dst[f.key]; ok && h.seenBefore(i, f.key) {
+			dst[f.key] = append(prev, f.value)
+			continue
+		}
+		dst[f.key] = vals[i : i+1 : i+1]
+	}
+}
+
+// seenBefore reports whether a field before i has key: a repeated field
+// (Set-Cookie) is appended to, a header dst had before is replaced.
+func (h *h1Head) seenBefore(i int, key string) bool {
+	for j := 0; j < i; j++ {
+		if h.fields[j].key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// respondH1 writes the response whose head pc.head holds to w, then its
+// body and trailers. clean reports whether the body was read to its end,
+// leaving the connection ready for another request.
+func (p *Proxy) respondH1(w http.ResponseWriter, r *http.Request, pc *h1Conn, res *Result) (clean bool, err error) {
+	head := &pc.head
+	hdr := w.Header()
+	head.copyHeader(hdr)
+	var body io.Reader
+	switch head.body {
+	case bodyFixed:
+		pc.fixed.left = head.length
+		body = &pc.fixed
+	case bodyChunked:
+		pc.chunks.reset()
+		body = &pc.chunks
+		// Trailers the upstream announced are announced to the client
+		// too, so that the body is chunked and they can follow it.
+		for _, k := range head.trailers {
+			hdr.Add("Trailer", k)
+		}
+	case bodyToClose:
+		body = &pc.close
+	}
+	w.WriteHeader(head.status)
+	res.Status = head.status
+	if body == nil {
+		return true, nil
+	}
+	// A body of unknown length may be a stream (server-sent events, long
+	// poll, chunked progress): each piece goes out as it arrives. A body of
+	// known length is left to the server's buffering.
+	var rc *http.ResponseController
+	if head.body != bodyFixed || isEventStream(hdr) {
+		rc = http.NewResponseController(w)
+		if err := rc.Flush(); err != nil {
+			return false, clientGone(err)
+		}
+	}
+	n, rerr, werr := copyBody(w, body, rc)
+	res.BytesOut = n
+	switch {
+	case werr != nil || r.Context().Err() != nil:
+		return false, clientGone(errors.Join(werr, r.Context().Err()))
+	case rerr != nil:
+		// The upstream broke off mid-body; closing the client's
+		// connection is what shows the truncation.
+		abort(w)
+		return false, fmt.Errorf("read response body from %s: %w", res.Address, rerr)
+	}
+	if head.body == bodyChunked {
+		for _, t := range pc.chunks.trailer {
+			hdr[http.TrailerPrefix+t[0]] = append(hdr[http.TrailerPrefix+t[0]], t[1])
+		}
+	}
+	return true, nil
+}
+
+// fixedBody reads a body delimited by Content-Length.
+type fixedBody struct {
+	br   *bufio.Reader
+	left int64
+}
+
+func (b *fixedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.br.Read(p)
+	b.left -= int64(n)
+	if b.left == 0 {
+		return n, io.EOF
+	}
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// closeBody reads a body delimited by the upstream closing the connection.
+type closeBody struct{ br *bufio.Reader }
+
+func (b *closeBody) Read(p []byte) (int, error) { return b.br.Read(p) }
+
+// chunkedBody decodes a chunked body (RFC 7230 §4.1) and keeps its
+// trailers. Each Read returns data of one chunk, so a stream's chunks are
+// passed on as they arrive.
+type chunkedBody struct {
+	br      *bufio.Reader
+	left    uint64 // bytes of the current chunk not yet read
+	inChunk bool   // a chunk's data was begun: its CRLF is due after it
+	err     error  // sticky: io.EOF once the last chunk and trailers are read
+	trailer [][2]string
+}
+
+// Bounds on the framing of a chunked body, so an upstream cannot make the
+// edge buffer without end.
+const maxChunkLine = 4 << 10
+
+func (c *chunkedBody) reset() {
+	c.left, c.inChunk, c.err = 0, false, nil
+	c.trailer = c.trailer[:0]
+}
+
+func (c *chunkedBody) Read(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	if c.left == 0 {
+		if c.inChunk {
+			if c.err = c.readCRLF(); c.err != nil {
+				return 0, c.err
+			}
+			c.inChunk = false
+		}
+		size, err := c.readSize()
+		if err != nil {
+			c.err = err
+			return 0, err
+		}
+		if size == 0 {
+			if c.err = c.readTrailer(); c.err == nil {
+				c.err = io.EOF
+			}
+			return 0, c.err
+		}
+		c.left, c.inChunk = size, true
+	}
+	if uint64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.br.Read(p)
+	c.left -= uint64(n)
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		c.err = err
+	}
+	return n, err
+}
+
+func (c *chunkedBody) readCRLF() error {
+	b, err := c.br.Peek(2)
+	if err != nil {
+		return unexpected(err)
+	}
+	if b[0] != '\r' || b[1] != '\n' {
+		return fmt.Errorf("%w: chunk not followed by CRLF", errMalformedResponse)
+	}
+	c.br.Discard(2)
+	return nil
+}
+
+func (c *chunkedBody) line() ([]byte, error) {
+	line, err := c.br.ReadSlice('\n')
+	if err == bufio.ErrBufferFull || len(line) > maxChunkLine {
+		return nil, fmt.Errorf("%w: chunk line too long", errMalformedResponse)
+	}
+	if err != nil {
+		return nil, unexpected(err)
+	}
+	line = line[:len(line)-1]
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	return line, nil
+}
+
+func (c *chunkedBody) readSize() (uint64, error) {
+	line, err := c.line()
+	if err != nil {
+		return 0, err
+	}
+	if i := bytes.IndexByte(line, ';'); i >= 0 {
+		line = line[:i] // chunk extensions are not passed on
+	}
+	line = bytes.TrimRight(line, " \t")
+	if len(line) == 0 || len(line) > 16 {
+		return 0, fmt.Errorf("%w: chunk size %q", errMalformedResponse, truncate(line))
+	}
+	var n uint64
+	for _, b := range line {
+		switch {
+		case '0' <= b && b <= '9':
+			b -= '0'
+		case 'a' <= b && b <= 'f':
+			b -= 'a' - 10
+		case 'A' <= b && b <= 'F':
+			b -= 'A' - 10
+		default:
+			return 0, fmt.Errorf("%w: chunk size %q", errMalformedResponse, truncate(line))
+		}
+		n = n<<4 | uint64(b)
+	}
+	return n, nil
+}
+
+// readTrailer reads the trailer section after the last chunk.
+func (c *chunkedBody) readTrailer() error {
+	total := 0
+	for {
+		line, err := c.line()
+		if err != nil {
+			return err
+		}
+		if len(line) == 0 {
+			return nil
+		}
+		if total += len(line); total > maxResponseHeaderBytes {
+			return errHeaderTooLarge
+		}
+		i := bytes.IndexByte(line, ':')
+		if i <= 0 || !validTokenBytes(line[:i]) {
+			return fmt.Errorf("%w: trailer line %q", errMalformedResponse, truncate(line))
+		}
+		v := bytes.Trim(line[i+1:], " \t")
+		if !validValueBytes(v) {
+			return fmt.Errorf("%w: trailer line %q", errMalformedResponse, truncate(line))
+		}
+		k := string(appendCanonical(nil, line[:i]))
+		c.trailer = append(c.trailer, [2]string{k, string(v)})
+	}
+}
+
+func unexpected(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// interrupt ends any read or write in progress on the connection.
+func (pc *h1Conn) interrupt() { pc.nc.SetDeadline(aLongTimeAgo) }
+
+// appendCanonical appends key in canonical form ("content-type" →
+// "Content-Type"), as net/textproto does for a valid token.
+func appendCanonical(dst, key []byte) []byte {
+	upper := true
+	for _, c := range key {
+		switch {
+		case upper && 'a' <= c && c <= 'z':
+			c -= 'a' - 'A'
+		case !upper && 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		dst = append(dst, c)
+		upper = c == '-'
+	}
+	return dst
+}
+
+// tokenChars marks the bytes of an RFC 7230 token.
+var tokenChars = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
+
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !tokenChars[s[i]] {
+			return false
+		}
+	}
+	return true
+}
+
+func validTokenBytes(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if !tokenChars[c] {
+			return false
+		}
+	}
+	return true
+}
+
+func validMethod(m string) bool { return validToken(m) }
+
+// validValue reports whether a header value has no control byte other than
+// tab: a CR or LF would end the line and smuggle a header in.
+func validValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func validValueBytes(b []byte) bool {
+	for _, c := range b {
+		if (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// validTarget reports whether a request target can go on the request line:
+// no space or control byte.
+func validTarget(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}

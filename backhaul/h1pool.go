@@ -1,0 +1,197 @@
+package backhaul
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"sync"
+	"time"
+)
+
+// h1Conn is one keep-alive connection to an upstream, used by one request at
+// a time. Everything a request needs to talk over it (buffers, the parsed
+// response head, the body reader) lives here and is reused, so a request
+// on a pooled connection allocates almost nothing of its own.
+type h1Conn struct {
+	nc     net.Conn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	addr   string
+	idleAt time.Time // when it was last put back; zero for a new connection
+
+	head   h1Head
+	fixed  fixedBody
+	chunks chunkedBody
+	close  closeBody
+}
+
+// Buffer sizes: a response head and a small body arrive in one read; a
+// request head almost always fits the writer, so it leaves in one write.
+const (
+	h1ReadBufSize  = 16 << 10
+	h1WriteBufSize = 4 << 10
+)
+
+func newH1Conn(nc net.Conn, addr string) *h1Conn {
+	pc := &h1Conn{nc: nc, addr: addr, br: bufio.NewReaderSize(nc, h1ReadBufSize), bw: bufio.NewWriterSize(nc, h1WriteBufSize)}
+	pc.fixed.br, pc.chunks.br, pc.close.br = pc.br, pc.br, pc.br
+	return pc
+}
+
+// connPool keeps idle keep-alive connections per upstream address, most
+// recently used first, so that under light load the same few connections
+// stay warm and the rest age out.
+type connPool struct {
+	dialer      net.Dialer
+	maxIdle     int
+	idleTimeout time.Duration
+	peekAfter   time.Duration // peekAfterIdle; tests move it
+
+	mu    sync.Mutex
+	hosts map[string]*idleConns
+}
+
+// idleConns is one address's idle connections, oldest first. Its timer
+// closes the ones idle longer than the pool's idleTimeout; it is armed only
+// while the list is not empty.
+type idleConns struct {
+	conns []*h1Conn
+	timer *time.Timer
+}
+
+// peekAfterIdle is how long a connection may sit idle before it is checked
+// for a close from the upstream before reuse. Nothing reads an idle
+// connection (that is what saves a goroutine per connection), so an
+// upstream's idle timeout is only seen here; under load connections are
+// idle for microseconds and the check is skipped.
+const peekAfterIdle = 100 * time.Millisecond
+
+func newConnPool(dialTimeout, idleTimeout time.Duration, maxIdle int) *connPool {
+	return &connPool{
+		dialer:      net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
+		maxIdle:     maxIdle,
+		idleTimeout: idleTimeout,
+		peekAfter:   peekAfterIdle,
+		hosts:       map[string]*idleConns{},
+	}
+}
+
+// get returns an idle connection to addr, reporting reused, or dials one.
+// A dial failure is a *connectError.
+func (cp *connPool) get(ctx context.Context, addr string, now time.Time) (pc *h1Conn, reused bool, err error) {
+	for {
+		pc = cp.pop(addr)
+		if pc == nil {
+			break
+		}
+		if now.Sub(pc.idleAt) < cp.peekAfter || connAlive(pc.nc) {
+			return pc, true, nil
+		}
+		pc.nc.Close()
+	}
+	pc, err = cp.dial(ctx, addr)
+	return pc, false, err
+}
+
+func (cp *connPool) dial(ctx context.Context, addr string) (*h1Conn, error) {
+	nc, err := cp.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, &connectError{addr: addr, err: err}
+	}
+	return newH1Conn(nc, addr), nil
+}
+
+func (cp *connPool) pop(addr string) *h1Conn {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	l := cp.hosts[addr]
+	if l == nil || len(l.conns) == 0 {
+		return nil
+	}
+	last := len(l.conns) - 1
+	pc := l.conns[last]
+	l.conns[last] = nil
+	l.conns = l.conns[:last]
+	return pc
+}
+
+// put returns pc to the pool, or closes it when the pool is full.
+func (cp *connPool) put(pc *h1Conn, now time.Time) {
+	pc.idleAt = now
+	cp.mu.Lock()
+	l := cp.hosts[pc.addr]
+	if l == nil {
+		l = &idleConns{}
+		cp.hosts[pc.addr] = l
+	}
+	if len(l.conns) >= cp.maxIdle {
+		cp.mu.Unlock()
+		pc.nc.Close()
+		return
+	}
+	l.conns = append(l.conns, pc)
+	if l.timer == nil {
+		addr := pc.addr
+		l.timer = time.AfterFunc(cp.idleTimeout, func() { cp.sweep(addr) })
+	}
+	cp.mu.Unlock()
+}
+
+// sweep closes addr's connections idle longer than idleTimeout and re-arms
+// the timer for the oldest that remains; an address left with none is
+// forgotten, so addresses that come and go with deploys do not accumulate.
+func (cp *connPool) sweep(addr string) {
+	now := time.Now()
+	var expired []*h1Conn
+	cp.mu.Lock()
+	l := cp.hosts[addr]
+	if l == nil {
+		cp.mu.Unlock()
+		return
+	}
+	n := 0
+	for n < len(l.conns) && now.Sub(l.conns[n].idleAt) >= cp.idleTimeout {
+		n++
+	}
+	expired = append(expired, l.conns[:n]...)
+	l.conns = append(l.conns[:0], l.conns[n:]...)
+	clear(l.conns[len(l.conns):cap(l.conns)])
+	if len(l.conns) == 0 {
+		l.timer = nil
+		delete(cp.hosts, addr)
+	} else {
+		l.timer.Reset(cp.idleTimeout - now.Sub(l.conns[0].idleAt))
+	}
+	cp.mu.Unlock()
+	for _, pc := range expired {
+		pc.nc.Close()
+	}
+}
+
+// closeIdle closes every idle connection. The pool stays usable.
+func (cp *connPool) closeIdle() {
+	cp.mu.Lock()
+	hosts := cp.hosts
+	cp.hosts = map[string]*idleConns{}
+	for _, l := range hosts {
+		if l.timer != nil {
+			l.timer.Stop()
+		}
+	}
+	cp.mu.Unlock()
+	for _, l := range hosts {
+		for _, pc := range l.conns {
+			pc.nc.Close()
+		}
+	}
+}
+
+// idleCount returns the number of idle connections to addr.
+func (cp *connPool) idleCount(addr string) int {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if l := cp.hosts[addr]; l != nil {
+		return len(l.conns)
+	}
+	return 0
+}
