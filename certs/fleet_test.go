@@ -595,3 +595,89 @@ func TestFleetOneOrderForManyEdges(t *testing.T) {
 		})
 	}
 }
+
+func TestFleetNodeOutage(t *testing.T) {
+	n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+	a, b := newFleetEdge(t), newFleetEdge(t)
+	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: a.httpPort, TLSPort: a.httpsPort})
+	opts := acmeOptions(pb, "shop.fleet.test", "late.fleet.test")
+	fopts := fastFleet()
+	a.start(t, n, opts, fopts)
+	b.start(t, n, opts, fopts)
+	roots := pb.IssuerRoots(t)
+
+	serve := func(t *testing.T, e *fleetEdge, name string) string {
+		t.Helper()
+		leaf, err := e.handshake(name, roots)
+		if err != nil {
+			t.Fatalf("handshake for %s: %v", name, err)
+		}
+		return leaf.SerialNumber.Text(16)
+	}
+
+	issued := serve(t, a, "shop.fleet.test")
+	if got := serve(t, b, "shop.fleet.test"); got != issued {
+		t.Fatalf("B serves serial %s, A %s: want the one certificate from the fleet store", got, issued)
+	}
+	pb.WaitOrderCount(t, 1)
+
+	n.Stop()
+	t.Run("with the node gone both edges keep serving", func(t *testing.T) {
+		for i, e := range []*fleetEdge{a, b} {
+			if got := serve(t, e, "shop.fleet.test"); got != issued {
+				t.Errorf("edge %d serves %s, want %s", i, got, issued)
+			}
+		}
+	})
+
+	t.Run("an edge restarted while the node is gone serves its local copy", func(t *testing.T) {
+		b.stop()
+		b.start(t, n, opts, fopts)
+		if got := serve(t, b, "shop.fleet.test"); got != issued {
+			t.Errorf("restarted B serves %s, want %s", got, issued)
+		}
+	})
+
+	t.Run("a certificate issued while the node is gone reaches it when it returns", func(t *testing.T) {
+		late := serve(t, a, "late.fleet.test")
+		if a.store.Pending() == 0 {
+			t.Fatal("A queued nothing while the node was down")
+		}
+		if err := n.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		waitUntilFleet(t, 10*time.Second, "A's queued writes to land", func() bool { return a.store.Pending() == 0 })
+		if !slices.ContainsFunc(n.StorageKeys(), func(k string) bool { return strings.HasSuffix(k, "/late.fleet.test.crt") }) {
+			t.Fatalf("node keys %q lack late.fleet.test's certificate", n.StorageKeys())
+		}
+		orders := pb.OrderCount()
+		if got := serve(t, b, "late.fleet.test"); got != late {
+			t.Errorf("B serves %s for late.fleet.test, want A's %s", got, late)
+		}
+		if got := pb.OrderCount(); got != orders {
+			t.Errorf("B placed an order (%d -> %d) for a certificate the fleet store holds", orders, got)
+		}
+	})
+}
+
+func TestFleetDeadLockHolderDoesNotBlockIssuance(t *testing.T) {
+	n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+	e := newFleetEdge(t)
+	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: e.httpPort, TLSPort: e.httpsPort})
+	// An edge took the issuance lock for the name and died before it
+	// wrote its record or released the lock.
+	c := node.NewStorageClient(n.URL(), fleetToken, nil)
+	defer c.CloseIdleConnections()
+	if ok, err := c.TryLock(context.Background(), "issue_cert_orphan.fleet.test", []byte("{}")); !ok || err != nil {
+		t.Fatalf("leave a lock: %v, %v", ok, err)
+	}
+	e.start(t, n, acmeOptions(pb, "orphan.fleet.test"), fastFleet())
+	start := time.Now()
+	if _, err := e.handshake("orphan.fleet.test", pb.IssuerRoots(t)); err != nil {
+		t.Fatalf("handshake with the lock left behind: %v", err)
+	}
+	t.Logf("issued %v after the request, past a dead holder's lock (bound 1s)", time.Since(start).Round(time.Millisecond))
+	if got := pb.OrderCount(); got != 1 {
+		t.Errorf("orders = %d, want 1", got)
+	}
+}
