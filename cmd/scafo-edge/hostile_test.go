@@ -1,0 +1,751 @@
+package main
+
+// Hostile input (issue 9, "Hostile input"): slowloris and slow readers,
+// malformed and smuggling-shaped requests, and a flood of TLS handshakes
+// for names nobody serves, each against the real binary on loopback. Like
+// reliability_test.go, each test logs its figures in a "figures:" line.
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/scafo/scafo-edge/node"
+)
+
+// streamer is an upstream that answers with an endless body (capped at
+// 256 MiB), for slow readers to not read.
+func streamer(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		chunk := make([]byte, 32<<10)
+		for range 8192 {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestSlowlorisAndSlowReaders opens 300 connections that send their
+// headers a byte at a time and 20 that ask for a large response and never
+// read it, while a normal client keeps requesting: the normal client's
+// requests all succeed with bounded latency, and the read-header timeout
+// closes every slowloris connection.
+func TestSlowlorisAndSlowReaders(t *testing.T) {
+	a, big := app(t, "A"), streamer(t)
+	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
+		{Host: "a.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(a)}}},
+		{Host: "big.example", Application: "big", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(big)}}},
+	}})
+	const headerTimeout = time.Second
+	e := startEdge(t, "--routes-file", routes, "--tls", "off", "--read-header-timeout", headerTimeout.String())
+	waitEdgeReady(t, e)
+
+	const slowReaders = 20
+	for range slowReaders {
+		c, err := net.Dial("tcp", e.HTTPAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		io.WriteString(c, "GET /big HTTP/1.1\r\nHost: big.example\r\n\r\n")
+	}
+
+	const slowConns = 300
+	type slowConn struct {
+		c        net.Conn
+		openedAt time.Time
+		closedAt atomic.Int64 // unix nanos, 0 while open
+		answered atomic.Bool  // the server wrote something before closing
+	}
+	conns := make([]*slowConn, 0, slowConns)
+	var readers sync.WaitGroup
+	for range slowConns {
+		// Taken before dialling: the edge's timer starts after the
+		// connect, so the measured time to the close is never shorter
+		// than the timeout, however the scheduler delays this goroutine.
+		openedAt := time.Now()
+		c, err := net.Dial("tcp", e.HTTPAddr)
+		if err != nil {
+			t.Fatalf("slowloris connection %d: %v", len(conns), err)
+		}
+		sc := &slowConn{c: c, openedAt: openedAt}
+		conns = append(conns, sc)
+		t.Cleanup(func() { c.Close() })
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a.example\r\nX-Slow: ")
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			buf := make([]byte, 512)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					sc.answered.Store(true)
+				}
+				if err != nil {
+					sc.closedAt.Store(time.Now().UnixNano())
+					return
+				}
+			}
+		}()
+	}
+	open := func() int {
+		n := 0
+		for _, sc := range conns {
+			if sc.closedAt.Load() == 0 {
+				n++
+			}
+		}
+		return n
+	}
+
+	// One byte every 100ms to every slowloris connection still open.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	trickled := make(chan struct{})
+	go func() {
+		defer close(trickled)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			for _, sc := range conns {
+				if sc.closedAt.Load() == 0 {
+					sc.c.SetWriteDeadline(time.Now().Add(time.Second))
+					sc.c.Write([]byte{'a'})
+				}
+			}
+		}
+	}()
+
+	// The normal client, on its own connections, until every slowloris
+	// connection is gone.
+	client := faultClient(t, 1)
+	var latencies []time.Duration
+	var failures []string
+	deadline := time.Now().Add(45 * time.Second)
+	for open() > 0 || len(latencies) < 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d slowloris connections still open after 45s", open(), slowConns)
+		}
+		start := time.Now()
+		if err := expectAnswer(client, e.HTTPAddr, "a.example", "/ok", "A /ok"); err != nil {
+			failures = append(failures, err.Error())
+		}
+		latencies = append(latencies, time.Since(start))
+	}
+	cancel()
+	<-trickled
+	for _, sc := range conns {
+		sc.c.Close()
+	}
+	readers.Wait()
+
+	var earliest, latest time.Duration
+	answered := 0
+	for i, sc := range conns {
+		d := time.Duration(sc.closedAt.Load() - sc.openedAt.UnixNano())
+		if i == 0 || d < earliest {
+			earliest = d
+		}
+		latest = max(latest, d)
+		if sc.answered.Load() {
+			answered++
+		}
+	}
+	slices.Sort(latencies)
+	p50, worst := latencies[len(latencies)/2], latencies[len(latencies)-1]
+	t.Logf("figures: slowloris: %d connections trickling headers, all closed by the %v read-header timeout between %v and %v after opening (%d got a response first); %d slow readers holding large responses; normal client sent %d, failed %d, latency p50 %v max %v",
+		slowConns, headerTimeout, earliest.Round(time.Millisecond), latest.Round(time.Millisecond), answered, slowReaders,
+		len(latencies), len(failures), p50.Round(time.Microsecond), worst.Round(time.Millisecond))
+	if len(failures) > 0 {
+		t.Errorf("the normal client's requests failed during the attack: %q", failures[:min(5, len(failures))])
+	}
+	// Generous for a loaded CI machine under -race; unattacked it is a
+	// millisecond or two.
+	if worst > 5*time.Second {
+		t.Errorf("the normal client's slowest request took %v during the attack", worst)
+	}
+	if earliest < headerTimeout {
+		t.Errorf("a slowloris connection closed after %v, before the %v timeout: closed by something else", earliest, headerTimeout)
+	}
+}
+
+// TestSlowReadersAreClosedByASendTimeout: a client that asks for a large
+// response and never reads it holds a client connection, an upstream
+// connection and a handler forever today: the edge has no write timeout
+// (serve.go sets none, on purpose, so streams can run long) and backhaul's
+// copy blocks in Write. The fix proposed in the report is a send timeout —
+// a deadline on each write's progress, not on the whole response — exposed
+// as --send-timeout.
+func TestSlowReadersAreClosedByASendTimeout(t *testing.T) {
+	t.Skip("bug: a client that never reads a large response is never disconnected (no send timeout); see report")
+	big := streamer(t)
+	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
+		{Host: "big.example", Application: "big", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(big)}}},
+	}})
+	e := startEdge(t, "--routes-file", routes, "--tls", "off", "--send-timeout", "1s")
+	waitEdgeReady(t, e)
+	const slowReaders = 5
+	var conns []net.Conn
+	for range slowReaders {
+		c, err := net.Dial("tcp", e.HTTPAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		io.WriteString(c, "GET /big HTTP/1.1\r\nHost: big.example\r\n\r\n")
+		conns = append(conns, c)
+	}
+	waitFor(t, 20*time.Second, "slow readers in flight", func() error {
+		if n := metricValue(t, e, "scafo_edge_requests_in_flight"); n != slowReaders {
+			return fmt.Errorf("%v in flight", n)
+		}
+		return nil
+	})
+	waitFor(t, 30*time.Second, "slow readers dropped by the send timeout", func() error {
+		if n := metricValue(t, e, "scafo_edge_requests_in_flight"); n != 0 {
+			return fmt.Errorf("%v still in flight", n)
+		}
+		return nil
+	})
+	for i, c := range conns {
+		c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		n, err := io.Copy(io.Discard, c)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Errorf("slow reader %d: still open after draining %d bytes", i, n)
+		}
+	}
+}
+
+// recordingUpstream is a raw TCP upstream that keeps every request head it
+// receives, byte for byte, parses the framing itself, and answers 200 with
+// its name and the request line. It shows exactly what the edge forwarded.
+type recordingUpstream struct {
+	name, addr string
+	mu         sync.Mutex
+	heads      []string
+	bodies     []string
+}
+
+func newRecordingUpstream(t *testing.T, name string) *recordingUpstream {
+	u := &recordingUpstream{name: name}
+	u.addr = scriptedUpstream(t, func(c net.Conn, r *bufio.Reader) {
+		for {
+			head, err := readHead(r)
+			if err != nil {
+				return
+			}
+			var body []byte
+			te, cls := headerValues(head, "Transfer-Encoding"), headerValues(head, "Content-Length")
+			switch {
+			case len(te) > 0:
+				body, err = io.ReadAll(httputil.NewChunkedReader(r))
+				if err == nil {
+					_, err = readHead(r) // the trailer section and its blank line
+				}
+			case len(cls) > 0:
+				n, perr := strconv.Atoi(strings.TrimSpace(cls[0]))
+				if perr != nil {
+					err = perr
+					break
+				}
+				body = make([]byte, n)
+				_, err = io.ReadFull(r, body)
+			}
+			u.mu.Lock()
+			u.heads = append(u.heads, head)
+			u.bodies = append(u.bodies, string(body))
+			u.mu.Unlock()
+			if err != nil {
+				return
+			}
+			line, _, _ := strings.Cut(head, "\r\n")
+			msg := u.name + " " + line
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(msg), msg)
+		}
+	})
+	return u
+}
+
+func (u *recordingUpstream) count() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.heads)
+}
+
+func (u *recordingUpstream) last() (head, body string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.heads[len(u.heads)-1], u.bodies[len(u.bodies)-1]
+}
+
+// readHead reads a request head up to and including its blank line,
+// accepting bare LF line ends so that one would be seen rather than hang.
+func readHead(r *bufio.Reader) (string, error) {
+	var b strings.Builder
+	for {
+		line, err := r.ReadString('\n')
+		b.WriteString(line)
+		if err != nil {
+			return b.String(), err
+		}
+		if line == "\r\n" || line == "\n" {
+			return b.String(), nil
+		}
+	}
+}
+
+// headerValues returns the values of every field named name in a raw head,
+// compared case-insensitively.
+func headerValues(head, name string) []string {
+	var out []string
+	for _, line := range strings.Split(head, "\n")[1:] {
+		k, v, ok := strings.Cut(strings.TrimRight(line, "\r"), ":")
+		if ok && strings.EqualFold(k, name) {
+			out = append(out, strings.TrimSpace(v))
+		}
+	}
+	return out
+}
+
+// ambiguity lists what would let two HTTP parsers disagree about a
+// forwarded request head: its framing, its Host, its line ends.
+func ambiguity(head string) []string {
+	var out []string
+	te, cls := headerValues(head, "Transfer-Encoding"), headerValues(head, "Content-Length")
+	if len(te) > 0 && len(cls) > 0 {
+		out = append(out, "Content-Length with Transfer-Encoding")
+	}
+	if len(cls) > 1 {
+		out = append(out, "more than one Content-Length")
+	}
+	if len(te) > 1 || (len(te) == 1 && te[0] != "chunked") {
+		out = append(out, fmt.Sprintf("Transfer-Encoding %q", te))
+	}
+	if h := headerValues(head, "Host"); len(h) != 1 {
+		out = append(out, fmt.Sprintf("%d Host fields", len(h)))
+	}
+	lines := strings.Split(strings.TrimSuffix(head, "\r\n\r\n"), "\r\n")
+	for _, l := range lines {
+		switch {
+		case strings.ContainsAny(l, "\r\n\x00"):
+			out = append(out, fmt.Sprintf("bare CR, LF or NUL in %q", l))
+		case l != "" && (l[0] == ' ' || l[0] == '\t'):
+			out = append(out, fmt.Sprintf("obs-fold line %q", l))
+		}
+	}
+	if method, _, _ := strings.Cut(lines[0], " "); !slices.Contains([]string{"GET", "POST", "PUT", "HEAD", "OPTIONS", "DELETE", "PATCH"}, method) {
+		out = append(out, fmt.Sprintf("method %q", method))
+	}
+	return out
+}
+
+// rawExchange writes req on a new connection to addr (over TLS as sni when
+// sni is set) and reads one response; status 0 means the connection closed
+// without one.
+func rawExchange(t *testing.T, addr, sni, req string) (status int, body string) {
+	t.Helper()
+	var c net.Conn
+	var err error
+	if sni != "" {
+		c, err = tls.DialWithDialer(&net.Dialer{Timeout: 30 * time.Second}, "tcp", addr, &tls.Config{ServerName: sni, InsecureSkipVerify: true})
+	} else {
+		c, err = net.Dial("tcp", addr)
+	}
+	if err != nil {
+		t.Fatalf("connect %s: %v", addr, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	io.WriteString(c, req)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0, err.Error()
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(b)
+}
+
+// TestHostileRequestsGetAClearAnswer sends malformed, oversized and
+// smuggling-shaped requests as raw bytes: each gets the right status, and
+// whatever reaches an upstream (a raw TCP recorder) is unambiguous — one
+// framing, one Host, no folded or bare-CR lines, no smuggled second request.
+func TestHostileRequestsGetAClearAnswer(t *testing.T) {
+	recA, recB := newRecordingUpstream(t, "A"), newRecordingUpstream(t, "B")
+	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
+		{Host: "a.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: recA.addr}}},
+		{Host: "b.example", Application: "b", Upstreams: []node.Upstream{{Node: "n", Address: recB.addr}}},
+	}})
+	// The plain listener's cases run against an edge without TLS: with TLS
+	// on, the HTTPS redirect answers first (see the test below this one).
+	plain := startEdge(t, "--routes-file", routes, "--tls", "off")
+	secure := startEdge(t, "--routes-file", routes, "--tls", "internal")
+	waitEdgeReady(t, plain)
+	waitEdgeReady(t, secure)
+
+	big := strings.Repeat("x", 70<<10)
+	cases := []struct {
+		name   string
+		tls    bool // over the HTTPS listener, SNI a.example
+		req    string
+		status []int  // any of these
+		to     string // "A", "B" or none: who may see it
+		check  func(head, body string) error
+	}{
+		{name: "Content-Length with Transfer-Encoding is read as chunked alone and forwarded with one framing",
+			req:    "POST /clte HTTP/1.1\r\nHost: a.example\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nG",
+			status: []int{200, 400}, to: "A",
+			check: func(head, body string) error {
+				if body != "" {
+					return fmt.Errorf("upstream body %q, want the empty chunked body", body)
+				}
+				return nil
+			}},
+		{name: "Transfer-Encoding with Content-Length (TE.CL) is chunked alone",
+			req:    "POST /tecl HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n8\r\nSMUGGLED\r\n0\r\n\r\n",
+			status: []int{200, 400}, to: "A",
+			check: func(head, body string) error {
+				if body != "SMUGGLED" {
+					return fmt.Errorf("upstream body %q, want SMUGGLED read as one chunk", body)
+				}
+				return nil
+			}},
+		{name: "two different Content-Lengths are 400", req: "POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!", status: []int{400}},
+		{name: "a Content-Length list is 400", req: "POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5, 5\r\n\r\nhello", status: []int{400}},
+		{name: "two equal Content-Lengths are forwarded as one",
+			req: "POST /dupcl HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello", status: []int{200, 400}, to: "A",
+			check: func(head, body string) error {
+				if body != "hello" {
+					return fmt.Errorf("upstream body %q", body)
+				}
+				return nil
+			}},
+		{name: "a negative Content-Length is 400", req: "POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: -1\r\n\r\n", status: []int{400}},
+		{name: "a signed Content-Length is 400", req: "POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: +5\r\n\r\nhello", status: []int{400}},
+		{name: "an unknown transfer coding is 501", req: "POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: xchunked\r\n\r\n0\r\n\r\n", status: []int{501, 400}},
+		{name: "a transfer-coding list is 501", req: "POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n", status: []int{501, 400}},
+		{name: "two Transfer-Encoding fields are 501", req: "POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", status: []int{501, 400}},
+		{name: "whitespace before the colon is 400", req: "POST / HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n", status: []int{400}},
+		{name: "an obs-folded field is unfolded before it is forwarded",
+			req: "GET /fold HTTP/1.1\r\nHost: a.example\r\nX-Folded: one\r\n two\r\n\r\n", status: []int{200, 400}, to: "A",
+			check: func(head, body string) error {
+				if v := headerValues(head, "X-Folded"); len(v) != 1 || v[0] != "one two" {
+					return fmt.Errorf("X-Folded forwarded as %q", v)
+				}
+				return nil
+			}},
+		{name: "an obs-folded Transfer-Encoding is unfolded to one framing",
+			req: "POST /foldte HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding:\r\n chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", status: []int{200, 400}, to: "A",
+			check: func(head, body string) error {
+				if body != "abc" {
+					return fmt.Errorf("upstream body %q", body)
+				}
+				return nil
+			}},
+		{name: "bare LF line ends are rewritten as CRLF", req: "GET /lf HTTP/1.1\nHost: a.example\n\n", status: []int{200, 400}, to: "A"},
+		{name: "a bare CR in a field value is 400", req: "GET / HTTP/1.1\r\nHost: a.example\r\nX: a\rb\r\n\r\n", status: []int{400}},
+		{name: "a NUL in the request target is 400", req: "GET /a\x00b HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{400}},
+		{name: "a header block over the limit is 431", req: "GET / HTTP/1.1\r\nHost: a.example\r\nX-Big: " + big + "\r\n\r\n", status: []int{431}},
+		{name: "a flood of 12,000 fields is 431", req: "GET / HTTP/1.1\r\nHost: a.example\r\n" + strings.Repeat("X-A: b\r\n", 12000) + "\r\n", status: []int{431}},
+		{name: "3,000 small fields within the limit are forwarded whole",
+			req: "GET /many HTTP/1.1\r\nHost: a.example\r\n" + strings.Repeat("X-A: b\r\n", 3000) + "\r\n", status: []int{200}, to: "A",
+			check: func(head, body string) error {
+				if n := len(headerValues(head, "X-A")); n != 3000 {
+					return fmt.Errorf("%d X-A fields forwarded", n)
+				}
+				return nil
+			}},
+		{name: "a Host with a space is 400", req: "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", status: []int{400}},
+		{name: "a Host with a slash is 400", req: "GET / HTTP/1.1\r\nHost: a.example/b\r\n\r\n", status: []int{400}},
+		{name: "a Host with userinfo is 400", req: "GET / HTTP/1.1\r\nHost: b.example@a.example\r\n\r\n", status: []int{400}},
+		{name: "a Host with a bad port is 400", req: "GET / HTTP/1.1\r\nHost: a.example:80x\r\n\r\n", status: []int{400}},
+		{name: "a Host longer than a DNS name is 400", req: "GET / HTTP/1.1\r\nHost: " + strings.Repeat("a.", 150) + "example\r\n\r\n", status: []int{400}},
+		{name: "two Host fields are 400", req: "GET / HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n\r\n", status: []int{400}},
+		{name: "no Host in HTTP/1.1 is 400", req: "GET / HTTP/1.1\r\n\r\n", status: []int{400}},
+		{name: "an empty Host is 400", req: "GET / HTTP/1.1\r\nHost: \r\n\r\n", status: []int{400}},
+		{name: "no Host in HTTP/1.0 is 400", req: "GET / HTTP/1.0\r\n\r\n", status: []int{400}},
+		{name: "an absolute-form target naming another host goes to that host's route, as origin form with its Host",
+			req: "GET http://b.example/abs?q=1 HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{200}, to: "B",
+			check: func(head, body string) error {
+				line, _, _ := strings.Cut(head, "\r\n")
+				if line != "GET /abs?q=1 HTTP/1.1" || !slices.Equal(headerValues(head, "Host"), []string{"b.example"}) {
+					return fmt.Errorf("B received %q", head)
+				}
+				return nil
+			}},
+		{name: "an absolute-form target naming a host no route names is 404", req: "GET http://evil.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{404}},
+		{name: "an absolute-form target with userinfo names its real host", req: "GET http://a.example@evil.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{404}},
+		{name: "CONNECT is 405", req: "CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n", status: []int{405}},
+		{name: "CONNECT with a path is 405", req: "CONNECT /x HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{405}},
+		{name: "an HTTP/2 preface on the HTTP/1 listener is not proxied", req: "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", status: []int{400, 505}},
+		{name: "an HTTP/2.0 request line is 505", req: "GET / HTTP/2.0\r\nHost: a.example\r\n\r\n", status: []int{505}},
+		{name: "over TLS, an absolute-form target naming another host than the SNI is 421", tls: true,
+			req: "GET http://b.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{421}},
+		{name: "over TLS, a Host other than the SNI is 421", tls: true, req: "GET / HTTP/1.1\r\nHost: b.example\r\n\r\n", status: []int{421}},
+		{name: "over TLS, CONNECT is 405", tls: true, req: "CONNECT a.example:443 HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{405}},
+	}
+	var sent, forwarded int
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			beforeA, beforeB := recA.count(), recB.count()
+			addr, sni := plain.HTTPAddr, ""
+			if c.tls {
+				addr, sni = secure.HTTPSAddr, "a.example"
+			}
+			sent++
+			status, body := rawExchange(t, addr, sni, c.req)
+			if !slices.Contains(c.status, status) {
+				t.Errorf("status %d %q, want one of %v", status, body, c.status)
+			}
+			gotA, gotB := recA.count()-beforeA, recB.count()-beforeB
+			forwarded += gotA + gotB
+			wantA, wantB := 0, 0
+			if status == 200 {
+				switch c.to {
+				case "A":
+					wantA = 1
+				case "B":
+					wantB = 1
+				default:
+					t.Errorf("answered 200 but no upstream may see this request")
+				}
+			}
+			if gotA != wantA || gotB != wantB {
+				t.Fatalf("upstream A saw %d requests, B %d; want %d and %d", gotA, gotB, wantA, wantB)
+			}
+			if gotA+gotB == 0 {
+				return
+			}
+			rec := recA
+			if gotB > 0 {
+				rec = recB
+			}
+			head, fbody := rec.last()
+			if amb := ambiguity(head); len(amb) > 0 {
+				t.Errorf("forwarded an ambiguous request (%s):\n%s", strings.Join(amb, "; "), head)
+			}
+			if c.check != nil {
+				if err := c.check(head, fbody); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	t.Logf("figures: hostile requests: %d shapes sent, %d forwarded to an upstream, all unambiguous", sent, forwarded)
+}
+
+// TestPlainListenerUnderTLSAnswersCONNECTAndMalformedHostsItself: with TLS
+// on (acme, the default, or internal) the plain listener's HTTPS redirect
+// (certs.Manager.HTTPHandler) runs before the edge's handler and answers
+// 308 to a CONNECT and to a Host with a malformed port ("a.example:80x"),
+// which its lax normalizeHost strips. Nothing is proxied, but the answers
+// should be the edge's 405 and 400, as with --tls off.
+func TestPlainListenerUnderTLSAnswersCONNECTAndMalformedHostsItself(t *testing.T) {
+	t.Skip("bug: with TLS on, the plain listener redirects CONNECT and a malformed Host port with 308; see report")
+	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
+		{Host: "a.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: "127.0.0.1:1"}}},
+	}})
+	e := startEdge(t, "--routes-file", routes, "--tls", "internal")
+	waitEdgeReady(t, e)
+	for _, c := range []struct {
+		req  string
+		want int
+	}{
+		{"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n", 405},
+		{"CONNECT /x HTTP/1.1\r\nHost: a.example\r\n\r\n", 405},
+		{"GET / HTTP/1.1\r\nHost: a.example:80x\r\n\r\n", 400},
+		{"GET / HTTP/1.1\r\nHost: a.example:\r\n\r\n", 400},
+	} {
+		if status, body := rawExchange(t, e.HTTPAddr, "", c.req); status != c.want {
+			t.Errorf("%q: %d %q, want %d", c.req, status, body, c.want)
+		}
+	}
+}
+
+// TestContentLengthWithTransferEncodingClosesTheConnection: RFC 9112 §6.1
+// lets a server read such a request by its Transfer-Encoding alone, but it
+// "MUST close the connection after responding": otherwise bytes a front
+// proxy counted into the body (by Content-Length) start the next request
+// on this connection. Go's server keeps the connection open, so here the
+// "G" left over becomes the method of the next request, forwarded as
+// "GGET".
+func TestContentLengthWithTransferEncodingClosesTheConnection(t *testing.T) {
+	t.Skip("bug: after a request with both Content-Length and Transfer-Encoding the connection stays open; see report")
+	recA := newRecordingUpstream(t, "A")
+	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
+		{Host: "a.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: recA.addr}}},
+	}})
+	e := startEdge(t, "--routes-file", routes, "--tls", "off")
+	waitEdgeReady(t, e)
+	c, err := net.Dial("tcp", e.HTTPAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	io.WriteString(c, "POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nG"+
+		"GET /second HTTP/1.1\r\nHost: a.example\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("first response: %v", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp2, err := http.ReadResponse(br, nil); err == nil {
+		b, _ := io.ReadAll(resp2.Body)
+		t.Errorf("the connection stayed open and answered a second request: %d %q", resp2.StatusCode, b)
+	}
+	if n := recA.count(); n != 1 {
+		t.Errorf("upstream received %d requests, want 1", n)
+	}
+}
+
+// TestTLSHandshakeFloodWithRandomNames sends a few hundred TLS handshakes
+// for names the document does not name (random ones, subdomains of a named
+// host, names a wildcard route covers): none completes, none places an ACME
+// order or even reaches the CA (a recording fake stands in for it), none
+// writes to the state file, and each costs little CPU. A handshake for a
+// named host then does reach the CA, so the zero is not vacuous.
+func TestTLSHandshakeFloodWithRandomNames(t *testing.T) {
+	var caRequests, caOrders atomic.Int64
+	ca := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		caRequests.Add(1)
+		if strings.Contains(strings.ToLower(r.URL.Path), "order") {
+			caOrders.Add(1)
+		}
+		http.Error(w, "this CA is a recorder", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(ca.Close)
+	dir := t.TempDir()
+	caRoot := filepath.Join(dir, "ca.pem")
+	mustNil(t, os.WriteFile(caRoot, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Certificate().Raw}), 0o644))
+	a := app(t, "A")
+	routes := writeRoutesFile(t, dir, &node.Document{V: 1, Routes: []node.Route{
+		{Host: "named.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(a)}}},
+		{Host: "*.wild.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(a)}}},
+	}})
+	state := t.TempDir()
+	e := startEdge(t, "--routes-file", routes, "--tls", "acme", "--acme-ca", ca.URL+"/dir", "--acme-ca-root", caRoot, "--state-dir", state)
+	waitEdgeReady(t, e)
+	dbPath := filepath.Join(state, node.StateFile)
+	storeBefore := sha256File(t, dbPath)
+	caBefore := caRequests.Load()
+	refusalsBefore := metricValue(t, e, `scafo_edge_tls_on_demand_refusals_total{reason="not_named"}`)
+	cpuBefore := metricValue(t, e, "process_cpu_seconds_total")
+
+	randomName := func(i int) string {
+		b := make([]byte, 6)
+		rand.Read(b)
+		r := hex.EncodeToString(b)
+		switch i % 4 {
+		case 0:
+			return r + ".example"
+		case 1:
+			return r + ".named.example"
+		case 2:
+			return r + ".wild.example"
+		default:
+			return "a" + r + "." + r[:4] + ".test"
+		}
+	}
+	const handshakes, workers = 400, 8
+	var tried, completed atomic.Int64
+	var wg sync.WaitGroup
+	next := make(chan int)
+	go func() {
+		for i := range handshakes {
+			next <- i
+		}
+		close(next)
+	}()
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 30 * time.Second}, Config: &tls.Config{ServerName: randomName(i), InsecureSkipVerify: true}}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				c, err := d.DialContext(ctx, "tcp", e.HTTPSAddr)
+				cancel()
+				tried.Add(1)
+				if err == nil {
+					completed.Add(1)
+					c.Close()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cpu := metricValue(t, e, "process_cpu_seconds_total") - cpuBefore
+	refusals := metricValue(t, e, `scafo_edge_tls_on_demand_refusals_total{reason="not_named"}`) - refusalsBefore
+	storeChanged := sha256File(t, dbPath) != storeBefore
+	caDuring := caRequests.Load() - caBefore
+	perHandshake := time.Duration(cpu / float64(handshakes) * float64(time.Second))
+
+	// The control: a name the document does name goes to the CA.
+	go func() {
+		d := &tls.Dialer{Config: &tls.Config{ServerName: "named.example", InsecureSkipVerify: true}}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if c, err := d.DialContext(ctx, "tcp", e.HTTPSAddr); err == nil {
+			c.Close()
+		}
+	}()
+	waitFor(t, 30*time.Second, "the control handshake reaching the CA", func() error {
+		if caRequests.Load() == caBefore+caDuring {
+			return errors.New("no request to the CA yet")
+		}
+		return nil
+	})
+
+	t.Logf("figures: TLS handshake flood: %d handshakes tried with random SNI names in %v, %d completed, %.0f on-demand refusals, %d ACME orders placed, %d requests to the CA, state file changed: %v; CPU %.3fs in all, %v per handshake (race-enabled build)",
+		tried.Load(), elapsed.Round(time.Millisecond), completed.Load(), refusals, caOrders.Load(), caDuring, storeChanged, cpu, perHandshake)
+	if completed.Load() != 0 {
+		t.Errorf("%d handshakes for names nobody serves completed", completed.Load())
+	}
+	if caDuring != 0 || caOrders.Load() != 0 {
+		t.Errorf("the flood reached the CA %d times (%d orders)", caDuring, caOrders.Load())
+	}
+	if storeChanged {
+		t.Error("the flood wrote to the state file")
+	}
+	if refusals < handshakes {
+		t.Errorf("%.0f on-demand refusals counted for %d handshakes", refusals, handshakes)
+	}
+	// A refused handshake costs a ClientHello parse and a map lookup; even
+	// race-enabled on a loaded machine that is well under this bound.
+	if perHandshake > 20*time.Millisecond {
+		t.Errorf("%v of CPU per refused handshake", perHandshake)
+	}
+}
