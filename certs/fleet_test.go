@@ -1,9 +1,12 @@
 package certs
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,14 +14,18 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/rs/zerolog"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/scafo/scafo-edge/certs/certstest"
@@ -680,4 +687,252 @@ func TestFleetDeadLockHolderDoesNotBlockIssuance(t *testing.T) {
 	if got := pb.OrderCount(); got != 1 {
 		t.Errorf("orders = %d, want 1", got)
 	}
+}
+
+// fleetChildEnv carries a fleetChild's configuration to a copy of this
+// test binary running TestFleetEdgeProcess as one edge.
+const fleetChildEnv = "SCAFO_TEST_FLEET_EDGE"
+
+type fleetChild struct {
+	Node, CA, CARoot, Dir string
+	Names                 []string
+}
+
+// TestFleetEdgeProcess is one edge of TestFleetEdgeProcesses, in a process
+// of its own: listeners inherited as fds 3 (HTTP) and 4 (HTTPS), its own
+// bbolt file, the fleet store on the parent's test node. It prints
+// "fleet-edge-ready" once serving and runs until its stdin closes.
+func TestFleetEdgeProcess(t *testing.T) {
+	raw := os.Getenv(fleetChildEnv)
+	if raw == "" {
+		t.Skip("one edge of TestFleetEdgeProcesses; run only by it")
+	}
+	var cfg fleetChild
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		t.Fatalf("child config: %v", err)
+	}
+	var lns [2]net.Listener
+	for i := range lns {
+		var err error
+		if lns[i], err = net.FileListener(os.NewFile(uintptr(3+i), "listener")); err != nil {
+			t.Fatalf("inherited listener %d: %v", i, err)
+		}
+	}
+	var cur atomic.Pointer[Manager]
+	db := openFleetDB(t, cfg.Dir)
+	defer db.Close()
+	local, err := NewBoltStorage(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := node.NewStorageClient(cfg.Node, fleetToken, nil)
+	defer client.CloseIdleConnections()
+	store, err := NewFleetStorage(client, local, FleetOptions{LockPollMax: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	m, err := New(context.Background(), Options{
+		Mode:      ModeACME,
+		DB:        db,
+		Storage:   store,
+		Allowed:   func(name string) bool { return slices.Contains(cfg.Names, name) },
+		CA:        cfg.CA,
+		CARoot:    cfg.CARoot,
+		Email:     "ops@example.test",
+		HTTPPort:  certstest.PortOf(t, lns[0].Addr().String()),
+		HTTPSPort: certstest.PortOf(t, lns[1].Addr().String()),
+		Log:       zerolog.New(os.Stderr).Level(zerolog.WarnLevel),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Stop()
+	cur.Store(m)
+	serveEdge(t, lns[0], lns[1], &cur)
+	fmt.Println("fleet-edge-ready")
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// TestFleetEdgeProcesses is the headline of issue 5 as production runs it:
+// N edge processes (copies of this test binary), each with its own bbolt
+// file and listeners, one test node, one Pebble validating at the first
+// edge; N simultaneous TLS handshakes for one new name, one per edge.
+// Separate processes keep certmagic's in-process deduplication out of it:
+// the fleet lock and the shared store alone make the one order, and the
+// first edge answers challenges other edges started from the shared store.
+func TestFleetEdgeProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts edge processes")
+	}
+	for _, edges := range []int{2, 5} {
+		t.Run(fmt.Sprintf("%d edge processes asking for one new name at once place one order", edges), func(t *testing.T) {
+			n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+			// Each edge's listeners are opened here and handed to it as
+			// files, so the ports Pebble is told are already bound.
+			httpAddrs, addrs := make([]string, edges), make([]string, edges)
+			files := make([][]*os.File, edges)
+			for i := range edges {
+				for j, addr := range []*string{&httpAddrs[i], &addrs[i]} {
+					ln, err := net.Listen("tcp", "127.0.0.1:0")
+					if err != nil {
+						t.Fatal(err)
+					}
+					f, err := ln.(*net.TCPListener).File()
+					ln.Close() // the child serves the duplicate
+					if err != nil {
+						t.Fatalf("listener %d of edge %d: %v", j, i, err)
+					}
+					files[i] = append(files[i], f)
+					*addr = ln.Addr().String()
+				}
+			}
+			// The edges stop after Pebble (cleanups run last-registered
+			// first): an edge's ACME client keeps a connection to Pebble
+			// that only Pebble's exit closes, and the edge's leak check
+			// would count it.
+			var stops []func()
+			t.Cleanup(func() {
+				for _, stop := range stops {
+					stop()
+				}
+			})
+			pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: certstest.PortOf(t, httpAddrs[0]), TLSPort: certstest.PortOf(t, addrs[0])})
+			host := "proc.fleet.test"
+
+			ready := make(chan int, edges)
+			for i := range edges {
+				stops = append(stops, startFleetChild(t, i, files[i], fleetChild{
+					Node: n.URL(), CA: pb.DirectoryURL, CARoot: string(pb.RootPEM), Dir: t.TempDir(), Names: []string{host},
+				}, ready))
+			}
+			deadline := time.After(30 * time.Second)
+			for range edges {
+				select {
+				case <-ready:
+				case <-deadline:
+					t.Fatal("edge processes not ready after 30s")
+				}
+			}
+
+			roots := pb.IssuerRoots(t)
+			type result struct {
+				serial string
+				err    error
+			}
+			results := make(chan result, edges)
+			go1 := make(chan struct{})
+			for _, addr := range addrs {
+				go func() {
+					<-go1
+					conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 60 * time.Second}, "tcp", addr, &tls.Config{
+						ServerName: host, RootCAs: roots, SessionTicketsDisabled: true,
+					})
+					if err != nil {
+						results <- result{err: err}
+						return
+					}
+					defer conn.Close()
+					results <- result{serial: conn.ConnectionState().PeerCertificates[0].SerialNumber.Text(16)}
+				}()
+			}
+			close(go1)
+			serials := map[string]int{}
+			for i := range edges {
+				r := <-results
+				if r.err != nil {
+					t.Errorf("handshake %d: %v", i, r.err)
+					continue
+				}
+				serials[r.serial]++
+			}
+			pb.WaitOrderCount(t, 1)
+			t.Logf("ACME orders for %d edge processes asking for one name at once: %d (serials served: %v)", edges, pb.OrderCount(), serials)
+			if got := pb.OrderCount(); got != 1 {
+				t.Errorf("Pebble saw %d orders, want 1", got)
+			}
+			if len(serials) != 1 {
+				t.Errorf("edges serve %d different certificates, want one", len(serials))
+			}
+		})
+	}
+}
+
+// startFleetChild runs edge i as a copy of this test binary, sending i on
+// ready once it serves. The returned func stops it and waits for it to
+// exit; its output is logged if t has failed.
+func startFleetChild(t *testing.T, i int, files []*os.File, cfg fleetChild, ready chan<- int) func() {
+	t.Helper()
+	raw, _ := json.Marshal(cfg)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestFleetEdgeProcess$", "-test.count=1", "-test.timeout=3m")
+	// GOFLAGS=-n turns the child's TestMain build of Pebble into a dry run:
+	// edges do not run Pebble, and building it five times costs seconds.
+	cmd.Env = append(os.Environ(), fleetChildEnv+"="+string(raw), "GOFLAGS=-n")
+	cmd.ExtraFiles = files
+	var output lines
+	cmd.Stderr = &output
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start edge %d: %v", i, err)
+	}
+	for _, f := range files {
+		f.Close() // the child has its own copies
+	}
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if sc.Text() == "fleet-edge-ready" {
+				ready <- i
+				continue
+			}
+			output.Add(sc.Text())
+		}
+	}()
+	return func() {
+		stdin.Close() // the edge shuts down
+		exited := make(chan error, 1)
+		go func() { <-scanned; exited <- cmd.Wait() }()
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Errorf("edge %d exited: %v", i, err)
+			}
+		case <-time.After(15 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+			t.Errorf("edge %d did not stop within 15s of its stdin closing", i)
+		}
+		if t.Failed() {
+			t.Logf("edge %d output:\n%s", i, output.String())
+		}
+	}
+}
+
+// lines collects a child's output from two writers.
+type lines struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lines) Add(s string) { l.Write([]byte(s + "\n")) }
+
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
