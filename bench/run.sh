@@ -12,6 +12,7 @@ Usage: bench/run.sh [flags]
   --quick              3s per cell, 1s warm-up (default 10s and 3s)
   --duration D         measured time per cell (wrk syntax: 10s, 1m)
   --warmup D           unmeasured load before each cell (0 for none)
+  --rounds N           run every cell N times, report medians (default 1)
   --proxies LIST       comma list of: direct,scafo-edge,caddy,traefik,nginx,haproxy
                        (default: all; direct is always run, it is the ceiling)
   --cells LIST         comma list of: http-1k,http-1m,https-1k,https-close
@@ -40,6 +41,7 @@ EOF
 
 DURATION=10s
 WARMUP=3s
+ROUNDS=1
 CONNS=64
 THREADS=2
 WORKERS=$(nproc)
@@ -62,6 +64,7 @@ while (($#)); do
 	--quick) DURATION=3s WARMUP=1s ;;
 	--duration) DURATION=$2; shift ;;
 	--warmup) WARMUP=$2; shift ;;
+	--rounds) ROUNDS=$2; shift ;;
 	--proxies) PROXIES=$2; shift ;;
 	--cells) CELLS=$2; shift ;;
 	--connections) CONNS=$2; shift ;;
@@ -619,7 +622,9 @@ to_ms() {
 RESULTS=$WORK/results.tsv
 : >"$RESULTS"
 # row PROXY CELL STATUS RPS P50 P99 CPU_US PEAK_MIB IDLE_MIB ERRORS CTXSW RWSYS UP_CPU_US REQUESTS NOTE
-row() { local IFS=$'\t'; printf '%s\n' "$*" >>"$RESULTS"; }
+# (ROUND is appended as a 16th column.)
+ROUND=1
+row() { local IFS=$'\t'; printf '%s\n' "$*	$ROUND" >>"$RESULTS"; }
 
 run_cell() {
 	local proxy=$1 cell=$2 url pid pids up_pids wrkout
@@ -707,7 +712,7 @@ run_cell() {
 	awk -v proxy="$proxy" -v cell="$cell" -v rps="$rps" -v reqs="$reqs" \
 		-v p50="$(to_ms "$p50")" -v p99="$(to_ms "$p99")" -v tck="$CLK_TCK" \
 		-v c="$((c1 - c0))" -v u="$((u1 - u0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" \
-		-v peak="$peak_kib" -v idle="$idle_kib" -v err="$errors" -v note="$note" -v direct="$([[ $proxy == direct ]] && echo 1 || echo 0)" '
+		-v peak="$peak_kib" -v idle="$idle_kib" -v err="$errors" -v note="$note" -v round="$ROUND" -v direct="$([[ $proxy == direct ]] && echo 1 || echo 0)" '
 		BEGIN {
 			OFS = "\t"
 			cpu = direct ? "" : sprintf("%.1f", c * 1e6 / tck / reqs)
@@ -715,45 +720,86 @@ run_cell() {
 			rw = direct ? "" : sprintf("%.2f", r / reqs)
 			pk = direct ? "" : sprintf("%.1f", peak / 1024)
 			id = direct ? "" : sprintf("%.1f", idle / 1024)
-			print proxy, cell, "ok", rps, p50, p99, cpu, pk, id, err, ctx, rw, sprintf("%.1f", u * 1e6 / tck / reqs), reqs, note
+			print proxy, cell, "ok", rps, p50, p99, cpu, pk, id, err, ctx, rw, sprintf("%.1f", u * 1e6 / tck / reqs), reqs, note, round
 		}' >>"$RESULTS"
 }
 
 # ------------------------------------------------------------------ report
 
+# aggregate: one line per proxy and cell from every round's rows: medians of
+# the rates, latencies and per-request costs, the largest peak RSS, errors
+# and requests summed, and "× direct" as the median of each round's ratio to
+# the direct row of the same round (so a slow patch of the machine, which
+# hits both, cancels out). Columns: proxy cell status rps p50 p99 cpu peak
+# idle errors ctx rw upstream-cpu requests note ratio rounds-ok.
+aggregate() {
+	awk -F'\t' -v OFS='\t' '
+		function median(list,   n, a, i, j, t) {
+			n = split(list, a, " ")
+			if (n == 0) return ""
+			for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
+			return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+		}
+		function add(k, f, v) { if (v != "") L[k, f] = L[k, f] (L[k, f] == "" ? "" : " ") v }
+		{
+			k = $1 SUBSEP $2
+			if (!(k in st)) { order[++n] = k; st[k] = $3; note[k] = $15 }
+			if ($3 != "ok") next
+			if (st[k] != "ok") note[k] = ""
+			st[k] = "ok"; ok[k]++
+			if ($15 != "") note[k] = $15
+			for (f = 4; f <= 13; f++) if (f != 8 && f != 10) add(k, f, $f)
+			if ($8 != "" && (!(k in peak) || $8 + 0 > peak[k] + 0)) peak[k] = $8
+			err[k] += $10; reqs[k] += $14
+			nr++; rk[nr] = k; rround[nr] = $16; rrps[nr] = $4
+			if ($1 == "direct") D[$16, $2] = $4
+		}
+		END {
+			for (i = 1; i <= nr; i++) {
+				split(rk[i], pc, SUBSEP)
+				if (((rround[i], pc[2]) in D) && D[rround[i], pc[2]] > 0) add(rk[i], "ratio", rrps[i] / D[rround[i], pc[2]])
+			}
+			for (i = 1; i <= n; i++) {
+				k = order[i]; split(k, pc, SUBSEP)
+				if (st[k] != "ok") { print pc[1], pc[2], st[k], "", "", "", "", "", "", "", "", "", "", "", note[k], "", 0; continue }
+				print pc[1], pc[2], "ok", median(L[k, 4]), median(L[k, 5]), median(L[k, 6]), median(L[k, 7]), peak[k], median(L[k, 9]),
+					err[k], median(L[k, 11]), median(L[k, 12]), median(L[k, 13]), reqs[k], note[k], median(L[k, "ratio"]), ok[k]
+			}
+		}' "$RESULTS"
+}
+
 report_markdown() {
+	local agg=$WORK/aggregate.tsv
+	aggregate >"$agg"
 	printf '## scafo-edge benchmark, %s\n\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
-	printf '%s CPUs shared by wrk, proxy and upstream; wrk %s: %s threads, %s connections, %s per cell after %s warm-up; workers %s (GOMAXPROCS = nginx workers = HAProxy threads).\n' \
-		"$(nproc)" "${VERSION[wrk]:-?}" "$THREADS" "$CONNS" "$DURATION" "$WARMUP" "$WORKERS"
-	local v=
+	printf '%s CPUs shared by wrk, proxy and upstream; wrk %s: %s threads, %s connections, %s per cell after %s warm-up%s; workers %s (GOMAXPROCS = nginx workers = HAProxy threads).\n' \
+		"$(nproc)" "${VERSION[wrk]:-?}" "$THREADS" "$CONNS" "$DURATION" "$WARMUP" \
+		"$( ((ROUNDS > 1)) && echo "; medians of $ROUNDS rounds")" "$WORKERS"
+	local v='' p
 	for p in scafo-edge caddy traefik nginx haproxy; do
 		[[ -n ${VERSION[$p]:-} ]] && v+="${v:+, }$p ${VERSION[$p]}"
 	done
 	printf 'Versions: %s. Ratios within this run are what count; absolute figures move with the machine'"'"'s other load.\n\n' "${v:-none}"
 	awk -F'\t' '
 		function cellname(c) { return c == "http-1k" ? "HTTP keep-alive 1 KiB" : c == "http-1m" ? "HTTP keep-alive 1 MiB" : c == "https-1k" ? "HTTPS keep-alive 1 KiB" : c == "https-close" ? "HTTPS new connection per request 1 KiB" : c }
-		function orDash(v) { return v == "" ? "—" : v }
-		{ n++; P[n] = $1; C[n] = $2; S[n] = $3; RPS[n] = $4; P50[n] = $5; P99[n] = $6; CPU[n] = $7; PK[n] = $8; ID[n] = $9; ERR[n] = $10; CTX[n] = $11; NOTE[n] = $15
-		  if ($1 == "direct" && $3 == "ok") D[$2] = $4
-		  if (!($2 in seen)) { seen[$2] = 1; cells[++nc] = $2 } }
-		END {
+		function orDash(v, fmt) { return v == "" ? "—" : sprintf(fmt, v) }
+		BEGIN {
 			print "| cell | proxy | req/s | × direct | p50 ms | p99 ms | CPU µs/req | ctx switches/req | peak RSS MiB | idle RSS MiB | errors |"
 			print "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
-			for (k = 1; k <= nc; k++) for (i = 1; i <= n; i++) {
-				if (C[i] != cells[k]) continue
-				if (NOTE[i] != "") notes[++nn] = P[i] ": " (S[i] == "ok" ? "" : S[i] ": ") NOTE[i]
-				if (S[i] != "ok") { printf "| %s | %s | %s | | | | | | | | |\n", cellname(C[i]), P[i], S[i]; continue }
-				ratio = (C[i] in D) && D[C[i]] > 0 ? sprintf("%.2f", RPS[i] / D[C[i]]) : "—"
-				printf "| %s | %s | %.0f | %s | %.2f | %.2f | %s | %s | %s | %s | %s |\n", cellname(C[i]), P[i], RPS[i], ratio, P50[i], P99[i], orDash(CPU[i]), orDash(CTX[i]), orDash(PK[i]), orDash(ID[i]), ERR[i]
-			}
-			if (nn) { print ""; for (j = 1; j <= nn; j++) { if (!(notes[j] in said)) print "- " notes[j]; said[notes[j]] = 1 } }
-		}' "$RESULTS"
-	targets_markdown
+		}
+		{
+			if ($15 != "") notes[++nn] = $1 ": " ($3 == "ok" ? "" : $3 ": ") $15
+			if ($3 != "ok") { printf "| %s | %s | %s | | | | | | | | |\n", cellname($2), $1, $3; next }
+			printf "| %s | %s | %.0f | %s | %.2f | %.2f | %s | %s | %s | %s | %s |\n", cellname($2), $1, $4, orDash($16, "%.2f"),
+				$5, $6, orDash($7, "%.1f"), orDash($11, "%.2f"), orDash($8, "%.1f"), orDash($9, "%.1f"), $10
+		}
+		END { if (nn) { print ""; for (j = 1; j <= nn; j++) { if (!(notes[j] in said)) print "- " notes[j]; said[notes[j]] = 1 } } }' "$agg"
+	targets_markdown "$agg"
 }
 
-# targets_markdown: scafo-edge against Caddy and nginx, per cell (issue 8's
-# targets: req/s >= 1.5x Caddy, CPU/req <= 0.6x Caddy, p99 <= Caddy; stretch:
-# CPU/req <= 2x nginx).
+# targets_markdown AGGREGATE: scafo-edge against Caddy and nginx, per cell
+# (issue 8's targets: req/s >= 1.5x Caddy, CPU/req <= 0.6x Caddy, p99 <=
+# Caddy; stretch: CPU/req <= 2x nginx).
 targets_markdown() {
 	awk -F'\t' '
 		$3 == "ok" { R[$1, $2] = $4; P99[$1, $2] = $6; CPU[$1, $2] = $7; if (!($2 in seen)) { seen[$2] = 1; cells[++nc] = $2 } }
@@ -780,28 +826,28 @@ targets_markdown() {
 			print "| cell | req/s × Caddy (≥ 1.5) | CPU/req × Caddy (≤ 0.6) | p99 × Caddy (≤ 1) | CPU/req × nginx (stretch ≤ 2) |"
 			print "|---|--:|--:|--:|--:|"
 			for (i = 1; i <= nr; i++) print rows[i]
-		}' "$RESULTS"
+		}' "$1"
 }
 
 report_json() {
-	local versions='' p
+	local versions='' p agg=$WORK/aggregate.tsv
+	aggregate >"$agg"
 	for p in "${!VERSION[@]}"; do
 		versions+="${versions:+, }\"$p\": \"${VERSION[$p]//\"/}\""
 	done
-	printf '{\n  "date": "%s",\n  "cpus": %s,\n  "settings": {"duration": "%s", "warmup": "%s", "connections": %s, "wrk_threads": %s, "workers": %s},\n  "versions": {%s},\n  "results": [\n' \
-		"$(date -u '+%Y-%m-%dT%H:%M:%SZ')" "$(nproc)" "$DURATION" "$WARMUP" "$CONNS" "$THREADS" "$WORKERS" "$versions"
+	printf '{\n  "date": "%s",\n  "cpus": %s,\n  "settings": {"duration": "%s", "warmup": "%s", "rounds": %s, "connections": %s, "wrk_threads": %s, "workers": %s},\n  "versions": {%s},\n  "results": [\n' \
+		"$(date -u '+%Y-%m-%dT%H:%M:%SZ')" "$(nproc)" "$DURATION" "$WARMUP" "$ROUNDS" "$CONNS" "$THREADS" "$WORKERS" "$versions"
 	awk -F'\t' '
 		function num(v) { return v == "" ? "null" : v + 0 }
-		{ n++; L[n] = $0; if ($1 == "direct" && $3 == "ok") D[$2] = $4 }
+		{ n++; L[n] = $0 }
 		END {
 			for (i = 1; i <= n; i++) {
 				split(L[i], f, "\t")
-				ratio = (f[3] == "ok" && (f[2] in D) && D[f[2]] > 0) ? sprintf("%.4f", f[4] / D[f[2]]) : "null"
 				gsub(/["\\]/, "", f[15])
-				printf "    {\"proxy\": \"%s\", \"cell\": \"%s\", \"status\": \"%s\", \"requests\": %s, \"requests_per_sec\": %s, \"ratio_to_direct\": %s, \"p50_ms\": %s, \"p99_ms\": %s, \"cpu_us_per_request\": %s, \"context_switches_per_request\": %s, \"rw_syscalls_per_request\": %s, \"peak_rss_mib\": %s, \"idle_rss_mib\": %s, \"errors\": %s, \"upstream_cpu_us_per_request\": %s, \"note\": \"%s\"}%s\n",
-					f[1], f[2], f[3], num(f[14]), num(f[4]), ratio, num(f[5]), num(f[6]), num(f[7]), num(f[11]), num(f[12]), num(f[8]), num(f[9]), num(f[10]), num(f[13]), f[15], i < n ? "," : ""
+				printf "    {\"proxy\": \"%s\", \"cell\": \"%s\", \"status\": \"%s\", \"rounds\": %d, \"requests\": %s, \"requests_per_sec\": %s, \"ratio_to_direct\": %s, \"p50_ms\": %s, \"p99_ms\": %s, \"cpu_us_per_request\": %s, \"context_switches_per_request\": %s, \"rw_syscalls_per_request\": %s, \"peak_rss_mib\": %s, \"idle_rss_mib\": %s, \"errors\": %s, \"upstream_cpu_us_per_request\": %s, \"note\": \"%s\"}%s\n",
+					f[1], f[2], f[3], f[17], num(f[14]), num(f[4]), num(f[16]), num(f[5]), num(f[6]), num(f[7]), num(f[11]), num(f[12]), num(f[8]), num(f[9]), num(f[10]), num(f[13]), f[15], i < n ? "," : ""
 			}
-		}' "$RESULTS"
+		}' "$agg"
 	printf '  ]\n}\n'
 }
 
@@ -880,9 +926,12 @@ for p in ${PROXIES//,/ }; do
 	case $p in direct | scafo-edge | caddy | traefik | nginx | haproxy) ;; *) die "unknown proxy $p" ;; esac
 done
 
-for cell in "${cell_list[@]}"; do
-	for proxy in "${proxy_list[@]}"; do
-		run_cell "$proxy" "$cell"
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+	((ROUNDS > 1)) && log "round $ROUND of $ROUNDS"
+	for cell in "${cell_list[@]}"; do
+		for proxy in "${proxy_list[@]}"; do
+			run_cell "$proxy" "$cell"
+		done
 	done
 done
 
