@@ -381,7 +381,7 @@ func TestBypassCorpus(t *testing.T) {
 	}
 	f := newBypassFixture(t)
 
-	var bypasses, known, reached int
+	var bypasses, reached int
 	residue := map[string]int{}
 	example := map[string]string{}
 	check := func(t *testing.T, p string, reachedLegacy bool, bypass, kind, ex string) {
@@ -434,14 +434,14 @@ func TestBypassCorpus(t *testing.T) {
 	for _, k := range kinds {
 		fmt.Fprintf(&b, "\n  %-34s %3d  e.g. %s", k, residue[k], example[k])
 	}
-	t.Logf("bypass corpus: %d paths tried (%d denied-prefix, %d flip), %d bypasses found (%d known, pinned by skipped tests); "+
+	t.Logf("bypass corpus: %d paths tried (%d denied-prefix, %d flip), %d bypasses found; "+
 		"residue, crossing only through normalisations outside the promise:%s",
-		len(denied)+len(flip), len(denied), len(flip), bypasses, known, b.String())
+		len(denied)+len(flip), len(denied), len(flip), bypasses, b.String())
 }
 
-// checkKnownBypasses is the body of the skipped tests that pin a known
-// bypass: every corpus path knownBypasses assigns to test must hold both
-// invariants.
+// checkKnownBypasses is the body of the regression tests for bypasses the
+// corpus once found: every corpus path knownBypasses assigns to test must
+// hold both invariants.
 func checkKnownBypasses(t *testing.T, test string) {
 	f := newBypassFixture(t)
 	for p, owner := range knownBypasses {
