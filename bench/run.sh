@@ -22,6 +22,7 @@ Usage: bench/run.sh [flags]
   --workers N          GOMAXPROCS = nginx workers = HAProxy threads
                        (default: the number of CPUs)
   --json               print JSON instead of the Markdown table
+  --json-file FILE     also write the JSON to FILE
   --cache DIR          where built binaries live (default
                        ${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench)
   --no-install         install nothing; skip what is missing
@@ -48,6 +49,7 @@ WORKERS=$(nproc)
 PROXIES=direct,scafo-edge,caddy,traefik,nginx,haproxy
 CELLS=http-1k,http-1m,https-1k,https-close
 JSON=0
+JSON_FILE=
 INSTALL=1
 RETRY_BUILDS=0
 PORT_BASE=18080
@@ -71,6 +73,7 @@ while (($#)); do
 	--threads) THREADS=$2; shift ;;
 	--workers) WORKERS=$2; shift ;;
 	--json) JSON=1 ;;
+	--json-file) JSON_FILE=$2; shift ;;
 	--cache) CACHE=$2; shift ;;
 	--no-install) INSTALL=0 ;;
 	--retry-builds) RETRY_BUILDS=1 ;;
@@ -936,3 +939,4 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
 done
 
 if ((JSON)); then report_json; else report_markdown; fi
+if [[ -n $JSON_FILE ]]; then report_json >"$JSON_FILE"; fi
