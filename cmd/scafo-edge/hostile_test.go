@@ -47,11 +47,163 @@ func streamer(t *testing.T) *httptest.Server {
 	return srv
 }
 
+// slowConn is one attacking connection: it sent a prefix and then, if
+// trickling, one more byte every 100ms; a reader notes when the edge closes
+// it.
+type slowConn struct {
+	c        net.Conn
+	trickle  bool
+	openedAt time.Time
+	closedAt atomic.Int64 // unix nanos, 0 while open
+	answered atomic.Bool  // the edge wrote something before closing
+}
+
+// slowSet is a set of attacking connections and their readers.
+type slowSet struct {
+	conns   []*slowConn
+	readers sync.WaitGroup
+}
+
+// dial opens n connections to addr, each sending prefix, and trickling one
+// more byte every 100ms afterwards when trickle is set (see run).
+func (s *slowSet) dial(t *testing.T, addr string, n int, prefix string, trickle bool) {
+	t.Helper()
+	for range n {
+		// Taken before dialling: the edge's timer starts after the
+		// connect, so the measured time to the close is never shorter
+		// than the timeout, however the scheduler delays this goroutine.
+		openedAt := time.Now()
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("slow connection %d: %v", len(s.conns), err)
+		}
+		sc := &slowConn{c: c, trickle: trickle, openedAt: openedAt}
+		s.conns = append(s.conns, sc)
+		t.Cleanup(func() { c.Close() })
+		io.WriteString(c, prefix)
+		s.readers.Add(1)
+		go func() {
+			defer s.readers.Done()
+			buf := make([]byte, 512)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					sc.answered.Store(true)
+				}
+				if err != nil {
+					sc.closedAt.Store(time.Now().UnixNano())
+					return
+				}
+			}
+		}()
+	}
+}
+
+// open counts the connections the edge has not closed yet.
+func (s *slowSet) open() int {
+	n := 0
+	for _, sc := range s.conns {
+		if sc.closedAt.Load() == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// run trickles a byte every 100ms to each open trickling connection and
+// calls during until every connection is closed (and at least 20 times),
+// then closes them all and waits for the readers.
+func (s *slowSet) run(t *testing.T, within time.Duration, during func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	trickled := make(chan struct{})
+	go func() {
+		defer close(trickled)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			for _, sc := range s.conns {
+				if sc.trickle && sc.closedAt.Load() == 0 {
+					sc.c.SetWriteDeadline(time.Now().Add(time.Second))
+					sc.c.Write([]byte{'a'})
+				}
+			}
+		}
+	}()
+	deadline := time.Now().Add(within)
+	for i := 0; s.open() > 0 || i < 20; i++ {
+		if time.Now().After(deadline) {
+			cancel()
+			<-trickled
+			t.Fatalf("%d of %d slow connections still open after %v", s.open(), len(s.conns), within)
+		}
+		during()
+	}
+	cancel()
+	<-trickled
+	for _, sc := range s.conns {
+		sc.c.Close()
+	}
+	s.readers.Wait()
+}
+
+// closedAfter returns the shortest and longest time from opening to the
+// edge's close, and how many connections got any bytes first.
+func (s *slowSet) closedAfter() (earliest, latest time.Duration, answered int) {
+	for i, sc := range s.conns {
+		d := time.Duration(sc.closedAt.Load() - sc.openedAt.UnixNano())
+		if i == 0 || d < earliest {
+			earliest = d
+		}
+		latest = max(latest, d)
+		if sc.answered.Load() {
+			answered++
+		}
+	}
+	return earliest, latest, answered
+}
+
+// latencyProbe times a normal client's requests during an attack.
+type latencyProbe struct {
+	latencies []time.Duration
+	failures  []string
+}
+
+func (p *latencyProbe) do(f func() error) {
+	start := time.Now()
+	if err := f(); err != nil {
+		p.failures = append(p.failures, err.Error())
+	}
+	p.latencies = append(p.latencies, time.Since(start))
+}
+
+// check reports failures and a slowest request over the bound, and returns
+// the median and the worst latency.
+func (p *latencyProbe) check(t *testing.T) (p50, worst time.Duration) {
+	t.Helper()
+	slices.Sort(p.latencies)
+	p50, worst = p.latencies[len(p.latencies)/2], p.latencies[len(p.latencies)-1]
+	if len(p.failures) > 0 {
+		t.Errorf("the normal client's requests failed during the attack: %q", p.failures[:min(5, len(p.failures))])
+	}
+	// Generous for a loaded CI machine under -race; unattacked it is a
+	// millisecond or two.
+	if worst > 5*time.Second {
+		t.Errorf("the normal client's slowest request took %v during the attack", worst)
+	}
+	return p50, worst
+}
+
 // TestSlowlorisAndSlowReaders opens 300 connections that send their
-// headers a byte at a time and 20 that ask for a large response and never
-// read it, while a normal client keeps requesting: the normal client's
-// requests all succeed with bounded latency, and the read-header timeout
-// closes every slowloris connection.
+// headers a byte at a time, 50 that send nothing, and 20 that ask for a
+// large response and never read it, while a normal client keeps requesting:
+// the normal client's requests all succeed with bounded latency, and the
+// read-header timeout closes every slowloris and silent connection.
 func TestSlowlorisAndSlowReaders(t *testing.T) {
 	a, big := app(t, "A"), streamer(t)
 	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
@@ -71,128 +223,63 @@ func TestSlowlorisAndSlowReaders(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		io.WriteString(c, "GET /big HTTP/1.1\r\nHost: big.example\r\n\r\n")
 	}
+	const trickling, silent = 300, 50
+	var set slowSet
+	set.dial(t, e.HTTPAddr, trickling, "GET / HTTP/1.1\r\nHost: a.example\r\nX-Slow: ", true)
+	set.dial(t, e.HTTPAddr, silent, "", false)
 
-	const slowConns = 300
-	type slowConn struct {
-		c        net.Conn
-		openedAt time.Time
-		closedAt atomic.Int64 // unix nanos, 0 while open
-		answered atomic.Bool  // the server wrote something before closing
-	}
-	conns := make([]*slowConn, 0, slowConns)
-	var readers sync.WaitGroup
-	for range slowConns {
-		// Taken before dialling: the edge's timer starts after the
-		// connect, so the measured time to the close is never shorter
-		// than the timeout, however the scheduler delays this goroutine.
-		openedAt := time.Now()
-		c, err := net.Dial("tcp", e.HTTPAddr)
-		if err != nil {
-			t.Fatalf("slowloris connection %d: %v", len(conns), err)
-		}
-		sc := &slowConn{c: c, openedAt: openedAt}
-		conns = append(conns, sc)
-		t.Cleanup(func() { c.Close() })
-		io.WriteString(c, "GET / HTTP/1.1\r\nHost: a.example\r\nX-Slow: ")
-		readers.Add(1)
-		go func() {
-			defer readers.Done()
-			buf := make([]byte, 512)
-			for {
-				n, err := c.Read(buf)
-				if n > 0 {
-					sc.answered.Store(true)
-				}
-				if err != nil {
-					sc.closedAt.Store(time.Now().UnixNano())
-					return
-				}
-			}
-		}()
-	}
-	open := func() int {
-		n := 0
-		for _, sc := range conns {
-			if sc.closedAt.Load() == 0 {
-				n++
-			}
-		}
-		return n
-	}
-
-	// One byte every 100ms to every slowloris connection still open.
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	trickled := make(chan struct{})
-	go func() {
-		defer close(trickled)
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			for _, sc := range conns {
-				if sc.closedAt.Load() == 0 {
-					sc.c.SetWriteDeadline(time.Now().Add(time.Second))
-					sc.c.Write([]byte{'a'})
-				}
-			}
-		}
-	}()
-
-	// The normal client, on its own connections, until every slowloris
-	// connection is gone.
 	client := faultClient(t, 1)
-	var latencies []time.Duration
-	var failures []string
-	deadline := time.Now().Add(45 * time.Second)
-	for open() > 0 || len(latencies) < 20 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d slowloris connections still open after 45s", open(), slowConns)
-		}
-		start := time.Now()
-		if err := expectAnswer(client, e.HTTPAddr, "a.example", "/ok", "A /ok"); err != nil {
-			failures = append(failures, err.Error())
-		}
-		latencies = append(latencies, time.Since(start))
-	}
-	cancel()
-	<-trickled
-	for _, sc := range conns {
-		sc.c.Close()
-	}
-	readers.Wait()
-
-	var earliest, latest time.Duration
-	answered := 0
-	for i, sc := range conns {
-		d := time.Duration(sc.closedAt.Load() - sc.openedAt.UnixNano())
-		if i == 0 || d < earliest {
-			earliest = d
-		}
-		latest = max(latest, d)
-		if sc.answered.Load() {
-			answered++
-		}
-	}
-	slices.Sort(latencies)
-	p50, worst := latencies[len(latencies)/2], latencies[len(latencies)-1]
-	t.Logf("figures: slowloris: %d connections trickling headers, all closed by the %v read-header timeout between %v and %v after opening (%d got a response first); %d slow readers holding large responses; normal client sent %d, failed %d, latency p50 %v max %v",
-		slowConns, headerTimeout, earliest.Round(time.Millisecond), latest.Round(time.Millisecond), answered, slowReaders,
-		len(latencies), len(failures), p50.Round(time.Microsecond), worst.Round(time.Millisecond))
-	if len(failures) > 0 {
-		t.Errorf("the normal client's requests failed during the attack: %q", failures[:min(5, len(failures))])
-	}
-	// Generous for a loaded CI machine under -race; unattacked it is a
-	// millisecond or two.
-	if worst > 5*time.Second {
-		t.Errorf("the normal client's slowest request took %v during the attack", worst)
-	}
+	var probe latencyProbe
+	set.run(t, 45*time.Second, func() {
+		probe.do(func() error { return expectAnswer(client, e.HTTPAddr, "a.example", "/ok", "A /ok") })
+	})
+	earliest, latest, answered := set.closedAfter()
+	p50, worst := probe.check(t)
+	t.Logf("figures: slowloris: %d connections trickling headers and %d silent, all closed by the %v read-header timeout between %v and %v after opening (%d got a response first); %d slow readers holding large responses; normal client sent %d, failed %d, latency p50 %v max %v",
+		trickling, silent, headerTimeout, earliest.Round(time.Millisecond), latest.Round(time.Millisecond), answered, slowReaders,
+		len(probe.latencies), len(probe.failures), p50.Round(time.Microsecond), worst.Round(time.Millisecond))
 	if earliest < headerTimeout {
-		t.Errorf("a slowloris connection closed after %v, before the %v timeout: closed by something else", earliest, headerTimeout)
+		t.Errorf("a slow connection closed after %v, before the %v timeout: closed by something else", earliest, headerTimeout)
+	}
+}
+
+// TestSlowTLSHandshakes opens 100 connections to the HTTPS listener that
+// send half a TLS record header and then a byte every 100ms, and 50 that
+// send nothing, while a normal HTTPS client keeps requesting: the handshake
+// timeout (Go derives it from --read-header-timeout) closes every one of
+// them, and the normal client keeps its latency.
+func TestSlowTLSHandshakes(t *testing.T) {
+	a := app(t, "A")
+	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
+		{Host: "a.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(a)}}},
+	}})
+	const headerTimeout = time.Second
+	state := t.TempDir()
+	e := startEdge(t, "--routes-file", routes, "--tls", "internal", "--state-dir", state, "--read-header-timeout", headerTimeout.String())
+	waitEdgeReady(t, e)
+	httpsGetInternal(t, e, state, "a.example", "/warm") // the certificate, issued before the attack
+
+	const trickling, silent = 100, 50
+	var set slowSet
+	// A handshake record announcing 512 bytes that arrive a byte at a time.
+	set.dial(t, e.HTTPSAddr, trickling, "\x16\x03\x01\x02\x00\x01", true)
+	set.dial(t, e.HTTPSAddr, silent, "", false)
+	var probe latencyProbe
+	set.run(t, 45*time.Second, func() {
+		probe.do(func() error {
+			if _, body := httpsGetInternal(t, e, state, "a.example", "/ok"); !strings.HasPrefix(body, "A /ok") {
+				return fmt.Errorf("answered %q", body)
+			}
+			return nil
+		})
+	})
+	earliest, latest, answered := set.closedAfter()
+	p50, worst := probe.check(t)
+	t.Logf("figures: slow TLS handshakes: %d trickling a ClientHello and %d silent, all closed by the %v handshake timeout between %v and %v after opening (%d got bytes first); normal HTTPS client sent %d, failed %d, latency p50 %v max %v",
+		trickling, silent, headerTimeout, earliest.Round(time.Millisecond), latest.Round(time.Millisecond), answered,
+		len(probe.latencies), len(probe.failures), p50.Round(time.Microsecond), worst.Round(time.Millisecond))
+	if earliest < headerTimeout {
+		t.Errorf("a slow handshake closed after %v, before the %v timeout: closed by something else", earliest, headerTimeout)
 	}
 }
 
