@@ -224,7 +224,8 @@ func NewFleetStorage(remote *node.StorageClient, local *BoltStorage, opts FleetO
 }
 
 // Close stops the background retries and waits for them to end. Writes
-// still queued stay in the local store for the next run.
+// still queued stay in the local store for the next run. The node client
+// and the local store are the caller's to close, after Close.
 func (s *FleetStorage) Close() {
 	s.once.Do(func() { close(s.stop) })
 	<-s.done
@@ -944,8 +945,7 @@ func (s *FleetStorage) RenewLockLease(ctx context.Context, name string, lease ti
 	case err == nil && json.Unmarshal(b, &rec) == nil && rec.Token != h.token:
 		return fmt.Errorf("renew lock %q: taken over by %s", name, rec.Holder)
 	case err != nil && !errors.Is(err, fs.ErrNotExist):
-		s.outage(ctx, err)
-		return fmt.Errorf("renew lock %q: %w", name, err)
+		return s.renewFailed(ctx, name, err)
 	}
 	now := time.Now()
 	rec = fleetLock{Holder: s.holder, Token: h.token, Created: now, Expires: now.Add(lease)}
@@ -954,10 +954,20 @@ func (s *FleetStorage) RenewLockLease(ctx context.Context, name string, lease ti
 		return fmt.Errorf("renew lock %q: %w", name, err)
 	}
 	if err := s.remote.Put(nctx, lockRecordKey(name), body); err != nil {
-		s.outage(ctx, err)
-		return fmt.Errorf("renew lock %q: %w", name, err)
+		return s.renewFailed(ctx, name, err)
 	}
 	return nil
+}
+
+// renewFailed decides what a renewal the node did not take means. An
+// outage is not worth failing an issuance attempt for (certmagic would
+// abort it): the lock stays held until its last expiry, after which an
+// edge that can still reach the node takes it over, as for any stale lock.
+func (s *FleetStorage) renewFailed(ctx context.Context, name string, err error) error {
+	if s.outage(ctx, err) {
+		return nil
+	}
+	return fmt.Errorf("renew lock %q: %w", name, err)
 }
 
 // --- metrics ---
