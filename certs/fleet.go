@@ -255,12 +255,22 @@ func (s *FleetStorage) nodeCtx(ctx context.Context) (context.Context, context.Ca
 	return context.WithTimeout(ctx, s.tmo)
 }
 
-// available reports whether reads and locks should ask the node now: not
-// within RetryMin of its last failure.
+// available reports whether a call should ask the node now. After a
+// failure the node is left alone for RetryMin; then one caller at a time
+// probes it, so a hung node costs one call NodeTimeout, not every
+// handshake that needs storage meanwhile.
 func (s *FleetStorage) available() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return !s.down || !time.Now().Before(s.downUntil)
+	if !s.down {
+		return true
+	}
+	now := time.Now()
+	if now.Before(s.downUntil) {
+		return false
+	}
+	s.downUntil = now.Add(s.tmo + s.rmin) // this caller's probe
+	return true
 }
 
 // outage reports whether err means the node could not serve the call
@@ -567,7 +577,7 @@ func isUnder(key, dir string) bool {
 // fromNode reports whether a read of key should ask the node, counting a
 // read the local copy answers instead.
 func (s *FleetStorage) fromNode(key string) bool {
-	if s.available() && !s.dirty(key) {
+	if !s.dirty(key) && s.available() {
 		return true
 	}
 	s.m.localReads.Inc()

@@ -215,6 +215,34 @@ func TestFleetStorageOutage(t *testing.T) {
 		})
 	}
 
+	t.Run("while a node hangs one read at a time probes it and the rest use the local copy", func(t *testing.T) {
+		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+		opts := fastFleet()
+		opts.NodeTimeout, opts.RetryMin = 300*time.Millisecond, 50*time.Millisecond
+		s := newFleetStore(t, n, t.TempDir(), opts)
+		if err := s.Store(ctx, "k/v", []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+		n.SetStorageDelay(time.Minute)
+		if _, err := s.Load(ctx, "k/v"); err != nil { // finds the node hung
+			t.Fatal(err)
+		}
+		before := n.StorageCounts().Gets
+		<-time.After(opts.RetryMin) // past the pause after a failure: a probe is due
+		var wg sync.WaitGroup
+		for range 10 {
+			wg.Go(func() {
+				if v, err := s.Load(ctx, "k/v"); err != nil || string(v) != "v" {
+					t.Errorf("Load = %q, %v, want the local copy", v, err)
+				}
+			})
+		}
+		wg.Wait()
+		if got := n.StorageCounts().Gets - before; got != 1 {
+			t.Errorf("the hung node got %d reads from 10 concurrent Loads, want 1 probe", got)
+		}
+	})
+
 	t.Run("a write the node refuses for good is an error and is not queued", func(t *testing.T) {
 		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
 		s := newFleetStore(t, n, t.TempDir(), fastFleet())
