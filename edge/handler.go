@@ -138,6 +138,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
+	if r.ProtoMajor == 1 && len(r.TransferEncoding) > 0 {
+		// Go's server reads a request carrying both Content-Length and
+		// Transfer-Encoding by the latter and drops the former before the
+		// handler sees it, so the two cannot be told apart here; RFC 9112
+		// §6.1 says the server MUST close the connection after such a
+		// request. Closing after every chunked HTTP/1 request costs a
+		// reconnect to the rare client that streams an upload, and takes
+		// away the desync a front proxy counting by Content-Length needs.
+		w.Header().Set("Connection", "close")
+	}
 	if r.Method == http.MethodConnect {
 		h.answer(w, rec, ReasonMethod)
 		return
@@ -182,6 +192,20 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		// name for this, kept for logs and metrics only.
 		rec.Reason, rec.Status = ReasonCanceled, 499
 	}
+}
+
+// Screen wraps next, the plain listener's layer for ACME challenges and
+// HTTPS redirects, so that the requests the edge refuses whatever their host
+// (CONNECT, a malformed Host) get the edge's own 405 and 400 rather than a
+// redirect built from a host that is not one.
+func (h *Handler) Screen(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodConnect || !validHost(r.Host) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // answer writes one of the edge's own responses.

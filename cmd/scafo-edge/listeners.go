@@ -94,3 +94,41 @@ func (h *http3Listener) advertiseHTTP3(next http.Handler) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 }
+
+// withSendTimeout bounds how long one write to a client may make no
+// progress, as nginx's send_timeout does: a client that stops reading a
+// response is disconnected after d, while a stream that keeps writing runs as
+// long as it likes (a whole-response WriteTimeout would cut it). Zero d
+// returns l as is.
+func withSendTimeout(l net.Listener, d time.Duration) net.Listener {
+	if d <= 0 {
+		return l
+	}
+	return sendTimeoutListener{Listener: l, d: d}
+}
+
+type sendTimeoutListener struct {
+	net.Listener
+	d time.Duration
+}
+
+func (l sendTimeoutListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &sendTimeoutConn{Conn: c, d: l.d}, nil
+}
+
+// sendTimeoutConn renews the write deadline before every write; between
+// writes an expired deadline is never checked, so idle connections are
+// untouched.
+type sendTimeoutConn struct {
+	net.Conn
+	d time.Duration
+}
+
+func (c *sendTimeoutConn) Write(p []byte) (int, error) {
+	c.Conn.SetWriteDeadline(time.Now().Add(c.d))
+	return c.Conn.Write(p)
+}

@@ -187,7 +187,7 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 	handler.Covers = tlsSetup.covers
 
 	edgeHandler := metrics.InFlight(handler)
-	httpSrv := newServer(tlsSetup.httpHandler(edgeHandler), nil, "http")
+	httpSrv := newServer(handler.Screen(tlsSetup.httpHandler(edgeHandler)), nil, "http")
 	var httpsSrv *http.Server
 	var h3 *http3Listener
 	if httpsLn != nil {
@@ -203,9 +203,9 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 	}
 	// The PROXY header is read in Accept's connection wrapper, before TLS
 	// and HTTP, so the client address reaches logs and forwarded headers.
-	httpLn = withProxyProtocol(httpLn, proxyFrom, c.readHeaderTimout)
+	httpLn = withProxyProtocol(withSendTimeout(httpLn, c.sendTimeout), proxyFrom, c.readHeaderTimout)
 	if httpsLn != nil {
-		httpsLn = withProxyProtocol(httpsLn, proxyFrom, c.readHeaderTimout)
+		httpsLn = withProxyProtocol(withSendTimeout(httpsLn, c.sendTimeout), proxyFrom, c.readHeaderTimout)
 	}
 	admin := &adminServer{live: live, source: source, reg: reg, proxy: proxy, token: token, certs: tlsSetup.certificates, started: time.Now()}
 	adminSrv := newServer(admin.handler(), nil, "admin")
