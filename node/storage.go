@@ -36,6 +36,10 @@ const (
 // anything far larger is a broken node, not a certificate.
 const MaxObjectSize = 16 << 20
 
+// ErrBadKey is the error for a key no store can hold (empty, or with an
+// empty, "." or ".." component); no request is sent for it.
+var ErrBadKey = errors.New("bad storage key")
+
 // ObjectInfo is what the node's stat answers for one object, and the JSON
 // body GET /v1/storage/stat carries.
 type ObjectInfo struct {
@@ -316,12 +320,12 @@ func (c *StorageClient) do(ctx context.Context, op, key, method, endpoint, pathK
 // store has such a key, and servers clean them out of paths.
 func EscapeKey(key string) (string, error) {
 	if key == "" {
-		return "", errors.New("empty key")
+		return "", fmt.Errorf("empty key: %w", ErrBadKey)
 	}
 	parts := strings.Split(key, "/")
 	for i, p := range parts {
 		if p == "" || p == "." || p == ".." {
-			return "", fmt.Errorf("key %q: empty, . or .. component", key)
+			return "", fmt.Errorf("key %q: empty, . or .. component: %w", key, ErrBadKey)
 		}
 		parts[i] = url.PathEscape(p)
 	}

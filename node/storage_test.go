@@ -228,8 +228,8 @@ func TestStorageClientErrors(t *testing.T) {
 		c := newStorageClient(t, n, "tok")
 		before := n.StorageCounts()
 		for _, key := range []string{"", "a//b", "a/../b", "./a", "a/"} {
-			if err := c.Put(context.Background(), key, nil); err == nil {
-				t.Errorf("Put(%q) = nil, want an error", key)
+			if err := c.Put(context.Background(), key, nil); !errors.Is(err, node.ErrBadKey) {
+				t.Errorf("Put(%q) = %v, want node.ErrBadKey", key, err)
 			}
 		}
 		if after := n.StorageCounts(); after != before {
