@@ -30,6 +30,7 @@ type Reason string
 const (
 	ReasonNoDocument  Reason = "no_document"
 	ReasonBadHost     Reason = "bad_host"
+	ReasonBadTarget   Reason = "bad_target"
 	ReasonMisdirected Reason = "misdirected"
 	ReasonDenied      Reason = "denied"
 	ReasonNoRoute     Reason = "no_route"
@@ -40,7 +41,7 @@ const (
 )
 
 // Reasons lists every Reason, for metrics that pre-create their series.
-var Reasons = []Reason{ReasonNoDocument, ReasonBadHost, ReasonMisdirected, ReasonDenied,
+var Reasons = []Reason{ReasonNoDocument, ReasonBadHost, ReasonBadTarget, ReasonMisdirected, ReasonDenied,
 	ReasonNoRoute, ReasonNoUpstream, ReasonTimeout, ReasonMethod, ReasonCanceled}
 
 // selfAnswers are the statuses and bodies of the responses the edge writes
@@ -51,6 +52,7 @@ var selfAnswers = map[Reason]struct {
 }{
 	ReasonNoDocument:  {http.StatusServiceUnavailable, "scafo-edge: no routing document loaded yet\n"},
 	ReasonBadHost:     {http.StatusBadRequest, "scafo-edge: malformed Host header\n"},
+	ReasonBadTarget:   {http.StatusBadRequest, "scafo-edge: malformed request target\n"},
 	ReasonMisdirected: {http.StatusMisdirectedRequest, "scafo-edge: Host not covered by this connection's certificate\n"},
 	ReasonDenied:      {http.StatusForbidden, "scafo-edge: this path of the API is not served publicly\n"},
 	ReasonNoRoute:     {http.StatusNotFound, "scafo-edge: no route for this host\n"},
@@ -150,6 +152,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 	}
 	if r.Method == http.MethodConnect {
 		h.answer(w, rec, ReasonMethod)
+		return
+	}
+	if !validTarget(r.RequestURI) {
+		h.answer(w, rec, ReasonBadTarget)
 		return
 	}
 	t := h.Table.Load()
@@ -263,6 +269,20 @@ func stripPortAndDot(host string) string {
 		host = host[:i]
 	}
 	return strings.TrimSuffix(host, ".")
+}
+
+// validTarget reports whether a request-target can be forwarded byte for
+// byte in an HTTP/1.1 request line. Go's HTTP/1 server never lets a space or
+// control byte through, but an HTTP/2 or HTTP/3 :path only has to start with
+// "/": "/a b" would reach the upstream as "GET /a b HTTP/1.1", a request line
+// its parser may split elsewhere than the edge did.
+func validTarget(uri string) bool {
+	for i := 0; i < len(uri); i++ {
+		if c := uri[i]; c <= ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // requestPath returns the path of the request-URI exactly as it arrived,

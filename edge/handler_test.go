@@ -294,3 +294,19 @@ type discardWriter struct{ h http.Header }
 func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discardWriter) WriteHeader(int)             {}
+
+func TestHandlerRefusesTargetsThatCannotBeForwardedVerbatim(t *testing.T) {
+	// Go's HTTP/2 and HTTP/3 servers accept a :path with a space; forwarded
+	// byte for byte it would split the upstream's HTTP/1.1 request line.
+	f := newHandlerFixture(t)
+	f.load(t)
+	for _, target := range []string{"/a b", "/a HTTP/1.0\r\nX: y", "/a\tb", "/a\x7fb", "/a\x00"} {
+		r := httptest.NewRequest("GET", "https://go.tito.io/", nil)
+		r.ProtoMajor, r.Proto, r.RequestURI = 2, "HTTP/2.0", target
+		w := httptest.NewRecorder()
+		f.h.ServeHTTP(w, r)
+		if w.Code != 400 || !strings.Contains(w.Body.String(), "request target") || f.goapp.hits() != 0 {
+			t.Errorf("target %q: %d %q, upstream hits %d; want 400 and nothing forwarded", target, w.Code, w.Body, f.goapp.hits())
+		}
+	}
+}
