@@ -20,7 +20,6 @@ package backhaul
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -53,21 +52,25 @@ var (
 	errInvalidRequest    = errors.New("request cannot be written as HTTP/1.1")
 )
 
-// aLongTimeAgo is a deadline in the past: setting it interrupts a blocked
-// read or write at once.
-var aLongTimeAgo = time.Unix(1, 0)
-
 // tryH1 is try for a request the pooled client takes: it sends r to u and,
 // when u answers, writes the response to w. It reports whether connecting
 // failed, the one case where the next upstream may be tried.
 func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s *hostState, res *Result) (connectFailed bool, err error) {
 	ctx := r.Context()
-	pc, reused, err := p.pool.get(ctx, u.Address, time.Now())
+	start := time.Now()
+	var headBy time.Time
+	if p.rhTimeout {
+		// Counted from the start rather than from the request's write, as
+		// the transport counts it: the difference is one write to a
+		// connected socket.
+		headBy = start.Add(p.rhTimeoutDur)
+	}
+	pc, reused, err := p.pool.get(ctx, u.Address, start)
 	if err != nil {
 		return p.failed(r, nil, u, s, err)
 	}
-	stop := pc.watch(ctx)
 	for {
+		pc.rd.begin(ctx, start, headBy)
 		var anyRead bool
 		if err = p.writeRequest(pc.bw, r, u.Address); err == nil {
 			anyRead, err = p.readHead(pc, r.Method == http.MethodHead)
@@ -76,7 +79,6 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s
 			}
 		}
 		pc.nc.Close()
-		stop()
 		// A pooled connection may have been closed by the upstream just
 		// as it was taken (the keep-alive race): nothing of the response
 		// was read, so the upstream never answered on it. The request is
@@ -93,32 +95,20 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s
 			return p.failed(r, nil, u, s, err)
 		}
 		reused = false
-		stop = pc.watch(ctx)
 	}
 	p.connected(u, s)
 	clean, err := p.respondH1(w, r, pc, res)
-	// stop reports false when the client went away and the watch already
-	// interrupted the connection: its deadline is spent.
-	if stop() && clean && pc.head.keepAlive && pc.br.Buffered() == 0 {
-		p.pool.put(pc, time.Now())
+	pc.rd.end()
+	if clean && pc.head.keepAlive && pc.br.Buffered() == 0 {
+		// Stamped with the exchange's start: the idle time is
+		// overestimated by the exchange, which only makes the peek
+		// before reuse a little more frequent.
+		p.pool.put(pc, start)
 	} else {
 		pc.nc.Close()
 	}
 	return false, err
 }
-
-// watch interrupts pc's reads and writes when ctx ends (the client went
-// away), so that a request waiting on a slow upstream is released and the
-// upstream sees its connection close. The returned stop reports whether it
-// had not fired.
-func (pc *h1Conn) watch(ctx context.Context) (stop func() bool) {
-	if ctx.Done() == nil {
-		return alwaysStopped
-	}
-	return context.AfterFunc(ctx, pc.interrupt)
-}
-
-func alwaysStopped() bool { return true }
 
 // writeError marks a failure to send the request head.
 type writeError struct{ err error }
@@ -284,9 +274,6 @@ const (
 // against the 1 MiB bound on the head, which is what bounds them). anyRead reports whether any byte of a response arrived, which
 // tells a keep-alive race from an upstream failing mid-answer.
 func (p *Proxy) readHead(pc *h1Conn, headRequest bool) (anyRead bool, err error) {
-	if p.rhTimeout {
-		pc.nc.SetReadDeadline(time.Now().Add(p.rhTimeoutDur))
-	}
 	h := &pc.head
 	total := 0
 	for {
@@ -312,9 +299,7 @@ func (p *Proxy) readHead(pc *h1Conn, headRequest bool) (anyRead bool, err error)
 			return true, errUnaskedSwitch
 		}
 	}
-	if p.rhTimeout {
-		pc.nc.SetReadDeadline(time.Time{})
-	}
+	pc.rd.headBy = time.Time{}
 	return true, nil
 }
 
@@ -754,9 +739,6 @@ func unexpected(err error) error {
 	}
 	return err
 }
-
-// interrupt ends any read or write in progress on the connection.
-func (pc *h1Conn) interrupt() { pc.nc.SetDeadline(aLongTimeAgo) }
 
 // appendCanonical appends key in canonical form ("content-type" →
 // "Content-Type"), as net/textproto does for a valid token.

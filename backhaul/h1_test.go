@@ -343,6 +343,27 @@ func TestPooledConnections(t *testing.T) {
 		}
 	})
 
+	t.Run("a connection idle past its read deadline is peeked and reused", func(t *testing.T) {
+		var conns atomic.Int32
+		up := rawKeepAlive(t, &conns, func(*http.Request, int) (string, bool) { return ok, false })
+		p := newProxy(t, Options{})
+		e := startEdge(t, p, node.Upstream{Node: "a", Address: up})
+		getN(t, e.addr, 1)
+		e.next(t)
+		// Age the idle connection instead of waiting for it to age.
+		pc := p.pool.pop(up)
+		if pc == nil {
+			t.Fatal("no idle connection after a keep-alive response")
+		}
+		long := time.Now().Add(-time.Minute)
+		pc.rd.arm(long)
+		p.pool.put(pc, long)
+		getN(t, e.addr, 1)
+		if n := conns.Load(); n != 1 {
+			t.Errorf("upstream accepted %d connections, want 1", n)
+		}
+	})
+
 	t.Run("a connection that said close is not reused", func(t *testing.T) {
 		var conns atomic.Int32
 		up := rawKeepAlive(t, &conns, func(*http.Request, int) (string, bool) {

@@ -3,7 +3,9 @@ package backhaul
 import (
 	"bufio"
 	"context"
+	"errors"
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -14,6 +16,7 @@ import (
 // on a pooled connection allocates almost nothing of its own.
 type h1Conn struct {
 	nc     net.Conn
+	rd     tickReader // between br and nc
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	addr   string
@@ -33,7 +36,9 @@ const (
 )
 
 func newH1Conn(nc net.Conn, addr string) *h1Conn {
-	pc := &h1Conn{nc: nc, addr: addr, br: bufio.NewReaderSize(nc, h1ReadBufSize), bw: bufio.NewWriterSize(nc, h1WriteBufSize)}
+	pc := &h1Conn{nc: nc, addr: addr, bw: bufio.NewWriterSize(nc, h1WriteBufSize)}
+	pc.rd.nc = nc
+	pc.br = bufio.NewReaderSize(&pc.rd, h1ReadBufSize)
 	pc.fixed.br, pc.chunks.br, pc.close.br = pc.br, pc.br, pc.br
 	return pc
 }
@@ -84,7 +89,14 @@ func (cp *connPool) get(ctx context.Context, addr string, now time.Time) (pc *h1
 		if pc == nil {
 			break
 		}
-		if now.Sub(pc.idleAt) < cp.peekAfter || connAlive(pc.nc) {
+		if now.Sub(pc.idleAt) < cp.peekAfter {
+			return pc, true, nil
+		}
+		if !pc.rd.deadline.After(now) {
+			// A passed deadline fails the peek before it looks.
+			pc.rd.arm(now.Add(firstTick))
+		}
+		if connAlive(pc.nc) {
 			return pc, true, nil
 		}
 		pc.nc.Close()
@@ -194,4 +206,69 @@ func (cp *connPool) idleCount(addr string) int {
 		return len(l.conns)
 	}
 	return 0
+}
+
+// tickReader reads from an upstream connection on behalf of one exchange at
+// a time, and is how a waiting exchange notices that its client went away
+// or that the response-header timeout passed. Registering a callback on
+// every request's context (context.AfterFunc) cost five allocations and a
+// lock per request; instead the connection carries a read deadline that is
+// re-armed only when it fires, and each firing checks the exchange. A busy
+// connection thus makes no deadline call per request; a long wait is woken
+// once a tick, the tick doubling up to maxTick, so the client's leaving is
+// seen within that (the upstream then sees its connection close).
+type tickReader struct {
+	nc       net.Conn
+	deadline time.Time       // the read deadline armed on nc; zero: none
+	ctx      context.Context // the exchange's; nil while idle
+	headBy   time.Time       // the response-header deadline; zero: none or read
+	tick     time.Duration
+}
+
+const (
+	firstTick = time.Second
+	maxTick   = 8 * time.Second
+)
+
+// begin starts an exchange for ctx at now; headBy is its response-header
+// deadline, zero for none.
+func (t *tickReader) begin(ctx context.Context, now, headBy time.Time) {
+	t.ctx, t.headBy, t.tick = ctx, headBy, firstTick
+	switch {
+	case !headBy.IsZero() && (t.deadline.IsZero() || headBy.Before(t.deadline)):
+		t.arm(headBy)
+	case t.deadline.IsZero():
+		t.arm(now.Add(firstTick))
+	}
+}
+
+// end ends the exchange; the idle connection keeps no context alive.
+func (t *tickReader) end() { t.ctx, t.headBy = nil, time.Time{} }
+
+func (t *tickReader) arm(d time.Time) {
+	t.deadline = d
+	t.nc.SetReadDeadline(d)
+}
+
+func (t *tickReader) Read(p []byte) (int, error) {
+	for {
+		n, err := t.nc.Read(p)
+		if n > 0 || err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, err
+		}
+		// The deadline is a check, not a verdict.
+		if t.ctx != nil && t.ctx.Err() != nil {
+			return 0, t.ctx.Err()
+		}
+		now := time.Now()
+		if !t.headBy.IsZero() && !now.Before(t.headBy) {
+			return 0, err // a timeout: the edge answers 504
+		}
+		next := now.Add(t.tick)
+		t.tick = min(2*t.tick, maxTick)
+		if !t.headBy.IsZero() && t.headBy.Before(next) {
+			next = t.headBy
+		}
+		t.arm(next)
+	}
 }
