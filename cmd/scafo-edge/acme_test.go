@@ -115,3 +115,60 @@ func TestACMEThroughTheBinary(t *testing.T) {
 		t.Errorf("Pebble orders after restart = %d, want still 1", got)
 	}
 }
+
+// TestFleetStoreThroughTheBinary: two edges polling one node share its
+// certificate store (the default with --node). Asked for the same new name at
+// the same moment, they place one ACME order between them and serve the same
+// certificate. Both bind the same ports, on 127.0.0.1 and 127.0.0.2; Pebble
+// validates at 127.0.0.1, whichever edge started the order, because
+// challenge tokens live in the shared store.
+func TestFleetStoreThroughTheBinary(t *testing.T) {
+	httpPort, httpsPort := freePort(t), freePort(t)
+	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
+	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
+	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := app(t, "A")
+	n := nodetest.New(t, nodetest.Options{Token: "fleet-token"})
+	n.SetDocument(&node.Document{V: 1, Routes: []node.Route{
+		{Host: "shared.example", Application: "shared", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(a)}}},
+	}})
+	var edges []*runningEdge
+	for _, ip := range []string{"127.0.0.1", "127.0.0.2"} {
+		e := startEdge(t, "--node", n.URL(), "--ingress-token", "fleet-token", "--tls", "acme",
+			"--acme-ca", p.DirectoryURL, "--acme-ca-root", rootFile,
+			"--http-addr", fmt.Sprintf("%s:%d", ip, httpPort), "--https-addr", fmt.Sprintf("%s:%d", ip, httpsPort))
+		edges = append(edges, e)
+	}
+	for _, e := range edges {
+		waitFor(t, 15*time.Second, "first document", func() error {
+			if code, _ := e.get(t, "nobody.example", "/"); code != 404 {
+				return fmt.Errorf("status %d", code)
+			}
+			return nil
+		})
+	}
+	roots := p.IssuerRoots(t)
+	serials := make(chan string, len(edges))
+	for _, e := range edges {
+		go func() {
+			conn, err := tls.Dial("tcp", e.HTTPSAddr, &tls.Config{RootCAs: roots, ServerName: "shared.example"})
+			if err != nil {
+				serials <- "error: " + err.Error()
+				return
+			}
+			defer conn.Close()
+			serials <- conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+		}()
+	}
+	first, second := <-serials, <-serials
+	if strings.HasPrefix(first, "error") || first != second {
+		t.Fatalf("the two edges served %q and %q, want one certificate\n%s\n%s", first, second, edges[0].logText(), edges[1].logText())
+	}
+	p.WaitOrderCount(t, 1)
+	if got := p.OrderCount(); got != 1 {
+		t.Errorf("Pebble orders = %d for two edges asking at once, want 1", got)
+	}
+	t.Logf("figures: 2 edges (binaries) sharing the fleet store, asked for one new name at once: %d ACME order(s), serial %s", p.OrderCount(), first)
+}

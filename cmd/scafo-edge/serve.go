@@ -178,7 +178,7 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 	}
 	// Certificate management learns the bound ports: certmagic must not
 	// open listeners of its own, and redirects name the HTTPS port.
-	tlsSetup, err := setupTLS(ctx, c, db, live, portOf(httpLn), portOf(httpsLn), log, reg)
+	tlsSetup, err := setupTLS(ctx, c, db, live, token, portOf(httpLn), portOf(httpsLn), log, reg)
 	if err != nil {
 		closeAll()
 		return err

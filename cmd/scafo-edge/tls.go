@@ -9,12 +9,14 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/caddyserver/certmagic"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/scafo/scafo-edge/certs"
 	"github.com/scafo/scafo-edge/edge"
+	"github.com/scafo/scafo-edge/node"
 )
 
 // internalRootFile is where --tls internal writes its root certificate, for
@@ -42,7 +44,7 @@ func (t tlsSetup) httpHandler(h http.Handler) http.Handler {
 // setupTLS starts certificate management for --tls acme or internal. The
 // decision is the live table's: a name the document names exactly, never a
 // wildcard key, nothing before the first document (DESIGN.md rule 8).
-func setupTLS(ctx context.Context, c *config, db *bolt.DB, live *edge.Live, httpPort, httpsPort int, log zerolog.Logger, reg prometheus.Registerer) (tlsSetup, error) {
+func setupTLS(ctx context.Context, c *config, db *bolt.DB, live *edge.Live, token string, httpPort, httpsPort int, log zerolog.Logger, reg prometheus.Registerer) (tlsSetup, error) {
 	if c.tlsMode == "off" {
 		return tlsSetup{stop: func() {}}, nil
 	}
@@ -64,9 +66,14 @@ func setupTLS(ctx context.Context, c *config, db *bolt.DB, live *edge.Live, http
 	if c.dnsProvider == "cloudflare" && cfToken == "" {
 		return tlsSetup{}, fmt.Errorf("--dns-provider cloudflare needs CLOUDFLARE_API_TOKEN")
 	}
+	store, closeStore, err := certStore(c, db, token, log, reg)
+	if err != nil {
+		return tlsSetup{}, err
+	}
 	m, err := certs.New(ctx, certs.Options{
 		Mode:            certs.Mode(c.tlsMode),
 		DB:              db,
+		Storage:         store,
 		Allowed:         func(name string) bool { return live.Load().Certifiable(name) },
 		CA:              c.acmeCA,
 		CARoot:          c.acmeCARoot,
@@ -80,12 +87,17 @@ func setupTLS(ctx context.Context, c *config, db *bolt.DB, live *edge.Live, http
 		Registerer:      reg,
 	})
 	if err != nil {
+		closeStore()
 		return tlsSetup{}, fmt.Errorf("tls %s: %w", c.tlsMode, err)
+	}
+	stop := func() {
+		m.Stop()
+		closeStore()
 	}
 	if root := m.InternalRootPEM(); len(root) > 0 {
 		path := filepath.Join(c.stateDir, internalRootFile)
 		if err := os.WriteFile(path, root, 0o644); err != nil {
-			m.Stop()
+			stop()
 			return tlsSetup{}, fmt.Errorf("write internal root: %w", err)
 		}
 		log.Info().Str("file", path).Msg("internal CA root written; trust it on clients of this edge")
@@ -95,6 +107,47 @@ func setupTLS(ctx context.Context, c *config, db *bolt.DB, live *edge.Live, http
 		wrapHTTP:     m.HTTPHandler,
 		covers:       m.Covers,
 		certificates: m.Certificates,
-		stop:         m.Stop,
+		stop:         stop,
+	}, nil
+}
+
+// certStore picks where certificates, keys and issuance locks live:
+// "local" keeps them in edge.db only (nil: certs' default bbolt store);
+// "fleet" shares them through the node's /v1/storage with bbolt as the local
+// copy, so N edges asking for one name place one ACME order. The default is
+// fleet when polling a node and local with --routes-file.
+func certStore(c *config, db *bolt.DB, token string, log zerolog.Logger, reg prometheus.Registerer) (certmagic.Storage, func(), error) {
+	mode := c.certStore
+	if mode == "" {
+		mode = "fleet"
+		if c.routesFile != "" {
+			mode = "local"
+		}
+	}
+	switch mode {
+	case "local":
+		return nil, func() {}, nil
+	case "fleet":
+	default:
+		return nil, nil, fmt.Errorf("--cert-store %q: want local or fleet", c.certStore)
+	}
+	if c.routesFile != "" {
+		return nil, nil, fmt.Errorf("--cert-store fleet needs a node (--node), not --routes-file")
+	}
+	local, err := certs.NewBoltStorage(db)
+	if err != nil {
+		return nil, nil, err
+	}
+	client := node.NewStorageClient(c.node, token, nil)
+	fleet, err := certs.NewFleetStorage(client, local, certs.FleetOptions{
+		Log:        log.With().Str("component", "cert-store").Logger(),
+		Registerer: reg,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("fleet certificate store: %w", err)
+	}
+	return fleet, func() {
+		fleet.Close()
+		client.CloseIdleConnections()
 	}, nil
 }
