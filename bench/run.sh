@@ -304,7 +304,8 @@ log "building the upstream"
 (cd "$REPO" && go build -o "$CACHE/bench-upstream" ./bench/upstream) || die "build bench/upstream failed"
 # scafo-edge (or, for --profile, bench/edgeprof) is built from the working
 # tree, or from --edge-rev. Other people may be mid-edit in the working tree:
-# when it does not build, HEAD is built instead and the table says so.
+# when it does not build, the newest of the last six commits that builds is
+# measured instead, and the table says which.
 EDGE_PKG=./cmd/scafo-edge EDGE_OUT=$CACHE/scafo-edge
 if [[ -n $PROFILE_DIR ]]; then EDGE_PKG=./bench/edgeprof EDGE_OUT=$CACHE/edgeprof; fi
 SRC=$REPO
@@ -331,12 +332,20 @@ log "building $EDGE_PKG from ${EDGE_REV:+commit $EDGE_REV of }$REPO"
 if build_edge; then
 	EDGE_BIN=$EDGE_OUT
 elif [[ -z $EDGE_REV ]] && (cd "$REPO" && git rev-parse -q --verify HEAD >/dev/null 2>&1); then
-	log "$EDGE_PKG: the working tree does not build; building HEAD instead:"
-	head -3 "$WORK/edge-build.log" | sed 's/^/    /' >&2
-	if export_rev HEAD && build_edge; then
-		EDGE_BIN=$EDGE_OUT
-		EDGE_VERSION="$(cd "$REPO" && git rev-parse --short HEAD) (HEAD; the working tree did not build)"
-	fi
+	# A shared checkout can be mid-edit, and even a commit can lean on a
+	# file not yet committed: try HEAD, then up to five commits back.
+	log "$EDGE_PKG: the working tree does not build:"
+	grep -v '^#' "$WORK/edge-build.log" | head -2 | sed 's/^/    /' >&2
+	for rev in HEAD HEAD~1 HEAD~2 HEAD~3 HEAD~4 HEAD~5; do
+		(cd "$REPO" && git rev-parse -q --verify "$rev" >/dev/null 2>&1) || break
+		log "$EDGE_PKG: building $rev ($(cd "$REPO" && git rev-parse --short "$rev")) instead"
+		if export_rev "$rev" && build_edge; then
+			EDGE_BIN=$EDGE_OUT
+			EDGE_VERSION="$(cd "$REPO" && git rev-parse --short "$rev") ($rev; the working tree did not build)"
+			break
+		fi
+		grep -v '^#' "$WORK/edge-build.log" | head -1 | sed 's/^/    /' >&2
+	done
 fi
 if [[ -z $EDGE_BIN ]]; then
 	EDGE_NOTE="build failed: $(grep -v '^#' "$WORK/edge-build.log" | head -1)"
