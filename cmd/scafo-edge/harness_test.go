@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -52,10 +53,11 @@ type runningEdge struct {
 	AdminAddr string
 	StateDir  string
 
-	mu    sync.Mutex
-	lines []map[string]any
-	done  chan struct{}
-	err   error
+	mu     sync.Mutex
+	lines  []map[string]any
+	stderr syncBuffer
+	done   chan struct{}
+	err    error
 }
 
 // startEdge runs scafo-edge serve with args plus loopback listeners on free
@@ -63,20 +65,36 @@ type runningEdge struct {
 // ends. Unless args name one, it gets a fresh state dir.
 func startEdge(t *testing.T, args ...string) *runningEdge {
 	t.Helper()
-	e := &runningEdge{done: make(chan struct{})}
 	full := []string{"serve", "--http-addr", "127.0.0.1:0", "--https-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--poll-interval", "100ms"}
+	stateDir := ""
 	if !hasFlag(args, "--state-dir") {
-		e.StateDir = t.TempDir()
-		full = append(full, "--state-dir", e.StateDir)
+		stateDir = t.TempDir()
+		full = append(full, "--state-dir", stateDir)
 	}
-	full = append(full, args...)
-	e.cmd = exec.Command(edgeBinary, full...)
+	e := startEdgeBinary(t, edgeBinary, nil, append(full, args...)...)
+	e.StateDir = stateDir
+	return e
+}
+
+// startEdgeBinary runs bin with exactly args (as cred's user when cred is
+// not nil), waits for its start-up line and reads the bound addresses from
+// it. The process is stopped (SIGTERM) when the test ends, if the test did
+// not stop it.
+func startEdgeBinary(t *testing.T, bin string, cred *syscall.Credential, args ...string) *runningEdge {
+	t.Helper()
+	e := &runningEdge{done: make(chan struct{})}
+	e.cmd = exec.Command(bin, args...)
 	e.cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
+	if cred != nil {
+		e.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	stdout, err := e.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.cmd.Stderr = &testWriter{t: t, prefix: "edge stderr: "}
+	// Stderr is kept for output as well as logged: the test may want it
+	// after the process exits.
+	e.cmd.Stderr = io.MultiWriter(&testWriter{t: t, prefix: "edge stderr: "}, &e.stderr)
 	if err := e.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -106,10 +124,13 @@ func startEdge(t *testing.T, args ...string) *runningEdge {
 		e.HTTPAddr, _ = line["http_addr"].(string)
 		e.HTTPSAddr, _ = line["https_addr"].(string)
 		e.AdminAddr, _ = line["admin_addr"].(string)
+		if e.HTTPAddr == "" || e.AdminAddr == "" {
+			t.Fatalf("start-up line lacks http_addr or admin_addr: %v", line)
+		}
 	case <-e.done:
-		t.Fatalf("scafo-edge exited before starting: %v\n%s", e.err, e.logText())
+		t.Fatalf("scafo-edge exited before starting: %v\n%s", e.err, e.output())
 	case <-time.After(30 * time.Second):
-		t.Fatalf("scafo-edge did not start within 30s\n%s", e.logText())
+		t.Fatalf("scafo-edge did not start within 30s\n%s", e.output())
 	}
 	return e
 }
@@ -152,6 +173,12 @@ func (e *runningEdge) logText() string {
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// output is what the process wrote so far: its log lines, then its
+// stderr; complete once it has exited.
+func (e *runningEdge) output() string {
+	return e.logText() + e.stderr.String()
 }
 
 // logged reports whether any log line, in any field, contains s.
@@ -226,4 +253,23 @@ type testWriter struct {
 func (w *testWriter) Write(p []byte) (int, error) {
 	w.t.Log(w.prefix + strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's writes and a test's
+// reads at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

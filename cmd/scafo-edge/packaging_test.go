@@ -10,7 +10,6 @@ package main
 // table is regenerated from the flag set and compared.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"debug/elf"
@@ -29,7 +28,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -123,13 +121,13 @@ func TestImageBinary(t *testing.T) {
 	})
 
 	t.Run("health exits 0 against a running edge and non-zero once it is stopped", func(t *testing.T) {
-		e := startPackagedEdge(t, bin, nil,
+		e := startEdgeBinary(t, bin, nil,
 			"serve", "--routes-file", filepath.Join(pkgRoot, "testdata/demo/routes.json"), "--tls", "off",
 			"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--state-dir", t.TempDir())
 
 		// The edge is serving: a host nothing names is answered by the edge.
-		pkgWaitFor(t, 10*time.Second, "the demo document is served", func() error {
-			req, _ := http.NewRequest("GET", "http://"+e.httpAddr+"/", nil)
+		waitFor(t, 10*time.Second, "the demo document is served", func() error {
+			req, _ := http.NewRequest("GET", "http://"+e.HTTPAddr+"/", nil)
 			req.Host = "nothing.invalid"
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
@@ -146,17 +144,17 @@ func TestImageBinary(t *testing.T) {
 		// compose gives it: by environment.
 		hc := df.healthcheck(t)
 		hc[0] = bin
-		if out, err := pkgRun(hc, "SCAFO_EDGE_ADMIN_ADDR="+e.adminAddr); err != nil {
-			t.Errorf("HEALTHCHECK %q with SCAFO_EDGE_ADMIN_ADDR=%s: %v\n%s", hc, e.adminAddr, err, out)
+		if out, err := pkgRun(hc, "SCAFO_EDGE_ADMIN_ADDR="+e.AdminAddr); err != nil {
+			t.Errorf("HEALTHCHECK %q with SCAFO_EDGE_ADMIN_ADDR=%s: %v\n%s", hc, e.AdminAddr, err, out)
 		}
-		if out, err := pkgRun([]string{bin, "health", "--admin-addr", e.adminAddr}); err != nil || strings.TrimSpace(string(out)) != "ok" {
-			t.Errorf("scafo-edge health --admin-addr %s = %q, %v; want ok, exit 0", e.adminAddr, out, err)
+		if out, err := pkgRun([]string{bin, "health", "--admin-addr", e.AdminAddr}); err != nil || strings.TrimSpace(string(out)) != "ok" {
+			t.Errorf("scafo-edge health --admin-addr %s = %q, %v; want ok, exit 0", e.AdminAddr, out, err)
 		}
 
 		if err := e.stop(t); err != nil {
 			t.Errorf("scafo-edge after SIGTERM: %v, want exit 0\n%s", err, e.output())
 		}
-		out, err := pkgRun([]string{bin, "health", "--admin-addr", e.adminAddr, "--timeout", "2s"})
+		out, err := pkgRun([]string{bin, "health", "--admin-addr", e.AdminAddr, "--timeout", "2s"})
 		var exitErr *exec.ExitError
 		if !errors.As(err, &exitErr) || exitErr.ExitCode() == 0 {
 			t.Errorf("scafo-edge health against a stopped edge: %v (%q), want a non-zero exit", err, out)
@@ -223,9 +221,9 @@ func testNonRootBind(t *testing.T, df *dockerfile, bin string) {
 				"--http-addr", addr, "--admin-addr", "127.0.0.1:0", "--state-dir", state}
 			cred := &syscall.Credential{Uid: uid, Gid: uid, NoSetGroups: true}
 			if tc.canBind {
-				e := startPackagedEdge(t, tc.bin, cred, args...)
-				if e.httpAddr != addr {
-					t.Errorf("http_addr = %s, want %s", e.httpAddr, addr)
+				e := startEdgeBinary(t, tc.bin, cred, args...)
+				if e.HTTPAddr != addr {
+					t.Errorf("http_addr = %s, want %s", e.HTTPAddr, addr)
 				}
 				if err := e.stop(t); err != nil {
 					t.Errorf("after SIGTERM: %v\n%s", err, e.output())
@@ -241,98 +239,6 @@ func testNonRootBind(t *testing.T, df *dockerfile, bin string) {
 				t.Errorf("without the capability: %v\n%s\nwant exit non-zero with permission denied", err, out)
 			}
 		})
-	}
-}
-
-// packagedEdge is a scafo-edge process started from the packaged binary.
-type packagedEdge struct {
-	cmd       *exec.Cmd
-	httpAddr  string
-	adminAddr string
-	out       bytes.Buffer // stdout and stderr, guarded by done
-	done      chan struct{}
-	err       error
-}
-
-// startPackagedEdge runs bin with args, waits for the JSON start-up line and
-// reads the bound addresses from it. The process is stopped (SIGTERM) when
-// the test ends, if the test did not stop it.
-func startPackagedEdge(t *testing.T, bin string, cred *syscall.Credential, args ...string) *packagedEdge {
-	t.Helper()
-	e := &packagedEdge{done: make(chan struct{})}
-	e.cmd = exec.Command(bin, args...)
-	if cred != nil {
-		e.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	}
-	stdout, err := e.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stderr := &syncBuffer{}
-	e.cmd.Stderr = stderr
-	if err := e.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	started := make(chan map[string]any, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		var out bytes.Buffer
-		for sc.Scan() {
-			out.Write(sc.Bytes())
-			out.WriteByte('\n')
-			var line map[string]any
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line["message"] == "scafo-edge started" {
-				started <- line
-			}
-		}
-		io.Copy(io.Discard, stdout)
-		e.err = e.cmd.Wait()
-		e.out.Write(out.Bytes())
-		e.out.WriteString(stderr.String())
-		close(e.done)
-	}()
-	t.Cleanup(func() { e.stop(t) })
-	select {
-	case line := <-started:
-		e.httpAddr, _ = line["http_addr"].(string)
-		e.adminAddr, _ = line["admin_addr"].(string)
-		if e.httpAddr == "" || e.adminAddr == "" {
-			t.Fatalf("start-up line lacks http_addr or admin_addr: %v", line)
-		}
-	case <-e.done:
-		t.Fatalf("scafo-edge exited before starting: %v\n%s", e.err, e.out.String())
-	case <-time.After(20 * time.Second):
-		t.Fatalf("scafo-edge did not log its start-up line within 20s\n%s", stderr.String())
-	}
-	return e
-}
-
-// stop sends SIGTERM and waits for the exit, which it returns.
-func (e *packagedEdge) stop(t *testing.T) error {
-	select {
-	case <-e.done:
-		return e.err
-	default:
-	}
-	e.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-e.done:
-	case <-time.After(35 * time.Second):
-		e.cmd.Process.Kill()
-		<-e.done
-		t.Errorf("scafo-edge did not exit within 35s of SIGTERM")
-	}
-	return e.err
-}
-
-// output is what the process wrote; complete once it has exited.
-func (e *packagedEdge) output() string {
-	select {
-	case <-e.done:
-		return e.out.String()
-	default:
-		return "(still running)"
 	}
 }
 
@@ -1503,43 +1409,4 @@ func pkgMust(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// pkgWaitFor retries cond until it returns nil or the deadline passes.
-func pkgWaitFor(t *testing.T, within time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.NewTimer(within)
-	defer deadline.Stop()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		select {
-		case <-deadline.C:
-			t.Fatalf("%s: not within %v: %v", what, within, err)
-		case <-tick.C:
-		}
-	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's writes and a test's
-// reads at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
