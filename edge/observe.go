@@ -2,6 +2,7 @@ package edge
 
 import (
 	"net/http"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,45 @@ type Metrics struct {
 	self      *prometheus.CounterVec
 	inFlight  prometheus.Gauge
 	failovers *prometheus.CounterVec
+
+	// series caches the children a request updates, by application and
+	// label classes, so that Observe does not hash and look up label values
+	// in four vectors per request (issue 8). It grows with the label sets
+	// the vectors hold, which are bounded by the documents' applications.
+	series sync.Map // seriesKey → *appSeries
+}
+
+// seriesKey names one request series: an application and the indexes of
+// its code, method and protocol classes.
+type seriesKey struct {
+	app                 string
+	code, method, proto uint8
+}
+
+// appSeries holds the children one request series updates.
+type appSeries struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+	bytesOut prometheus.Counter
+	// bytesIn and failovers appear only once they count something, as
+	// they did before they were cached.
+	bytesIn, failovers lazyCounter
+}
+
+// lazyCounter is a vector's child for one application, made on first use.
+type lazyCounter struct {
+	vec *prometheus.CounterVec
+	app string
+	c   atomic.Pointer[prometheus.Counter]
+}
+
+func (l *lazyCounter) get() prometheus.Counter {
+	if c := l.c.Load(); c != nil {
+		return *c
+	}
+	c := l.vec.WithLabelValues(l.app)
+	l.c.Store(&c)
+	return c
 }
 
 // NewMetrics registers the request collectors on reg.
@@ -73,18 +113,38 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // Observe implements Observer.
 func (m *Metrics) Observe(rec *Record) {
 	app := applicationLabel(rec.Route)
-	m.requests.WithLabelValues(app, codeClass(rec.Status), methodClass(rec.Method), protocolClass(rec.Proto)).Inc()
-	m.duration.WithLabelValues(app).Observe(rec.Duration.Seconds())
+	s := m.seriesFor(app, rec)
+	s.requests.Inc()
+	s.duration.Observe(rec.Duration.Seconds())
 	if rec.BytesIn > 0 {
-		m.bytesIn.WithLabelValues(app).Add(float64(rec.BytesIn))
+		s.bytesIn.get().Add(float64(rec.BytesIn))
 	}
-	m.bytesOut.WithLabelValues(app).Add(float64(rec.BytesOut))
+	s.bytesOut.Add(float64(rec.BytesOut))
 	if rec.Reason != "" {
 		m.self.WithLabelValues(app, string(rec.Reason)).Inc()
 	}
 	if rec.Failovers > 0 {
-		m.failovers.WithLabelValues(app).Inc()
+		s.failovers.get().Inc()
 	}
+}
+
+// seriesFor returns the cached children for rec's series, making them on
+// first sight.
+func (m *Metrics) seriesFor(app string, rec *Record) *appSeries {
+	k := seriesKey{app: app, code: codeClassIndex(rec.Status),
+		method: methodClassIndex(rec.Method), proto: protocolClassIndex(rec.Proto)}
+	if s, ok := m.series.Load(k); ok {
+		return s.(*appSeries)
+	}
+	s := &appSeries{
+		requests:  m.requests.WithLabelValues(app, codeClasses[k.code], methodClasses[k.method], protocolClasses[k.proto]),
+		duration:  m.duration.WithLabelValues(app),
+		bytesOut:  m.bytesOut.WithLabelValues(app),
+		bytesIn:   lazyCounter{vec: m.bytesIn, app: app},
+		failovers: lazyCounter{vec: m.failovers, app: app},
+	}
+	actual, _ := m.series.LoadOrStore(k, s)
+	return actual.(*appSeries)
 }
 
 // InFlight wraps next so the in-flight gauge covers the whole request.
@@ -106,33 +166,56 @@ func applicationLabel(r *Route) string {
 	return r.Application
 }
 
-var codeClasses = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx"}
+// The label values of the request classes, indexed by the *ClassIndex
+// functions.
+var (
+	codeClasses     = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx", "other"}
+	methodClasses   = [...]string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "OTHER"}
+	protocolClasses = [...]string{"HTTP/1.0", "HTTP/1.1", "HTTP/2.0", "HTTP/3.0", "other"}
+)
 
-func codeClass(status int) string {
+func codeClassIndex(status int) uint8 {
 	if status >= 100 && status < 600 {
-		return codeClasses[status/100-1]
+		return uint8(status/100 - 1)
 	}
-	return "other"
+	return 5
 }
 
-// methodClass folds methods into a bounded set: a client chooses the method
-// string, so an unknown one must not mint a series.
-func methodClass(m string) string {
+// methodClassIndex folds methods into a bounded set: a client chooses the
+// method string, so an unknown one must not mint a series.
+func methodClassIndex(m string) uint8 {
 	switch m {
-	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
-		http.MethodPatch, http.MethodDelete, http.MethodOptions:
-		return m
+	case http.MethodGet:
+		return 0
+	case http.MethodHead:
+		return 1
+	case http.MethodPost:
+		return 2
+	case http.MethodPut:
+		return 3
+	case http.MethodPatch:
+		return 4
+	case http.MethodDelete:
+		return 5
+	case http.MethodOptions:
+		return 6
 	}
-	return "OTHER"
+	return 7
 }
 
-// protocolClass folds the request's protocol into a bounded set.
-func protocolClass(p string) string {
+// protocolClassIndex folds the request's protocol into a bounded set.
+func protocolClassIndex(p string) uint8 {
 	switch p {
-	case "HTTP/1.0", "HTTP/1.1", "HTTP/2.0", "HTTP/3.0":
-		return p
+	case "HTTP/1.0":
+		return 0
+	case "HTTP/1.1":
+		return 1
+	case "HTTP/2.0":
+		return 2
+	case "HTTP/3.0":
+		return 3
 	}
-	return "other"
+	return 4
 }
 
 // AccessLog writes one JSON line per request, at most Limit lines a second
