@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/scafo/scafo-edge/backhaul"
@@ -128,16 +129,23 @@ func (h *Handler) now() time.Time {
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var rec Record
-	if h.Observer != nil {
-		rec = Record{Start: h.now(), Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto}
+	if h.Observer == nil {
+		var rec Record // stays on the stack: nothing else sees it
+		h.serve(w, r, &rec)
+		return
 	}
-	h.serve(w, r, &rec)
-	if h.Observer != nil {
-		rec.Duration = h.now().Sub(rec.Start)
-		h.Observer.Observe(&rec)
-	}
+	// Handing the record to an interface makes it escape; a pooled one
+	// spares an allocation per request (Observers must not keep it).
+	rec := records.Get().(*Record)
+	*rec = Record{Start: h.now(), Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto}
+	h.serve(w, r, rec)
+	rec.Duration = h.now().Sub(rec.Start)
+	h.Observer.Observe(rec)
+	*rec = Record{} // holds no Route, and so no Table, while pooled
+	records.Put(rec)
 }
+
+var records = sync.Pool{New: func() any { return new(Record) }}
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 	if r.ProtoMajor == 1 && len(r.TransferEncoding) > 0 {
