@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -134,51 +135,32 @@ func (c *StorageClient) CloseIdleConnections() {
 	}
 }
 
+// The answers a call takes as success; any other is a *StatusError.
+var (
+	answerStored  = []int{http.StatusOK, http.StatusCreated, http.StatusNoContent}
+	answerFound   = []int{http.StatusOK}
+	answerRemoved = []int{http.StatusOK, http.StatusNoContent, http.StatusNotFound}
+	answerLocked  = append(slices.Clone(answerStored), http.StatusConflict)
+)
+
 // Put stores value at key, replacing what was there.
 func (c *StorageClient) Put(ctx context.Context, key string, value []byte) error {
-	resp, err := c.do(ctx, "put", key, http.MethodPut, StorageObjectsPath, key, nil, value)
-	if err != nil {
-		return err
-	}
-	defer drain(resp)
-	switch resp.StatusCode {
-	case http.StatusOK, http.StatusCreated, http.StatusNoContent:
-		return nil
-	}
-	return statusError("put", key, resp)
+	_, _, err := c.call(ctx, request{op: "put", key: key, method: http.MethodPut, endpoint: StorageObjectsPath, body: value, ok: answerStored})
+	return err
 }
 
 // Get returns the bytes at key; a missing key is an error matching
 // fs.ErrNotExist.
 func (c *StorageClient) Get(ctx context.Context, key string) ([]byte, error) {
-	resp, err := c.do(ctx, "get", key, http.MethodGet, StorageObjectsPath, key, nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer drain(resp)
-	if resp.StatusCode != http.StatusOK {
-		return nil, statusError("get", key, resp)
-	}
-	body, err := readLimited(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("storage get %q: %w", key, err)
-	}
-	return body, nil
+	_, body, err := c.call(ctx, request{op: "get", key: key, method: http.MethodGet, endpoint: StorageObjectsPath, ok: answerFound, read: true})
+	return body, err
 }
 
 // Delete removes key and everything beneath it. A key that is not there
 // is not an error.
 func (c *StorageClient) Delete(ctx context.Context, key string) error {
-	resp, err := c.do(ctx, "delete", key, http.MethodDelete, StorageObjectsPath, key, nil, nil)
-	if err != nil {
-		return err
-	}
-	defer drain(resp)
-	switch resp.StatusCode {
-	case http.StatusOK, http.StatusNoContent, http.StatusNotFound:
-		return nil
-	}
-	return statusError("delete", key, resp)
+	_, _, err := c.call(ctx, request{op: "delete", key: key, method: http.MethodDelete, endpoint: StorageObjectsPath, ok: answerRemoved})
+	return err
 }
 
 // List returns the keys under prefix (component-wise: "acme" covers
@@ -188,17 +170,9 @@ func (c *StorageClient) Delete(ctx context.Context, key string) error {
 // prefix lists from the root.
 func (c *StorageClient) List(ctx context.Context, prefix string, recursive bool) ([]string, error) {
 	q := url.Values{"prefix": {prefix}, "recursive": {fmt.Sprint(recursive)}}
-	resp, err := c.do(ctx, "list", prefix, http.MethodGet, StorageListPath, "", q, nil)
+	_, body, err := c.call(ctx, request{op: "list", key: prefix, method: http.MethodGet, endpoint: StorageListPath, query: q, ok: answerFound, read: true})
 	if err != nil {
 		return nil, err
-	}
-	defer drain(resp)
-	if resp.StatusCode != http.StatusOK {
-		return nil, statusError("list", prefix, resp)
-	}
-	body, err := readLimited(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("storage list %q: %w", prefix, err)
 	}
 	var res ListResult
 	if err := json.Unmarshal(body, &res); err != nil {
@@ -216,17 +190,9 @@ func (c *StorageClient) List(ctx context.Context, prefix string, recursive bool)
 // Stat returns the size and modification time of the object at key; a
 // missing key is an error matching fs.ErrNotExist.
 func (c *StorageClient) Stat(ctx context.Context, key string) (ObjectInfo, error) {
-	resp, err := c.do(ctx, "stat", key, http.MethodGet, StorageStatPath, "", url.Values{"key": {key}}, nil)
+	_, body, err := c.call(ctx, request{op: "stat", key: key, method: http.MethodGet, endpoint: StorageStatPath, query: url.Values{"key": {key}}, ok: answerFound, read: true})
 	if err != nil {
 		return ObjectInfo{}, err
-	}
-	defer drain(resp)
-	if resp.StatusCode != http.StatusOK {
-		return ObjectInfo{}, statusError("stat", key, resp)
-	}
-	body, err := readLimited(resp.Body)
-	if err != nil {
-		return ObjectInfo{}, fmt.Errorf("storage stat %q: %w", key, err)
 	}
 	var info ObjectInfo
 	if err := json.Unmarshal(body, &info); err != nil {
@@ -242,65 +208,79 @@ func (c *StorageClient) Stat(ctx context.Context, key string) (ObjectInfo, error
 // record of who holds it). It reports false, with no error, when someone
 // holds the lock (the node's 409); it never waits.
 func (c *StorageClient) TryLock(ctx context.Context, name string, body []byte) (bool, error) {
-	resp, err := c.do(ctx, "lock", name, http.MethodPost, StorageLocksPath, name, nil, body)
-	if err != nil {
-		return false, err
-	}
-	defer drain(resp)
-	switch resp.StatusCode {
-	case http.StatusOK, http.StatusCreated, http.StatusNoContent:
-		return true, nil
-	case http.StatusConflict:
-		return false, nil
-	}
-	return false, statusError("lock", name, resp)
+	status, _, err := c.call(ctx, request{op: "lock", key: name, method: http.MethodPost, endpoint: StorageLocksPath, body: body, ok: answerLocked})
+	return err == nil && status != http.StatusConflict, err
 }
 
 // Unlock releases the lock name. Releasing a lock nobody holds is not an
 // error.
 func (c *StorageClient) Unlock(ctx context.Context, name string) error {
-	resp, err := c.do(ctx, "unlock", name, http.MethodDelete, StorageLocksPath, name, nil, nil)
-	if err != nil {
-		return err
-	}
-	defer drain(resp)
-	switch resp.StatusCode {
-	case http.StatusOK, http.StatusNoContent, http.StatusNotFound:
-		return nil
-	}
-	return statusError("unlock", name, resp)
+	_, _, err := c.call(ctx, request{op: "unlock", key: name, method: http.MethodDelete, endpoint: StorageLocksPath, ok: answerRemoved})
+	return err
 }
 
-// do sends one request: endpoint, then key escaped component by component
-// when key is not empty, then q.
-func (c *StorageClient) do(ctx context.Context, op, key, method, endpoint, pathKey string, q url.Values, body []byte) (*http.Response, error) {
+// request is one call to the storage surface and the answers it accepts.
+type request struct {
+	op               string // names the call in errors (StatusError.Op)
+	key              string // the key, list prefix or lock name; on the objects and locks endpoints also the path after endpoint
+	method, endpoint string
+	query            url.Values // nil: none
+	body             []byte     // nil: none
+	ok               []int      // the statuses that are success; any other is a *StatusError
+	read             bool       // read a success's body (at most MaxObjectSize)
+}
+
+// call sends r and returns the status of a successful answer, with its body
+// when r.read is set.
+func (c *StorageClient) call(ctx context.Context, r request) (int, []byte, error) {
+	resp, err := c.do(ctx, r)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer drain(resp)
+	if !slices.Contains(r.ok, resp.StatusCode) {
+		return 0, nil, &StatusError{Op: r.op, Key: r.key, Status: resp.StatusCode, Body: snippet(resp.Body)}
+	}
+	if !r.read {
+		return resp.StatusCode, nil, nil
+	}
+	body, err := readLimited(resp.Body)
+	if err != nil {
+		return 0, nil, fmt.Errorf("storage %s %q: %w", r.op, r.key, err)
+	}
+	return resp.StatusCode, body, nil
+}
+
+// do sends one request: endpoint, then on the objects and locks endpoints
+// the key escaped component by component, then the query.
+func (c *StorageClient) do(ctx context.Context, r request) (*http.Response, error) {
 	if c.baseErr != nil {
-		return nil, fmt.Errorf("storage %s %q: %w", op, key, c.baseErr)
+		return nil, fmt.Errorf("storage %s %q: %w", r.op, r.key, c.baseErr)
 	}
 	u := *c.base
-	if endpoint == StorageObjectsPath || endpoint == StorageLocksPath {
-		esc, err := EscapeKey(pathKey)
+	if r.endpoint == StorageObjectsPath || r.endpoint == StorageLocksPath {
+		esc, err := EscapeKey(r.key)
 		if err != nil {
-			return nil, fmt.Errorf("storage %s: %w", op, err)
+			return nil, fmt.Errorf("storage %s: %w", r.op, err)
 		}
-		u.Path = c.base.Path + endpoint + pathKey
-		u.RawPath = c.base.EscapedPath() + endpoint + esc
+		u.Path = c.base.Path + r.endpoint + r.key
+		u.RawPath = c.base.EscapedPath() + r.endpoint + esc
 	} else {
-		u.Path = c.base.Path + endpoint
+		u.Path = c.base.Path + r.endpoint
 		u.RawPath = ""
 	}
-	if q != nil {
-		u.RawQuery = q.Encode()
+	if r.query != nil {
+		u.RawQuery = r.query.Encode()
 	}
 	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
+	if r.body != nil {
+		rd = bytes.NewReader(r.body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	req, err := http.NewRequestWithContext(ctx, r.method, u.String(), rd)
 	if err != nil {
-		return nil, fmt.Errorf("storage %s %q: build request: %w", op, key, err)
+		return nil, fmt.Errorf("storage %s %q: build request: %w", r.op, r.key, err)
 	}
-	if body != nil {
+	if r.body != nil {
 		req.Header.Set("Content-Type", "application/octet-stream")
 	}
 	req.Header.Set("User-Agent", "scafo-edge")
@@ -309,7 +289,7 @@ func (c *StorageClient) do(ctx context.Context, op, key, method, endpoint, pathK
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("storage %s %q: %w", op, key, err)
+		return nil, fmt.Errorf("storage %s %q: %w", r.op, r.key, err)
 	}
 	return resp, nil
 }
@@ -348,10 +328,6 @@ func UnescapeKey(escaped string) (string, error) {
 		return "", err
 	}
 	return key, nil
-}
-
-func statusError(op, key string, resp *http.Response) error {
-	return &StatusError{Op: op, Key: key, Status: resp.StatusCode, Body: snippet(resp.Body)}
 }
 
 func readLimited(r io.Reader) ([]byte, error) {
