@@ -2,7 +2,10 @@
 // real HTTP server on loopback that serves GET /v1/ingress/routes as
 // routing-and-ingress.md describes it (bearer token, ?prefer= reordering,
 // 503 draining before the first reconcile pass, ETag/If-None-Match), with
-// switches to make it fail in each way a real node can.
+// switches to make it fail in each way a real node can. It also serves the
+// node's certificate storage surface (/v1/storage: objects, list, stat and
+// try-only locks, as node.StorageClient calls it), kept in memory across
+// Stop and Restart, with its own failure switches and counters.
 //
 // Every test in the project that needs a node uses this one:
 //
@@ -11,6 +14,8 @@
 //	n.SetStatus(500)         // every poll now fails with 500 ...
 //	n.SetStatus(0)           // ... and now it does not
 //	n.Stop(); n.Restart()    // connection refused, then back on the same port
+//	n.SetStorageStatus(503)  // the storage surface fails; routes are unaffected
+//	n.StorageCounts()        // what the storage surface was asked
 //
 // All methods are safe from any goroutine.
 package nodetest
@@ -74,6 +79,8 @@ type Node struct {
 	token    string
 	requests int
 	last     Request
+
+	st *storage // the /v1/storage surface; set once by Start, survives Stop
 }
 
 // New starts a Node and stops it when the test ends. It fails the test if
@@ -280,17 +287,8 @@ func (n *Node) serveRoutes(w http.ResponseWriter, r *http.Request) {
 	delay, stop := n.delay, n.stop
 	n.mu.Unlock()
 
-	if delay > 0 {
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-r.Context().Done():
-			t.Stop()
-			return
-		case <-stop:
-			t.Stop()
-			return
-		}
+	if !hold(r, delay, stop) {
+		return
 	}
 
 	n.mu.Lock()
@@ -334,6 +332,24 @@ func (n *Node) serveRoutes(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	_, _ = w.Write(body)
+}
+
+// hold waits delay before a handler answers r, and reports whether it
+// should: a client that gives up, or Stop (closing stop), ends the wait.
+func hold(r *http.Request, delay time.Duration, stop <-chan struct{}) bool {
+	if delay <= 0 {
+		return true
+	}
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	case <-stop:
+		return false
+	}
 }
 
 // preferred is the node id ?prefer= names: "self" is this node, an absent

@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"time"
-	"weak"
 
 	"github.com/scafo/scafo-edge/node"
 )
@@ -42,17 +40,6 @@ type object struct {
 	modified time.Time
 }
 
-// storages holds each Node's storage surface. The Node type predates the
-// surface and has no field for it; a weak key lets a node and its surface
-// be collected together.
-var storages sync.Map // weak.Pointer[Node] -> *storage
-
-// st is n's storage surface.
-func (n *Node) st() *storage {
-	v, _ := storages.Load(weak.Make(n))
-	return v.(*storage)
-}
-
 // registerStorage serves /v1/storage (routing-and-ingress.md,
 // "Certificate storage") behind the ingress token:
 //
@@ -70,11 +57,7 @@ func (n *Node) st() *storage {
 // would (no directory entries). Stat knows objects only: a directory is
 // 404, as it is to a bucket.
 func (n *Node) registerStorage(mux *http.ServeMux) {
-	st := &storage{objects: map[string]object{}, locks: map[string][]byte{}}
-	wp := weak.Make(n)
-	storages.Store(wp, st)
-	// Forget the surface with its node: tests start many nodes.
-	runtime.AddCleanup(n, func(wp weak.Pointer[Node]) { storages.Delete(wp) }, wp)
+	n.st = &storage{objects: map[string]object{}, locks: map[string][]byte{}}
 	mux.HandleFunc(node.StorageObjectsPath, n.serveObject)
 	mux.HandleFunc("GET "+node.StorageListPath, n.serveList)
 	mux.HandleFunc("GET "+node.StorageStatPath, n.serveStat)
@@ -85,7 +68,7 @@ func (n *Node) registerStorage(mux *http.ServeMux) {
 // body, before checking the token; 0 restores normal service. The routes
 // surface is not affected (SetStatus is its switch).
 func (n *Node) SetStorageStatus(code int) {
-	st := n.st()
+	st := n.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.status = code
@@ -94,7 +77,7 @@ func (n *Node) SetStorageStatus(code int) {
 // SetStorageDelay holds every storage request for d before answering (a
 // client that gives up, or Stop, ends the wait); 0 restores.
 func (n *Node) SetStorageDelay(d time.Duration) {
-	st := n.st()
+	st := n.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.delay = d
@@ -102,7 +85,7 @@ func (n *Node) SetStorageDelay(d time.Duration) {
 
 // StorageCounts returns the storage request counters.
 func (n *Node) StorageCounts() StorageCounts {
-	st := n.st()
+	st := n.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.counts
@@ -110,7 +93,7 @@ func (n *Node) StorageCounts() StorageCounts {
 
 // StorageObject returns a copy of the object at key.
 func (n *Node) StorageObject(key string) ([]byte, bool) {
-	st := n.st()
+	st := n.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	o, ok := st.objects[key]
@@ -119,7 +102,7 @@ func (n *Node) StorageObject(key string) ([]byte, bool) {
 
 // PutStorageObject stores value at key, as a client's PUT would.
 func (n *Node) PutStorageObject(key string, value []byte) {
-	st := n.st()
+	st := n.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.objects[key] = object{data: slices.Clone(value), modified: time.Now()}
@@ -127,7 +110,7 @@ func (n *Node) PutStorageObject(key string, value []byte) {
 
 // StorageKeys returns every object key, sorted.
 func (n *Node) StorageKeys() []string {
-	st := n.st()
+	st := n.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	keys := make([]string, 0, len(st.objects))
@@ -141,7 +124,7 @@ func (n *Node) StorageKeys() []string {
 // StorageLock returns the body the holder of lock name left, and whether
 // the lock is held.
 func (n *Node) StorageLock(name string) ([]byte, bool) {
-	st := n.st()
+	st := n.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	b, ok := st.locks[name]
@@ -152,7 +135,7 @@ func (n *Node) StorageLock(name string) ([]byte, bool) {
 // answers the forced status or the token refusal itself. It reports
 // whether the handler should go on.
 func (n *Node) storageGate(w http.ResponseWriter, r *http.Request, count func(*StorageCounts)) bool {
-	st := n.st()
+	st := n.st
 	n.mu.Lock()
 	stop := n.stop
 	n.mu.Unlock()
@@ -161,17 +144,8 @@ func (n *Node) storageGate(w http.ResponseWriter, r *http.Request, count func(*S
 	delay := st.delay
 	st.mu.Unlock()
 
-	if delay > 0 {
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-r.Context().Done():
-			t.Stop()
-			return false
-		case <-stop:
-			t.Stop()
-			return false
-		}
+	if !hold(r, delay, stop) {
+		return false
 	}
 
 	st.mu.Lock()
@@ -216,7 +190,7 @@ func under(key, prefix string) bool {
 }
 
 func (n *Node) serveObject(w http.ResponseWriter, r *http.Request) {
-	st := n.st()
+	st := n.st
 	var count func(*StorageCounts)
 	switch r.Method {
 	case http.MethodPut:
@@ -271,7 +245,7 @@ func (n *Node) serveObject(w http.ResponseWriter, r *http.Request) {
 }
 
 func (n *Node) serveList(w http.ResponseWriter, r *http.Request) {
-	st := n.st()
+	st := n.st
 	if !n.storageGate(w, r, func(c *StorageCounts) { c.Lists++ }) {
 		return
 	}
@@ -309,7 +283,7 @@ func (n *Node) serveList(w http.ResponseWriter, r *http.Request) {
 }
 
 func (n *Node) serveStat(w http.ResponseWriter, r *http.Request) {
-	st := n.st()
+	st := n.st
 	if !n.storageGate(w, r, func(c *StorageCounts) { c.Stats++ }) {
 		return
 	}
@@ -325,7 +299,7 @@ func (n *Node) serveStat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (n *Node) serveLock(w http.ResponseWriter, r *http.Request) {
-	st := n.st()
+	st := n.st
 	switch r.Method {
 	case http.MethodPost:
 		if !n.storageGate(w, r, func(*StorageCounts) {}) {
