@@ -916,9 +916,9 @@ func startFleetChild(t *testing.T, i int, files []*os.File, cfg fleetChild, read
 	t.Helper()
 	raw, _ := json.Marshal(cfg)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFleetEdgeProcess$", "-test.count=1", "-test.timeout=3m")
-	// GOFLAGS=-n turns the child's TestMain build of Pebble into a dry run:
-	// edges do not run Pebble, and building it five times costs seconds.
-	cmd.Env = append(os.Environ(), fleetChildEnv+"="+string(raw), "GOFLAGS=-n")
+	// The child inherits certstest.PebbleDirEnv from this process's
+	// TestMain, so it uses the Pebble built here instead of building it.
+	cmd.Env = append(os.Environ(), fleetChildEnv+"="+string(raw))
 	cmd.ExtraFiles = files
 	var output lines
 	cmd.Stderr = &output

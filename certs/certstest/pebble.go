@@ -28,20 +28,41 @@ import (
 // before any test runs.
 var toolDir string
 
+// PebbleDirEnv names an environment variable holding a directory with
+// pebble and pebble-challtestsrv already built. RunWithPebble sets it for
+// its own process, so a test that re-runs its test binary as a child (one
+// process per edge) hands the child the parent's binaries instead of
+// having it build them again.
+const PebbleDirEnv = "CERTSTEST_PEBBLE_DIR"
+
+var pebbleTools = []struct{ out, pkg string }{
+	{"pebble", "github.com/letsencrypt/pebble/v2/cmd/pebble"},
+	{"pebble-challtestsrv", "github.com/letsencrypt/pebble/v2/cmd/pebble-challtestsrv"},
+}
+
 // RunWithPebble builds pebble and pebble-challtestsrv (tool dependencies
 // in go.mod) once for the test binary, runs the tests, and removes the
 // binaries. Call it from TestMain: os.Exit(certstest.RunWithPebble(m)).
+// When PebbleDirEnv names a directory it uses the binaries there, builds
+// nothing and removes nothing.
 func RunWithPebble(m *testing.M) int {
+	if dir := os.Getenv(PebbleDirEnv); dir != "" {
+		for _, tool := range pebbleTools {
+			if _, err := os.Stat(filepath.Join(dir, tool.out)); err != nil {
+				fmt.Fprintf(os.Stderr, "certstest: %s=%s: %v\n", PebbleDirEnv, dir, err)
+				return 1
+			}
+		}
+		toolDir = dir
+		return m.Run()
+	}
 	dir, err := os.MkdirTemp("", "certstest-pebble-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "certstest: make tool dir:", err)
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	for _, tool := range []struct{ out, pkg string }{
-		{"pebble", "github.com/letsencrypt/pebble/v2/cmd/pebble"},
-		{"pebble-challtestsrv", "github.com/letsencrypt/pebble/v2/cmd/pebble-challtestsrv"},
-	} {
+	for _, tool := range pebbleTools {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, tool.out), tool.pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -50,6 +71,10 @@ func RunWithPebble(m *testing.M) int {
 		}
 	}
 	toolDir = dir
+	if err := os.Setenv(PebbleDirEnv, dir); err != nil {
+		fmt.Fprintln(os.Stderr, "certstest: set", PebbleDirEnv+":", err)
+		return 1
+	}
 	return m.Run()
 }
 
