@@ -128,7 +128,7 @@ func (fs *flagSet) printUsage(w io.Writer) {
 		}
 		env := ""
 		if d.Env != "" {
-			env = " [" + d.Env + "]"
+			env = "  [" + d.Env + "]"
 		}
 		fmt.Fprintf(w, "  --%s%s%s\n      %s\n", d.Name, env, def, d.Usage)
 	}
