@@ -3,8 +3,6 @@ package certs
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -131,7 +129,7 @@ type FleetStorage struct {
 	downUntil time.Time
 	held      map[string]fleetHeld
 	noRecord  map[string]noRecordSeen
-	released  chan struct{} // closed and replaced on every Unlock
+	unlocked  lockWake // released on every Unlock
 
 	kick chan struct{}
 	stop chan struct{}
@@ -195,7 +193,6 @@ func NewFleetStorage(remote *node.StorageClient, local *BoltStorage, opts FleetO
 		log:      opts.Log,
 		held:     map[string]fleetHeld{},
 		noRecord: map[string]noRecordSeen{},
-		released: make(chan struct{}),
 		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -240,14 +237,6 @@ func (s *FleetStorage) Pending() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.queue)
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(fmt.Sprintf("certs: read random: %v", err))
-	}
-	return hex.EncodeToString(b)
 }
 
 // nodeCtx bounds one call to the node.
@@ -756,33 +745,40 @@ func shapeList(dir string, keys []string, recursive bool) []string {
 
 func lockRecordKey(name string) string { return fleetLockRecords + "/" + name }
 
+// lockBody is the record this edge leaves for a lock it holds under token,
+// valid for lease from now.
+func (s *FleetStorage) lockBody(token string, lease time.Duration) ([]byte, error) {
+	now := time.Now()
+	return json.Marshal(fleetLock{Holder: s.holder, Token: token, Created: now, Expires: now.Add(lease)})
+}
+
+// lockRecord reads the record of lock name from the node. found is false
+// when there is none or it cannot be decoded (an unreadable record names
+// no holder); err is a failure to ask, never a missing record.
+func (s *FleetStorage) lockRecord(ctx context.Context, name string) (rec fleetLock, found bool, err error) {
+	b, err := s.remote.Get(ctx, lockRecordKey(name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return fleetLock{}, false, nil
+	}
+	if err != nil {
+		return fleetLock{}, false, err
+	}
+	if json.Unmarshal(b, &rec) != nil {
+		return fleetLock{}, false, nil
+	}
+	return rec, true, nil
+}
+
 // Lock blocks until it holds the lock for name, or ctx ends. It tries
 // again after jittered waits doubling up to LockPollMax, or at once when
 // this value releases a lock.
 func (s *FleetStorage) Lock(ctx context.Context, name string) error {
 	wait := max(s.poll/20, time.Millisecond)
-	for {
-		s.mu.Lock()
-		wake := s.released
-		s.mu.Unlock()
-		ok, err := s.TryLock(ctx, name)
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		t := time.NewTimer(jitter(wait))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("lock %q: %w", name, ctx.Err())
-		case <-wake:
-			t.Stop()
-		case <-t.C:
-		}
+	return pollLock(ctx, name, &s.unlocked, func() time.Duration {
+		d := jitter(wait)
 		wait = min(wait*2, s.poll)
-	}
+		return d
+	}, s.TryLock)
 }
 
 // TryLock takes the lock for name if it is free or stale, without
@@ -796,9 +792,8 @@ func (s *FleetStorage) TryLock(ctx context.Context, name string) (bool, error) {
 		return s.tryLocal(ctx, name)
 	}
 	for attempt := 0; ; attempt++ {
-		rec := fleetLock{Holder: s.holder, Token: randomHex(12), Created: time.Now()}
-		rec.Expires = rec.Created.Add(s.ttl)
-		body, err := json.Marshal(rec)
+		token := randomHex(12)
+		body, err := s.lockBody(token, s.ttl)
 		if err != nil {
 			return false, fmt.Errorf("lock %q: %w", name, err)
 		}
@@ -814,7 +809,7 @@ func (s *FleetStorage) TryLock(ctx context.Context, name string) (bool, error) {
 		s.up()
 		if ok {
 			s.mu.Lock()
-			s.held[name] = fleetHeld{token: rec.Token}
+			s.held[name] = fleetHeld{token: token}
 			delete(s.noRecord, name)
 			s.mu.Unlock()
 			nctx, cancel := s.nodeCtx(ctx)
@@ -851,19 +846,18 @@ func (s *FleetStorage) TryLock(ctx context.Context, name string) (bool, error) {
 // record, or a record is being replaced, for a moment at most).
 func (s *FleetStorage) stale(ctx context.Context, name string) (bool, string) {
 	nctx, cancel := s.nodeCtx(ctx)
-	b, err := s.remote.Get(nctx, lockRecordKey(name))
+	rec, ok, err := s.lockRecord(nctx, name)
 	cancel()
+	if err != nil {
+		s.outage(ctx, err)
+		return false, ""
+	}
 	now := time.Now()
-	var rec fleetLock
-	if err == nil && json.Unmarshal(b, &rec) == nil && !rec.Expires.IsZero() {
+	if ok && !rec.Expires.IsZero() {
 		s.mu.Lock()
 		delete(s.noRecord, name)
 		s.mu.Unlock()
 		return now.After(rec.Expires), rec.Holder
-	}
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		s.outage(ctx, err)
-		return false, ""
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -898,12 +892,7 @@ func (s *FleetStorage) Unlock(ctx context.Context, name string) error {
 	h, ok := s.held[name]
 	delete(s.held, name)
 	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		close(s.released)
-		s.released = make(chan struct{})
-		s.mu.Unlock()
-	}()
+	defer s.unlocked.release()
 	if !ok {
 		return fmt.Errorf("unlock %q: not held by this storage", name)
 	}
@@ -912,15 +901,14 @@ func (s *FleetStorage) Unlock(ctx context.Context, name string) error {
 	}
 	nctx, cancel := s.nodeCtx(ctx)
 	defer cancel()
-	b, err := s.remote.Get(nctx, lockRecordKey(name))
-	var rec fleetLock
-	if err == nil && json.Unmarshal(b, &rec) == nil && rec.Token != h.token {
-		s.log.Warn().Str("lock", name).Str("holder", rec.Holder).Msg("certificate store: a lock this edge held was taken over as stale")
-		return nil
-	}
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	rec, found, err := s.lockRecord(nctx, name)
+	if err != nil {
 		s.outage(ctx, err)
 		return fmt.Errorf("unlock %q: %w", name, err)
+	}
+	if found && rec.Token != h.token {
+		s.log.Warn().Str("lock", name).Str("holder", rec.Holder).Msg("certificate store: a lock this edge held was taken over as stale")
+		return nil
 	}
 	// The record goes first: a waiter that then sees the lock held with no
 	// record waits LockTTL before it doubts it.
@@ -949,17 +937,14 @@ func (s *FleetStorage) RenewLockLease(ctx context.Context, name string, lease ti
 	}
 	nctx, cancel := s.nodeCtx(ctx)
 	defer cancel()
-	b, err := s.remote.Get(nctx, lockRecordKey(name))
-	var rec fleetLock
-	switch {
-	case err == nil && json.Unmarshal(b, &rec) == nil && rec.Token != h.token:
-		return fmt.Errorf("renew lock %q: taken over by %s", name, rec.Holder)
-	case err != nil && !errors.Is(err, fs.ErrNotExist):
+	rec, found, err := s.lockRecord(nctx, name)
+	if err != nil {
 		return s.renewFailed(ctx, name, err)
 	}
-	now := time.Now()
-	rec = fleetLock{Holder: s.holder, Token: h.token, Created: now, Expires: now.Add(lease)}
-	body, err := json.Marshal(rec)
+	if found && rec.Token != h.token {
+		return fmt.Errorf("renew lock %q: taken over by %s", name, rec.Holder)
+	}
+	body, err := s.lockBody(h.token, lease)
 	if err != nil {
 		return fmt.Errorf("renew lock %q: %w", name, err)
 	}

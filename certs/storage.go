@@ -40,13 +40,65 @@ const (
 // file lock on the database, so a lock record written under another token
 // was left by a process that is gone (crashed or killed before Unlock): it
 // is stale at once, and a restarted edge does not wait out the TTL.
-var processToken = func() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(fmt.Sprintf("certs: read random process token: %v", err))
+var processToken = randomHex(8)
+
+// randomHex returns n random bytes in hex: lock tokens and holder names.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("certs: read random: %v", err))
 	}
-	return hex.EncodeToString(b[:])
-}()
+	return hex.EncodeToString(b)
+}
+
+// lockWake lets a store wake its own Lock waiters when it releases a lock,
+// so they need not wait out their next poll. The zero value is ready.
+type lockWake struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// next returns a channel closed at the next release.
+func (w *lockWake) next() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch == nil {
+		w.ch = make(chan struct{})
+	}
+	return w.ch
+}
+
+// release wakes every waiter.
+func (w *lockWake) release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch != nil {
+		close(w.ch)
+		w.ch = nil
+	}
+}
+
+// pollLock calls try until it takes the lock for name, fails, or ctx ends,
+// waiting between tries for wait() or for a release of wake, whichever
+// comes first.
+func pollLock(ctx context.Context, name string, wake *lockWake, wait func() time.Duration, try func(context.Context, string) (bool, error)) error {
+	for {
+		released := wake.next()
+		ok, err := try(ctx, name)
+		if err != nil || ok {
+			return err
+		}
+		t := time.NewTimer(wait())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("lock %q: %w", name, ctx.Err())
+		case <-released:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
 
 // BoltStorage is a certmagic.Storage, certmagic.TryLocker and
 // certmagic.LockLeaseRenewer kept in two buckets of a bbolt database.
@@ -77,10 +129,8 @@ type BoltStorage struct {
 	mu sync.Mutex
 	// held maps lock names this value holds to the token written for them,
 	// so Unlock never releases a lock someone else took over.
-	held map[string]string
-	// released is closed and replaced whenever this value releases a lock,
-	// to wake local waiters without waiting for their next poll.
-	released chan struct{}
+	held     map[string]string
+	unlocked lockWake
 }
 
 // Interface guards: certmagic looks for the optional interfaces by type
@@ -107,7 +157,7 @@ func NewBoltStorage(db *bolt.DB) (*BoltStorage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create storage buckets: %w", err)
 	}
-	return &BoltStorage{db: db, held: map[string]string{}, released: make(chan struct{})}, nil
+	return &BoltStorage{db: db, held: map[string]string{}}, nil
 }
 
 func (s *BoltStorage) String() string { return "BoltStorage:" + s.db.Path() }
@@ -332,27 +382,7 @@ func (s *BoltStorage) pollInterval() time.Duration {
 
 // Lock blocks until it holds the lock for name, or ctx ends.
 func (s *BoltStorage) Lock(ctx context.Context, name string) error {
-	for {
-		s.mu.Lock()
-		wake := s.released
-		s.mu.Unlock()
-		ok, err := s.TryLock(ctx, name)
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		t := time.NewTimer(s.pollInterval())
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("lock %q: %w", name, ctx.Err())
-		case <-wake:
-			t.Stop()
-		case <-t.C:
-		}
-	}
+	return pollLock(ctx, name, &s.unlocked, s.pollInterval, s.TryLock)
 }
 
 // TryLock takes the lock for name if it is free or stale, without waiting.
@@ -374,11 +404,7 @@ func (s *BoltStorage) TryLock(ctx context.Context, name string) (bool, error) {
 	if busy {
 		return false, nil
 	}
-	var tokenBytes [12]byte
-	if _, err := rand.Read(tokenBytes[:]); err != nil {
-		return false, fmt.Errorf("lock token: %w", err)
-	}
-	token := hex.EncodeToString(tokenBytes[:])
+	token := randomHex(12)
 	got := false
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		now := time.Now()
@@ -424,10 +450,7 @@ func (s *BoltStorage) Unlock(_ context.Context, name string) error {
 		}
 		return tx.Bucket(locksBucket).Delete([]byte(name))
 	})
-	s.mu.Lock()
-	close(s.released)
-	s.released = make(chan struct{})
-	s.mu.Unlock()
+	s.unlocked.release()
 	if err != nil {
 		return fmt.Errorf("unlock %q: %w", name, err)
 	}
