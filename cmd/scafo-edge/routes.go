@@ -111,13 +111,6 @@ func fetchStatus(ctx context.Context, u, token string, timeout time.Duration) ([
 
 // writeRoutes lays v out for a terminal of terminalWidth columns.
 func writeRoutes(w io.Writer, v *statusView, maxPaths int) {
-	now := v.GeneratedAt
-	ago := func(t *time.Time) string {
-		if t == nil {
-			return "never"
-		}
-		return roundDuration(now.Sub(*t)) + " ago"
-	}
 	kv := func(k, val string) { fmt.Fprintf(w, "%-11s %s\n", k, val) }
 
 	if d := v.Document; d != nil {
@@ -126,13 +119,13 @@ func writeRoutes(w io.Writer, v *statusView, maxPaths int) {
 			state = "STALE (from the state file, not confirmed by the source)"
 		}
 		kv("document", shortFingerprint(d.Fingerprint)+"  "+state)
-		kv("fetched", d.FetchedAt.Format(time.RFC3339)+" ("+roundDuration(time.Duration(d.AgeSeconds*float64(time.Second)))+" ago)")
+		kv("fetched", d.FetchedAt.Format(time.RFC3339)+" ("+secondsText(d.AgeSeconds)+" ago)")
 		kv("contents", fmt.Sprintf("%s, %s, %s", plural(d.Routes, "route"), plural(d.PathPrefixes, "path prefix"), plural(d.APIHosts, "API host")))
 	} else {
 		kv("document", "NONE: every request is answered 503")
 	}
 	kv("source", v.Poll.Source)
-	kv("last poll", fmt.Sprintf("success %s, %s", ago(v.Poll.LastSuccess), plural(v.Poll.ConsecutiveFailures, "consecutive failure")))
+	kv("last poll", fmt.Sprintf("success %s, %s", agoText(v.GeneratedAt, v.Poll.LastSuccess), plural(v.Poll.ConsecutiveFailures, "consecutive failure")))
 	if v.Poll.LastError != "" {
 		kv("last error", v.Poll.LastError)
 	}

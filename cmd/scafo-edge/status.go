@@ -141,8 +141,9 @@ func (a *adminServer) snapshot() *statusView {
 	health := map[node.Upstream]backhaul.UpstreamHealth{}
 	if a.proxy != nil {
 		for _, h := range a.proxy.Health() {
-			health[node.Upstream{Node: h.Node, Address: h.Address}] = h
-			v.Upstreams = append(v.Upstreams, upstreamFrom(node.Upstream{Node: h.Node, Address: h.Address}, health, now))
+			u := node.Upstream{Node: h.Node, Address: h.Address}
+			health[u] = h
+			v.Upstreams = append(v.Upstreams, upstreamFrom(u, health, now))
 		}
 	}
 	ups := func(list []node.Upstream) []upstreamView {
@@ -180,7 +181,6 @@ func (a *adminServer) snapshot() *statusView {
 		v.CertsNote = "none: TLS is off or certificates are not managed by this edge"
 	} else {
 		for _, c := range a.certs() {
-			// certSummary is certs.CertInfo now (NotAfter is a time.Time).
 			left := c.NotAfter.Sub(now)
 			cv := certView{
 				Names: c.Names, Issuer: c.Issuer, NotAfter: c.NotAfter.UTC(),
@@ -288,14 +288,9 @@ func (a *adminServer) statusJSON(w http.ResponseWriter, r *http.Request) {
 var statusHTML string
 
 var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
-	"ago": func(now time.Time, t *time.Time) string {
-		if t == nil {
-			return "never"
-		}
-		return roundDuration(now.Sub(*t)) + " ago"
-	},
+	"ago":   agoText,
 	"since": func(now time.Time, t *time.Time) string { return roundDuration(now.Sub(*t)) },
-	"secs":  func(s float64) string { return roundDuration(time.Duration(s * float64(time.Second))) },
+	"secs":  secondsText,
 	"upto": func(n int, ps []pathView) []pathView {
 		if len(ps) > n {
 			return ps[:n]
@@ -317,6 +312,17 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 		return "never"
 	},
 }).Parse(statusHTML))
+
+// agoText is how long before now t was, for a human; nil is "never".
+func agoText(now time.Time, t *time.Time) string {
+	if t == nil {
+		return "never"
+	}
+	return roundDuration(now.Sub(*t)) + " ago"
+}
+
+// secondsText renders a JSON seconds figure as roundDuration does.
+func secondsText(s float64) string { return roundDuration(time.Duration(s * float64(time.Second))) }
 
 func shortFingerprint(fp string) string {
 	if len(fp) > 12 {
