@@ -36,7 +36,12 @@ func h1Eligible(r *http.Request, upgrade string) bool {
 	if upgrade != "" || r.Method == http.MethodConnect || len(r.Trailer) > 0 {
 		return false
 	}
-	if r.Body != nil && r.Body != http.NoBody {
+	// HTTP/1 hands a bodiless request http.NoBody. HTTP/2 and HTTP/3 hand
+	// every request a body, an empty one when the length is zero: both
+	// refuse data beyond a declared length, so zero means no body there
+	// (and most browser traffic is HTTP/2 GETs).
+	bodiless := r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && r.ProtoMajor >= 2)
+	if !bodiless {
 		return false
 	}
 	_, expect := r.Header["Expect"]

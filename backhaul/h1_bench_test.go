@@ -2,7 +2,9 @@ package backhaul
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/scafo/scafo-edge/node"
@@ -25,5 +27,24 @@ func BenchmarkForwardServerContext(b *testing.B) {
 			b.Fatal(err)
 		}
 		cancel()
+	}
+}
+
+// BenchmarkForwardHTTP2Request is BenchmarkForward for a GET as net/http's
+// HTTP/2 server hands it over: a non-nil body that is empty, a zero length.
+func BenchmarkForwardHTTP2Request(b *testing.B) {
+	ups := []node.Upstream{benchUpstream(b)}
+	p := New(Options{})
+	b.Cleanup(p.Close)
+	r := benchRequest()
+	r.Proto, r.ProtoMajor, r.ProtoMinor = "HTTP/2.0", 2, 0
+	w := &discardWriter{h: http.Header{}}
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Body, r.ContentLength = io.NopCloser(strings.NewReader("")), 0
+		clear(w.h)
+		if _, err := p.Forward(w, r, ups); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -538,3 +538,56 @@ func TestResponseHeaderTimeoutOnThePooledClient(t *testing.T) {
 		t.Errorf("idle connections = %d, want 0: a timed-out connection is not reused", n)
 	}
 }
+
+func TestHTTP2GetsTakeThePooledClient(t *testing.T) {
+	got := make(chan *http.Request, 1)
+	up := rawKeepAlive(t, nil, func(r *http.Request, _ int) (string, bool) {
+		got <- r
+		return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false
+	})
+	ups := []node.Upstream{{Node: "a", Address: up}}
+	p := newProxy(t, Options{})
+	calls := make(chan call, 1)
+	edge := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		res, err := p.Forward(w, r, ups)
+		calls <- call{res, err}
+	}))
+	edge.EnableHTTP2 = true
+	edge.StartTLS()
+	t.Cleanup(edge.Close)
+	c := edge.Client()
+	t.Cleanup(c.CloseIdleConnections)
+
+	resp, err := c.Get(edge.URL + "/h2?x=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.ProtoMajor != 2 || resp.StatusCode != 200 || string(b) != "ok" {
+		t.Fatalf("response = %s %d %q, want HTTP/2 200 ok", resp.Proto, resp.StatusCode, b)
+	}
+	if cl := <-calls; cl.err != nil {
+		t.Errorf("Forward error = %v", cl.err)
+	}
+	r := <-got
+	if r.RequestURI != "/h2?x=1" || r.Header.Get("X-Forwarded-Proto") != "https" || r.ContentLength != 0 {
+		t.Errorf("upstream got %s %q, X-Forwarded-Proto %q, length %d; want GET /h2?x=1 over https, no body",
+			r.Method, r.RequestURI, r.Header.Get("X-Forwarded-Proto"), r.ContentLength)
+	}
+	// Only the pooled client keeps connections in p.pool.
+	if n := p.pool.idleCount(up); n != 1 {
+		t.Errorf("pooled idle connections = %d, want 1: an HTTP/2 GET takes the pooled client", n)
+	}
+
+	// An HTTP/2 upload still goes through the transport, body and all.
+	resp, err = c.Post(edge.URL+"/up", "text/plain", strings.NewReader("payload"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	<-calls
+	if r := <-got; r.Method != "POST" || r.ContentLength != int64(len("payload")) {
+		t.Errorf("upstream got %s with length %d, want POST with %d", r.Method, r.ContentLength, len("payload"))
+	}
+}
