@@ -549,7 +549,11 @@ func (p *Proxy) respondH1(w http.ResponseWriter, r *http.Request, pc *h1Conn, re
 			return false, clientGone(err)
 		}
 	}
-	n, rerr, werr := copyBody(w, body, rc)
+	pool := &copyBufs
+	if rc == nil && head.body == bodyFixed {
+		pool = copyBufPool(head.length)
+	}
+	n, rerr, werr := copyBody(w, body, rc, pool)
 	res.BytesOut = n
 	switch {
 	case werr != nil || r.Context().Err() != nil:

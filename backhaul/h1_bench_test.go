@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -45,6 +47,30 @@ func BenchmarkForwardHTTP2Request(b *testing.B) {
 		clear(w.h)
 		if _, err := p.Forward(w, r, ups); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkForward1MiB is one proxied GET of a 1 MiB body, the copy's
+// buffer size being what it measures (the upstream runs in process).
+func BenchmarkForward1MiB(b *testing.B) {
+	body := strings.Repeat("x", 1<<20)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		io.WriteString(w, body)
+	}))
+	b.Cleanup(srv.Close)
+	ups := []node.Upstream{{Node: "a", Address: srv.Listener.Addr().String()}}
+	p := New(Options{})
+	b.Cleanup(p.Close)
+	r := benchRequest()
+	w := &discardWriter{h: http.Header{}}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		clear(w.h)
+		if res, err := p.Forward(w, r, ups); err != nil || res.BytesOut != int64(len(body)) {
+			b.Fatal(res, err)
 		}
 	}
 }
