@@ -73,8 +73,15 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstr
 	h1 := !p.h1Off && h1Eligible(r, upgrade)
 	var out *http.Request
 	var body *requestBody
-	if !h1 {
+	var small []byte
+	switch {
+	case !h1:
 		out, body = p.outboundRequest(r, upgrade)
+	case smallBody(r):
+		var err error
+		if small, err = readSmallBody(r); err != nil {
+			return res, clientGone(err)
+		}
 	}
 	now := p.now()
 
@@ -107,7 +114,7 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstr
 			var connectFailed bool
 			var err error
 			if h1 {
-				connectFailed, err = p.tryH1(w, r, u, s, &res)
+				connectFailed, err = p.tryH1(w, r, small, u, s, &res)
 			} else {
 				connectFailed, err = p.try(w, r, out, body, u, s, upgrade, &res)
 			}

@@ -41,11 +41,35 @@ func h1Eligible(r *http.Request, upgrade string) bool {
 	// refuse data beyond a declared length, so zero means no body there
 	// (and most browser traffic is HTTP/2 GETs).
 	bodiless := r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && r.ProtoMajor >= 2)
-	if !bodiless {
+	if !bodiless && !smallBody(r) {
 		return false
 	}
 	_, expect := r.Header["Expect"]
 	return !expect
+}
+
+// maxBufferedBody bounds the request bodies the pooled client takes: one of
+// known length up to this size is read whole before an upstream is chosen
+// (as nginx buffers requests by default), then sent with the head in one
+// write. Having it in memory makes failover and resending after a
+// keep-alive race plain; a slow upload holds no upstream connection. Larger
+// and unknown-length bodies stream through the transport.
+const maxBufferedBody = 64 << 10
+
+// smallBody reports whether r has a body the pooled client buffers.
+func smallBody(r *http.Request) bool {
+	return r.Body != nil && r.ContentLength > 0 && r.ContentLength <= maxBufferedBody &&
+		len(r.TransferEncoding) == 0
+}
+
+// readSmallBody reads r's body whole (smallBody(r) holds). A failure is
+// the client's.
+func readSmallBody(r *http.Request) ([]byte, error) {
+	b := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(r.Body, b); err != nil {
+		return nil, fmt.Errorf("read request body: %w", err)
+	}
+	return b, nil
 }
 
 // Failures of the pooled client that are not I/O errors. They match
@@ -57,10 +81,11 @@ var (
 	errInvalidRequest    = errors.New("request cannot be written as HTTP/1.1")
 )
 
-// tryH1 is try for a request the pooled client takes: it sends r to u and,
-// when u answers, writes the response to w. It reports whether connecting
-// failed, the one case where the next upstream may be tried.
-func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s *hostState, res *Result) (connectFailed bool, err error) {
+// tryH1 is try for a request the pooled client takes: it sends r, with
+// body (read beforehand, nil for none), to u and, when u answers, writes the
+// response to w. It reports whether connecting failed, the one case where
+// the next upstream may be tried.
+func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body []byte, u node.Upstream, s *hostState, res *Result) (connectFailed bool, err error) {
 	ctx := r.Context()
 	start := time.Now()
 	var headBy time.Time
@@ -77,7 +102,7 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s
 	for {
 		pc.rd.begin(ctx, start, headBy)
 		var anyRead bool
-		if err = p.writeRequest(pc.bw, r, u.Address); err == nil {
+		if err = p.writeRequest(pc.bw, r, body, u.Address); err == nil {
 			anyRead, err = p.readHead(pc, r.Method == http.MethodHead)
 			if err == nil {
 				break
@@ -102,6 +127,7 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s
 		reused = false
 	}
 	p.connected(u, s)
+	res.BytesIn = int64(len(body))
 	clean, err := p.respondH1(w, r, pc, res)
 	pc.rd.end()
 	if clean && pc.head.keepAlive && pc.br.Buffered() == 0 {
@@ -139,11 +165,11 @@ func idempotent(r *http.Request) bool {
 	return k1 || k2
 }
 
-// writeRequest writes r's head to bw and flushes it: the original
+// writeRequest writes r's head and body to bw and flushes them: the original
 // request-URI bytes (DESIGN.md rule 4), the Host, the end-to-end headers and
 // the X-Forwarded-* set, by the rules outboundHeader applies for the
 // transport. Nothing is allocated: values are written where they are.
-func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string) error {
+func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, body []byte, addr string) error {
 	target := r.RequestURI
 	if target == "" || (target[0] != '/' && target != "*") {
 		// Absolute form, or a request built in process: its path and
@@ -233,10 +259,15 @@ func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string) err
 	}
 	// Many servers expect a length on a bodiless POST or DELETE; GET and
 	// HEAD go without (as http.Transport writes them).
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+	if len(body) > 0 {
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(body)), 10))
+		bw.WriteString("\r\n")
+	} else if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		bw.WriteString("Content-Length: 0\r\n")
 	}
 	bw.WriteString("\r\n")
+	bw.Write(body)
 	if err := bw.Flush(); err != nil {
 		return &writeError{err}
 	}

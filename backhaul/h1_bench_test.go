@@ -74,3 +74,24 @@ func BenchmarkForward1MiB(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkForwardPOST is one proxied POST of a small JSON body, an API
+// call's shape, answered with 1 KiB.
+func BenchmarkForwardPOST(b *testing.B) {
+	ups := []node.Upstream{benchUpstream(b)}
+	p := New(Options{})
+	b.Cleanup(p.Close)
+	payload := `{"name":"` + strings.Repeat("x", 236) + `"}` // 256 bytes
+	r := benchRequest()
+	r.Method = http.MethodPost
+	r.Header.Set("Content-Type", "application/json")
+	w := &discardWriter{h: http.Header{}}
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Body, r.ContentLength = io.NopCloser(strings.NewReader(payload)), int64(len(payload))
+		clear(w.h)
+		if _, err := p.Forward(w, r, ups); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package backhaul
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -589,5 +590,58 @@ func TestHTTP2GetsTakeThePooledClient(t *testing.T) {
 	<-calls
 	if r := <-got; r.Method != "POST" || r.ContentLength != int64(len("payload")) {
 		t.Errorf("upstream got %s with length %d, want POST with %d", r.Method, r.ContentLength, len("payload"))
+	}
+}
+
+func TestRequestBodiesArriveIntactOnBothPaths(t *testing.T) {
+	sizes := []struct {
+		name string
+		n    int
+	}{
+		{"a small body", 5},
+		{"a body of the largest buffered size", maxBufferedBody},
+		{"a body one byte larger, which streams", maxBufferedBody + 1},
+	}
+	for _, path := range paths {
+		for _, sz := range sizes {
+			t.Run(path.name+"/"+sz.name, func(t *testing.T) {
+				up := upstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
+					b, err := io.ReadAll(r.Body)
+					if err != nil {
+						t.Errorf("upstream read body: %v", err)
+					}
+					fmt.Fprintf(w, "%d %d %s", r.ContentLength, len(b), b[:min(len(b), 5)])
+				})
+				e := startEdge(t, newPathProxy(t, Options{}, path.h1Off), up)
+				payload := strings.Repeat("abcde", sz.n/5+1)[:sz.n]
+				resp, body := rawDo(t, e.addr, fmt.Sprintf("POST /in HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s", sz.n, payload))
+				c := e.next(t)
+				want := fmt.Sprintf("%d %d %s", sz.n, sz.n, payload[:min(sz.n, 5)])
+				if resp.StatusCode != 200 || body != want {
+					t.Errorf("response = %d %q, want 200 %q", resp.StatusCode, body, want)
+				}
+				if c.err != nil || c.res.BytesIn != int64(sz.n) {
+					t.Errorf("Forward = %+v, %v; want BytesIn %d and no error", c.res, c.err, sz.n)
+				}
+			})
+		}
+	}
+}
+
+func TestAClientLeavingDuringASmallUploadNeverReachesTheUpstream(t *testing.T) {
+	var hits atomic.Int32
+	up := counting(t, &hits)
+	p := newProxy(t, Options{})
+	e := startEdge(t, p, up)
+	conn, err := net.Dial("tcp", e.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(conn, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\nonly ten b")
+	conn.Close()
+	c := e.next(t)
+	checkClientGone(t, p, up, c)
+	if n := hits.Load(); n != 0 {
+		t.Errorf("upstream got %d requests, want 0: the body never arrived whole", n)
 	}
 }
