@@ -23,6 +23,14 @@
 //     and keep its access log;
 //   - it clones the whole request (headers included) on every call, which
 //     costs allocations on the hot path (issue 8).
+//
+// The common request (no body or a body of known length up to 64 KiB, no
+// upgrade, no trailers, no Expect) does not take http.Transport either but
+// a small HTTP/1.1 client of the package's own (h1.go, h1pool.go) that
+// works on the handler's goroutine over pooled keep-alive connections,
+// without the transport's per-request goroutine handoffs (issue 8).
+// Uploads that must stream, 100-continue and upgrades stay on the
+// transport.
 package backhaul
 
 import (
