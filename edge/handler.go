@@ -89,15 +89,18 @@ type Observer interface {
 	Observe(rec *Record)
 }
 
-// Handler is the edge's http.Handler; the same value serves the HTTP and the
-// HTTPS listeners. Its order of decisions is load-bearing:
+// Handler is the edge's http.Handler; the same value serves the HTTP, HTTPS
+// and HTTP/3 listeners. Its order of decisions is load-bearing:
 //
+//  0. A chunked HTTP/1 request gets Connection: close (RFC 9112 §6.1).
 //  1. CONNECT is refused (405): the edge is never a forward proxy.
-//  2. No table yet: 503 with Retry-After (DESIGN.md rule 1).
-//  3. Malformed Host: 400.
+//  2. A request target with a space or control byte: 400, since it could
+//     not be forwarded byte for byte in an HTTP/1.1 request line.
+//  3. No table yet: 503 with Retry-After (DESIGN.md rule 1).
 //  4. On TLS, a Host the connection's certificate does not cover: 421, so a
-//     coalesced connection cannot front another name.
-//  5. Table.Resolve: host, then first path segment.
+//     coalesced connection cannot front another name (400 if the Host is
+//     malformed).
+//  5. Table.Resolve: host, then first path segment; a malformed Host: 400.
 //  6. A denied prefix on an API host: 403, never proxied.
 //  7. No route: 404, no upstream contacted.
 //  8. Forward down the route's upstream list: 502 when none could be
