@@ -160,25 +160,7 @@ func readRequestHead(c net.Conn) (*http.Request, *bufio.Reader, error) {
 // clean the odd paths these tests need to send.
 func rawDo(t *testing.T, addr, raw string) (*http.Response, string) {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, raw); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("read response to %q: %v", firstLine(raw), err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("read body of %q: %v", firstLine(raw), err)
-	}
-	return resp, string(b)
+	return rawExchange(t, addr, http.MethodGet, raw)
 }
 
 func firstLine(s string) string {
