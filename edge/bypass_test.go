@@ -66,7 +66,7 @@ var normalisations = []normalisation{
 	{"dots", modelRemoveDotSegments},                                // RFC 3986 §5.2.4: dots, but "//" kept
 	{"merge", modelMergeSlashes},                                    // "//" to "/", dots kept (nginx merge_slashes)
 	{"backslash", func(p string) string { return strings.ReplaceAll(p, `\`, "/") }},
-	{"params", stripParams}, // servlet ";jsessionid=..." per segment
+	{"params", modelStripParams}, // servlet ";jsessionid=..." per segment
 	{"fold", strings.ToLower},
 	{"overlong", decodeOverlong},        // C0 AF read as "/", old IIS and Tomcat
 	{"iis-u", decodeIISU},               // %u002f
@@ -81,10 +81,11 @@ type scope struct {
 }
 
 // deniedScope is denied.go's promise: every spelling a backend might act on,
-// percent-decoded up to maxDecodeRounds times, cleaned, backslashes, params
-// and case folded. RFC 3986 dot removal is the same "dot segments" the
+// in any order: percent-decoded (the model stops at three rounds; denied.go
+// goes on until nothing changes), cleaned, backslashes, params and case
+// folded. RFC 3986 dot removal is the same "dot segments" the
 // specification names.
-var deniedScope = scope{steps: []string{"decode", "clean", "dots", "merge", "backslash", "params", "fold"}, decodes: maxDecodeRounds}
+var deniedScope = scope{steps: []string{"decode", "clean", "dots", "merge", "backslash", "params", "fold"}, decodes: 3}
 
 // flipScope is path-routing-design.md §6's promise: exactly percent-decoding
 // (once, as net/url does) and dot-segment removal, plus the edge's own extra
@@ -181,7 +182,7 @@ func modelMergeSlashes(p string) string {
 	return p
 }
 
-func stripParams(p string) string {
+func modelStripParams(p string) string {
 	if !strings.Contains(p, ";") {
 		return p
 	}
@@ -566,7 +567,7 @@ func TestBackendModel(t *testing.T) {
 		{"RFC 3986 dot removal of a trailing ..", "/v1/storage/x/..", "/v1/storage/", modelRemoveDotSegments},
 		{"RFC 3986 dot removal stops at the root", "/../../a", "/a", modelRemoveDotSegments},
 		{"merging slashes keeps dots", "//a//./b", "/a/./b", modelMergeSlashes},
-		{"params are dropped per segment", "/v1;a=b/storage;x", "/v1/storage", stripParams},
+		{"params are dropped per segment", "/v1;a=b/storage;x", "/v1/storage", modelStripParams},
 		{"an overlong slash is a slash", "/v1\xc0\xafstorage", "/v1/storage", decodeOverlong},
 		{"a three-byte overlong dot is a dot", "/\xe0\x80\xae\xe0\x80\xae/x", "/../x", decodeOverlong},
 		{"IIS %u escapes", "/v1%u002fstorage", "/v1/storage", decodeIISU},

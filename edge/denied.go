@@ -5,10 +5,10 @@ import (
 	"strings"
 )
 
-// maxDecodeRounds bounds how many times a denied-prefix check percent-decodes
-// a path: "%2573" is "%73" after one round and "s" after two. A backend that
-// double-decodes must not be handed a denied path in disguise.
-const maxDecodeRounds = 3
+// maxSpellings bounds how many readings of one path a denied-prefix check
+// explores. A path with more is refused outright: no real API call needs it,
+// and stopping the search early must never mean "not denied".
+const maxSpellings = 512
 
 // canonicalDenied returns the denied prefixes to enforce: the document's plus
 // the mandatory ones, each in canonical form, without duplicates.
@@ -35,47 +35,90 @@ func canonicalDenied(doc []string) []string {
 	return out
 }
 
-// deniedPath reports whether a request path hits a denied prefix in any of
-// the spellings a backend might act on: as it arrived and percent-decoded
-// (up to maxDecodeRounds times); each of those as sent, with doubled slashes
-// merged, with dot segments removed the RFC 3986 way (empty segments kept),
-// and cleaned by path.Clean (slashes merged first); always with backslashes
-// read as slashes, ";params" dropped from segments and ASCII case folded.
-// Denying a spelling the node would not have honoured costs nothing; missing
-// one it would have honoured exposes private keys.
+// deniedPath reports whether a request path hits a denied prefix in any
+// reading a backend might act on. It explores every combination, in any
+// order, of the normalisations backends apply — percent-decoding (again and
+// again), backslashes read as slashes, ";params" dropped from segments,
+// doubled slashes merged, dot segments removed the RFC 3986 way, and
+// path.Clean — on the path as it arrived and as Go decoded it, with ASCII
+// case folded. Denying a reading the node would not have made costs nothing;
+// missing one it would have made exposes private keys.
 func deniedPath(denied []string, rawPath, decodedPath string) bool {
 	if len(denied) == 0 {
 		return false
 	}
-	for _, p := range [2]string{rawPath, decodedPath} {
-		for range maxDecodeRounds + 1 {
-			if deniedAnySpelling(denied, p) {
-				return true
+	if plainPath(rawPath) && plainPath(decodedPath) {
+		// Nothing to normalise: the common case costs no allocation.
+		return matchDeniedFold(denied, rawPath) || matchDeniedFold(denied, decodedPath)
+	}
+	seen := make(map[string]bool, 16)
+	queue := []string{strings.ToLower(rawPath), strings.ToLower(decodedPath)}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		if seen[p] {
+			continue
+		}
+		if len(seen) == maxSpellings {
+			return true
+		}
+		seen[p] = true
+		if matchDenied(denied, rooted(p)) {
+			return true
+		}
+		for _, op := range spellingOps {
+			if q := op(p); q != p && !seen[q] {
+				queue = append(queue, q)
 			}
-			next, changed := percentDecode(p)
-			if !changed {
-				break
-			}
-			p = next
 		}
 	}
 	return false
 }
 
-// deniedAnySpelling checks one decoding of a path in every normalisation a
-// backend might apply to it.
-func deniedAnySpelling(denied []string, p string) bool {
-	f := foldDeniedPath(p)
-	if matchDenied(denied, f) || matchDenied(denied, path.Clean(f)) {
-		return true
+// spellingOps are the normalisations deniedPath composes.
+var spellingOps = [...]func(string) string{
+	func(p string) string { d, _ := percentDecode(p); return strings.ToLower(d) },
+	func(p string) string { return strings.ReplaceAll(p, "\\", "/") },
+	stripParams,
+	mergeSlashes,
+	func(p string) string { return removeDotSegments(rooted(p)) },
+	func(p string) string { return path.Clean(rooted(p)) },
+}
+
+// plainPath reports whether no normalisation could change p's segments.
+func plainPath(p string) bool {
+	for i := 0; i < len(p); i++ {
+		switch p[i] {
+		case '%', '\\', ';', '.':
+			return false
+		case '/':
+			if i > 0 && p[i-1] == '/' {
+				return false
+			}
+		}
 	}
-	merged := mergeSlashes(f)
-	if matchDenied(denied, merged) || matchDenied(denied, removeDotSegments(merged)) {
-		return true
+	return true
+}
+
+// matchDeniedFold is matchDenied for a plain path, folding ASCII case
+// without allocating.
+func matchDeniedFold(denied []string, p string) bool {
+	if !strings.HasPrefix(p, "/") {
+		return false
 	}
-	// After RFC 3986 dot removal, path.Clean only merges the slashes left.
-	dots := removeDotSegments(f)
-	return matchDenied(denied, dots) || matchDenied(denied, path.Clean(dots))
+	for _, d := range denied {
+		if len(p) >= len(d) && strings.EqualFold(p[:len(d)], d) && (len(p) == len(d) || p[len(d)] == '/') {
+			return true
+		}
+	}
+	return false
+}
+
+func rooted(p string) string {
+	if strings.HasPrefix(p, "/") {
+		return p
+	}
+	return "/" + p
 }
 
 // matchDenied reports whether the canonical path c is a denied prefix or lies
@@ -89,23 +132,29 @@ func matchDenied(denied []string, c string) bool {
 	return false
 }
 
-// foldDeniedPath folds the spelling differences no backend cares about:
-// case, backslashes for slashes, ";params" on segments. The result is rooted.
+// foldDeniedPath folds every spelling difference at once: case,
+// backslashes for slashes, ";params" on segments. The result is rooted. It is
+// the form denied prefixes are stored in.
 func foldDeniedPath(p string) string {
-	p = strings.ToLower(strings.ReplaceAll(p, "\\", "/"))
-	if strings.IndexByte(p, ';') >= 0 {
-		segs := strings.Split(p, "/")
-		for i, s := range segs {
-			if j := strings.IndexByte(s, ';'); j >= 0 {
-				segs[i] = s[:j]
-			}
-		}
-		p = strings.Join(segs, "/")
-	}
+	p = stripParams(strings.ToLower(strings.ReplaceAll(p, "\\", "/")))
 	if !strings.HasPrefix(p, "/") {
 		p = "/" + p
 	}
 	return p
+}
+
+// stripParams drops ";params" from every segment, as servlet containers do.
+func stripParams(p string) string {
+	if strings.IndexByte(p, ';') < 0 {
+		return p
+	}
+	segs := strings.Split(p, "/")
+	for i, s := range segs {
+		if j := strings.IndexByte(s, ';'); j >= 0 {
+			segs[i] = s[:j]
+		}
+	}
+	return strings.Join(segs, "/")
 }
 
 // canonicalDeniedPath is the form denied prefixes are stored in: folded and
