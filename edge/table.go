@@ -89,7 +89,6 @@ type Table struct {
 	// Set by Updater.Apply before the table is published.
 	fingerprint string
 	fetchedAt   time.Time
-	stale       bool
 }
 
 // Compile builds a Table from a parsed document. Entries that are wrong on
@@ -238,10 +237,6 @@ func (t *Table) Fingerprint() string { return t.fingerprint }
 
 // FetchedAt returns when that document was fetched from its source.
 func (t *Table) FetchedAt() time.Time { return t.fetchedAt }
-
-// Stale reports whether the table was built from the persisted document at
-// start-up and no fresh one has been fetched since.
-func (t *Table) Stale() bool { return t.stale }
 
 // Live holds the table requests resolve against. Store swaps it atomically;
 // a request keeps the table it loaded, so a swap never pauses traffic

@@ -69,7 +69,7 @@ func NewUpdater(live *Live, log zerolog.Logger, reg prometheus.Registerer) *Upda
 func (up *Updater) Apply(u node.Update) *Table {
 	start := up.now()
 	t, drops := Compile(u.Doc)
-	t.fingerprint, t.fetchedAt, t.stale = u.Fingerprint, u.FetchedAt, u.Stale
+	t.fingerprint, t.fetchedAt = u.Fingerprint, u.FetchedAt
 	up.compileDur.Observe(up.now().Sub(start).Seconds())
 	for _, d := range drops {
 		up.log.Warn().Str("host", d.Host).Str("entry", d.Entry).Str("reason", d.Reason).

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -170,6 +171,16 @@ func TestRestartWithTheNodeDownServesThePersistedDocument(t *testing.T) {
 		}
 		return nil
 	})
+	// The node confirmed the very document that was persisted, so no new
+	// table was built; the status page must still stop calling it stale.
+	_, body := e2.admin(t, "/status.json")
+	var st struct {
+		Document struct{ Stale bool } `json:"document"`
+		Poll     struct{ Stale bool } `json:"poll"`
+	}
+	if err := json.Unmarshal([]byte(body), &st); err != nil || st.Document.Stale || st.Poll.Stale {
+		t.Errorf("/status.json after the node confirmed the document: %+v (%v), want neither stale\n%s", st, err, body)
+	}
 }
 
 func TestServingThroughTheBinary(t *testing.T) {

@@ -156,10 +156,12 @@ func (a *adminServer) snapshot() *statusView {
 
 	if t := a.live.Load(); t != nil {
 		v.Document = &documentView{
-			Fingerprint:  t.Fingerprint(),
-			FetchedAt:    t.FetchedAt().UTC(),
-			AgeSeconds:   now.Sub(t.FetchedAt()).Seconds(),
-			Stale:        t.Stale(),
+			Fingerprint: t.Fingerprint(),
+			FetchedAt:   t.FetchedAt().UTC(),
+			AgeSeconds:  now.Sub(t.FetchedAt()).Seconds(),
+			// The source knows whether it confirmed the document since
+			// start-up; the table only knows where it was built from.
+			Stale:        v.Poll.Stale,
 			Routes:       len(t.Routes()),
 			PathPrefixes: t.PrefixCount(),
 			APIHosts:     len(t.APIHosts()),
