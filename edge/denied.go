@@ -103,10 +103,11 @@ func plainPath(p string) bool {
 // matchDeniedFold is matchDenied for a plain path, folding ASCII case
 // without allocating.
 func matchDeniedFold(denied []string, p string) bool {
-	if !strings.HasPrefix(p, "/") {
-		return false
-	}
+	rootless := !strings.HasPrefix(p, "/") // read as rooted, as a backend would
 	for _, d := range denied {
+		if rootless {
+			d = d[1:]
+		}
 		if len(p) >= len(d) && strings.EqualFold(p[:len(d)], d) && (len(p) == len(d) || p[len(d)] == '/') {
 			return true
 		}
