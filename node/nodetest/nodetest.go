@@ -132,12 +132,6 @@ func (n *Node) serve(ln net.Listener) {
 // same across Stop and Restart.
 func (n *Node) URL() string { return "http://" + n.addr }
 
-// Addr is the node's listen address, host:port.
-func (n *Node) Addr() string { return n.addr }
-
-// ID is the node's own id (what ?prefer=self means).
-func (n *Node) ID() string { return n.opts.ID }
-
 // SetDocument serves doc from now on, reordered per request by ?prefer=,
 // and ends draining (the node's first reconcile pass is done). A nil
 // Routes is served as [] so that a literal Document{V: 1} is the empty
