@@ -108,15 +108,7 @@ func TestFailuresAfterConnectingAreNotFailedOver(t *testing.T) {
 					t.Errorf("Forward error = %v, want it to match %v", c.err, want)
 				}
 			}
-			if c.res.Status != 0 || c.res.Failovers != 0 || c.res.Node != first.Node {
-				t.Errorf("Result = %+v, want nothing written, no failover, node %q", c.res, first.Node)
-			}
-			if n := spareHits.Load(); n != 0 {
-				t.Errorf("the second upstream got %d requests, want 0: the first may have acted on it", n)
-			}
-			if h := healthOf(p, first.Address); h.Failures != 0 {
-				t.Errorf("failures = %d, want 0: it connected", h.Failures)
-			}
+			checkFailedAfterConnect(t, p, first, c, &spareHits)
 		})
 	}
 }

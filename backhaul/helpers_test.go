@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -237,4 +238,21 @@ func healthOf(p *Proxy, addr string) UpstreamHealth {
 		}
 	}
 	return UpstreamHealth{}
+}
+
+// checkFailedAfterConnect checks what a failure after connecting must leave
+// behind: nothing written, no failover (the first upstream may have acted on
+// the request, so the spare must not see it), and the first upstream not
+// counted as failing, since it connected.
+func checkFailedAfterConnect(t *testing.T, p *Proxy, first node.Upstream, c call, spareHits *atomic.Int32) {
+	t.Helper()
+	if c.res.Status != 0 || c.res.Failovers != 0 || c.res.Node != first.Node {
+		t.Errorf("Result = %+v, want nothing written, no failover, node %q", c.res, first.Node)
+	}
+	if n := spareHits.Load(); n != 0 {
+		t.Errorf("the second upstream got %d requests, want 0: the first may have acted on it", n)
+	}
+	if h := healthOf(p, first.Address); h.Failures != 0 {
+		t.Errorf("failures = %d, want 0: it connected", h.Failures)
+	}
 }
