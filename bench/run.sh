@@ -33,6 +33,9 @@ Usage: bench/run.sh [flags]
                        written to DIR with a text summary on stdout
   --edge-rev REV       build scafo-edge from commit REV, not the working
                        tree (which, when it does not build, gives way to HEAD)
+  --baseline-rev REV   also measure scafo-edge built from commit REV, as an
+                       extra row scafo-edge@<hash> beside scafo-edge in every
+                       cell and round: before and after in one run
   --keep               keep the work directory (configs, logs, wrk output)
   -h, --help           this text
 EOF
@@ -55,6 +58,7 @@ RETRY_BUILDS=0
 PORT_BASE=18080
 PROFILE_DIR=
 EDGE_REV=
+BASELINE_REV=
 KEEP=0
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench
 CADDY_VERSION=v2.11.9
@@ -80,6 +84,7 @@ while (($#)); do
 	--port-base) PORT_BASE=$2; shift ;;
 	--profile) PROFILE_DIR=$2; shift ;;
 	--edge-rev) EDGE_REV=$2; shift ;;
+	--baseline-rev) BASELINE_REV=$2; shift ;;
 	--keep) KEEP=1 ;;
 	-h | --help) usage; exit 0 ;;
 	*) echo "run.sh: unknown flag $1" >&2; usage >&2; exit 2 ;;
@@ -311,10 +316,10 @@ if [[ -n $PROFILE_DIR ]]; then EDGE_PKG=./bench/edgeprof EDGE_OUT=$CACHE/edgepro
 SRC=$REPO
 EDGE_BIN='' EDGE_NOTE='' EDGE_VERSION=''
 
-# export_rev REV: REV's tree, with this checkout's bench/ over it, in
-# WORK/src, which becomes SRC.
+# export_rev REV [DIR]: REV's tree, with this checkout's bench/ over it, in
+# DIR (default WORK/src), which becomes SRC.
 export_rev() {
-	local dir=$WORK/src
+	local dir=${2:-$WORK/src}
 	rm -rf "$dir" && mkdir -p "$dir"
 	(cd "$REPO" && git archive "$1") | tar -x -C "$dir" || return 1
 	rm -rf "$dir/bench" && cp -r "$REPO/bench" "$dir/bench"
@@ -350,6 +355,31 @@ fi
 if [[ -z $EDGE_BIN ]]; then
 	EDGE_NOTE="build failed: $(grep -v '^#' "$WORK/edge-build.log" | head -1)"
 	log "$EDGE_PKG: $EDGE_NOTE"
+fi
+
+# --baseline-rev: a second scafo-edge, from commit BASELINE_REV, measured as
+# its own row (BASELINE, "scafo-edge@<short hash>") right after scafo-edge,
+# so before and after see the same machine (issue 13). Built as the edge is
+# (git archive, plain go build) and kept in CACHE per commit and Go version:
+# a commit does not change, so comparing against it again costs nothing.
+BASELINE='' BASELINE_BIN=''
+if [[ -n $BASELINE_REV ]]; then
+	[[ -z $PROFILE_DIR ]] || die "--baseline-rev adds a row to the table; --profile makes none"
+	hash=$(cd "$REPO" && git rev-parse -q --verify "$BASELINE_REV^{commit}") ||
+		die "--baseline-rev $BASELINE_REV: not a commit of $REPO"
+	BASELINE=scafo-edge@$(cd "$REPO" && git rev-parse --short "$hash")
+	dir=$CACHE/scafo-edge-$hash-$(go env GOVERSION)
+	if [[ ! -x $dir/scafo-edge ]]; then
+		log "building ./cmd/scafo-edge from commit $BASELINE_REV ($BASELINE) into $dir"
+		mkdir -p "$dir"
+		# A subshell, so SRC stays the edge's; build beside, then rename, so an
+		# interrupted build leaves nothing the next run would take as built.
+		( export_rev "$hash" "$WORK/src-baseline" && cd "$SRC" &&
+			go build -o "$dir/scafo-edge.tmp" ./cmd/scafo-edge ) 2>"$WORK/baseline-build.log" &&
+			mv "$dir/scafo-edge.tmp" "$dir/scafo-edge" ||
+			die "--baseline-rev $BASELINE_REV does not build: $(grep -v '^#' "$WORK/baseline-build.log" | head -2 | tr '\n' ' ')"
+	fi
+	BASELINE_BIN=$dir/scafo-edge
 fi
 
 for p in "$UP_PORT" "$UP_TLS_PORT" "$PX_PORT" "$PX_TLS_PORT" "$ADMIN_PORT"; do
@@ -537,6 +567,10 @@ if [[ -z $PROFILE_DIR ]]; then
 			SKIP[scafo-edge]=$EDGE_NOTE
 		fi
 	fi
+	if [[ -n $BASELINE ]]; then
+		VERSION[$BASELINE]="--baseline-rev $BASELINE_REV"
+		write_edge_routes
+	fi
 	if has "$PROXIES" caddy; then
 		if CADDY_BIN=$(go_install "caddy-$CADDY_VERSION" caddy "github.com/caddyserver/caddy/v2/cmd/caddy@$CADDY_VERSION"); then
 			VERSION[caddy]=$(go_mod_version "$CADDY_BIN")
@@ -581,11 +615,14 @@ for p in "${!SKIP[@]}"; do log "$p: skipped: ${SKIP[$p]}"; done
 start_proxy() {
 	local name=$1 tls=$2 logf=$WORK/$1.log state
 	case $name in
-	scafo-edge)
+	scafo-edge | scafo-edge@*)
+		# The --baseline-rev row: the same command, another build.
+		local bin=$EDGE_BIN
+		[[ $name == scafo-edge ]] || bin=$BASELINE_BIN
 		state=$(mktemp -d "$WORK/edge-state.XXXXXX")
 		local mode=(--tls off)
 		((tls)) && mode=(--tls internal --https-addr "127.0.0.1:$PX_TLS_PORT")
-		start "$logf" env GOMAXPROCS="$WORKERS" "$EDGE_BIN" serve --routes-file "$WORK/routes.json" \
+		start "$logf" env GOMAXPROCS="$WORKERS" "$bin" serve --routes-file "$WORK/routes.json" \
 			"${mode[@]}" --http-addr "127.0.0.1:$PX_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" \
 			--state-dir "$state" --access-log=false
 		;;
@@ -659,7 +696,7 @@ run_cell() {
 	if ! wait_ok "$url" "$SIZE" "$pid"; then
 		local why
 		why=$(grep -v '^\s*$' "$WORK/$proxy.log" 2>/dev/null | tail -1 | tr '\t"\\' '   ' | cut -c1-200)
-		if [[ $proxy == scafo-edge ]] && ((tls)); then
+		if [[ $proxy == scafo-edge* ]] && ((tls)); then
 			why="--tls internal not available yet: $why"
 		fi
 		log "$proxy $cell: not serving: $why"
@@ -788,7 +825,7 @@ report_markdown() {
 		"$(nproc)" "${VERSION[wrk]:-?}" "$THREADS" "$CONNS" "$DURATION" "$WARMUP" \
 		"$( ((ROUNDS > 1)) && echo "; medians of $ROUNDS rounds")" "$WORKERS"
 	local v='' p
-	for p in scafo-edge caddy traefik nginx haproxy; do
+	for p in scafo-edge $BASELINE caddy traefik nginx haproxy; do
 		[[ -n ${VERSION[$p]:-} ]] && v+="${v:+, }$p ${VERSION[$p]}"
 	done
 	printf 'Versions: %s. Ratios within this run are what count; absolute figures move with the machine'"'"'s other load.\n\n' "${v:-none}"
@@ -809,25 +846,27 @@ report_markdown() {
 	targets_markdown "$agg"
 }
 
-# targets_markdown AGGREGATE: scafo-edge against Caddy and nginx, per cell
-# (issue 8's targets: req/s >= 1.5x Caddy, CPU/req <= 0.6x Caddy, p99 <=
-# Caddy; stretch: CPU/req <= 2x nginx).
+# targets_markdown AGGREGATE: scafo-edge (and the --baseline-rev row, the
+# same way) against Caddy and nginx, per cell (issue 8's targets: req/s >=
+# 1.5x Caddy, CPU/req <= 0.6x Caddy, p99 <= Caddy; stretch: CPU/req <= 2x
+# nginx).
 targets_markdown() {
-	awk -F'\t' '
+	awk -F'\t' -v edges="scafo-edge $BASELINE" '
 		$3 == "ok" { R[$1, $2] = $4; P99[$1, $2] = $6; CPU[$1, $2] = $7; if (!($2 in seen)) { seen[$2] = 1; cells[++nc] = $2 } }
 		function verdict(ok) { return ok ? "met" : "not met" }
 		END {
-			for (k = 1; k <= nc; k++) {
-				c = cells[k]
-				if (!(("scafo-edge", c) in R)) continue
+			ne = split(edges, E, " ")
+			for (k = 1; k <= nc; k++) for (m = 1; m <= ne; m++) {
+				c = cells[k]; e = E[m]
+				if (!((e, c) in R)) continue
 				if ((("caddy", c) in R)) {
-					line = sprintf("| %s | %.2f (%s) | %.2f (%s) | %.2f (%s) |", c,
-						R["scafo-edge", c] / R["caddy", c], verdict(R["scafo-edge", c] >= 1.5 * R["caddy", c]),
-						CPU["scafo-edge", c] / CPU["caddy", c], verdict(CPU["scafo-edge", c] <= 0.6 * CPU["caddy", c]),
-						P99["scafo-edge", c] / P99["caddy", c], verdict(P99["scafo-edge", c] <= P99["caddy", c]))
-				} else line = sprintf("| %s | — | — | — |", c)
+					line = sprintf("| %s | %s | %.2f (%s) | %.2f (%s) | %.2f (%s) |", c, e,
+						R[e, c] / R["caddy", c], verdict(R[e, c] >= 1.5 * R["caddy", c]),
+						CPU[e, c] / CPU["caddy", c], verdict(CPU[e, c] <= 0.6 * CPU["caddy", c]),
+						P99[e, c] / P99["caddy", c], verdict(P99[e, c] <= P99["caddy", c]))
+				} else line = sprintf("| %s | %s | — | — | — |", c, e)
 				if ((("nginx", c) in CPU) && CPU["nginx", c] > 0)
-					line = line sprintf(" %.2f (%s) |", CPU["scafo-edge", c] / CPU["nginx", c], verdict(CPU["scafo-edge", c] <= 2 * CPU["nginx", c]))
+					line = line sprintf(" %.2f (%s) |", CPU[e, c] / CPU["nginx", c], verdict(CPU[e, c] <= 2 * CPU["nginx", c]))
 				else line = line " — |"
 				rows[++nr] = line
 			}
@@ -835,8 +874,8 @@ targets_markdown() {
 			print ""
 			print "scafo-edge against the targets of issue 8 (ratios of this run):"
 			print ""
-			print "| cell | req/s × Caddy (≥ 1.5) | CPU/req × Caddy (≤ 0.6) | p99 × Caddy (≤ 1) | CPU/req × nginx (stretch ≤ 2) |"
-			print "|---|--:|--:|--:|--:|"
+			print "| cell | proxy | req/s × Caddy (≥ 1.5) | CPU/req × Caddy (≤ 0.6) | p99 × Caddy (≤ 1) | CPU/req × nginx (stretch ≤ 2) |"
+			print "|---|---|--:|--:|--:|--:|"
 			for (i = 1; i <= nr; i++) print rows[i]
 		}' "$1"
 }
@@ -933,7 +972,11 @@ fi
 IFS=, read -r -a cell_list <<<"$CELLS"
 for cell in "${cell_list[@]}"; do cell_spec "$cell"; done
 proxy_list=(direct)
-for p in scafo-edge caddy traefik nginx haproxy; do has "$PROXIES" "$p" && proxy_list+=("$p"); done
+for p in scafo-edge caddy traefik nginx haproxy; do
+	has "$PROXIES" "$p" && proxy_list+=("$p")
+	# The baseline right after the edge, in every round: same conditions.
+	if [[ $p == scafo-edge && -n $BASELINE ]]; then proxy_list+=("$BASELINE"); fi
+done
 for p in ${PROXIES//,/ }; do
 	case $p in direct | scafo-edge | caddy | traefik | nginx | haproxy) ;; *) die "unknown proxy $p" ;; esac
 done
