@@ -1,11 +1,11 @@
 package backhaul
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -73,13 +73,9 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstr
 	h1 := !p.h1Off && h1Eligible(r, upgrade)
 	var out *http.Request
 	var body *requestBody
-	var small []byte
-	switch {
-	case !h1:
-		out, body = p.outboundRequest(r, upgrade)
-	case smallBody(r):
+	if !h1 {
 		var err error
-		if small, err = readSmallBody(r); err != nil {
+		if out, body, err = p.outboundRequest(r, upgrade); err != nil {
 			return res, clientGone(err)
 		}
 	}
@@ -114,7 +110,7 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstr
 			var connectFailed bool
 			var err error
 			if h1 {
-				connectFailed, err = p.tryH1(w, r, small, u, s, &res)
+				connectFailed, err = p.tryH1(w, r, u, s, &res)
 			} else {
 				connectFailed, err = p.try(w, r, out, body, u, s, upgrade, &res)
 			}
@@ -170,7 +166,7 @@ func (p *Proxy) try(w http.ResponseWriter, r *http.Request, out *http.Request, b
 	p.connected(u, s)
 	err = p.respond(w, r, resp, upgrade, res)
 	if body != nil {
-		res.BytesIn += body.n.Load()
+		res.BytesIn += body.sent()
 	}
 	return false, err
 }
@@ -191,8 +187,7 @@ func (p *Proxy) failed(r *http.Request, body *requestBody, u node.Upstream, s *h
 	// Connected, so reachable: whatever went wrong next is no reason to
 	// eject it, nor to try another (the request may have been acted on).
 	p.connected(u, s)
-	var ne net.Error
-	if p.rhTimeout && errors.As(err, &ne) && ne.Timeout() {
+	if isTimeout(err) {
 		return false, fmt.Errorf("%w: %s: %w", ErrUpstreamTimeout, u.Address, err)
 	}
 	return false, fmt.Errorf("%w: %w: %s: %w", ErrNoUpstream, ErrUpstreamFailed, u.Address, err)
@@ -234,8 +229,9 @@ type outbound struct {
 }
 
 // outboundRequest builds the request sent upstream, shared by every attempt
-// (its URL host is set per attempt).
-func (p *Proxy) outboundRequest(r *http.Request, upgrade string) (*http.Request, *requestBody) {
+// (its URL host is set per attempt). A small body is read whole first
+// (smallBody); failing to read it is the client's failure.
+func (p *Proxy) outboundRequest(r *http.Request, upgrade string) (*http.Request, *requestBody, error) {
 	ob := &outbound{}
 	ob.url.Scheme = "http"
 	setTarget(&ob.url, r)
@@ -252,10 +248,19 @@ func (p *Proxy) outboundRequest(r *http.Request, upgrade string) (*http.Request,
 		// read to its end, which is before the transport writes them.
 		Trailer: r.Trailer,
 	}
+	dropForbiddenTrailers(r.Trailer)
 	var body *requestBody
 	if r.Body != nil && r.Body != http.NoBody {
 		body = &ob.body
-		body.rc = r.Body
+		body.rc, body.trailer = r.Body, r.Trailer
+		if smallBody(r) {
+			b, err := readSmallBody(r)
+			if err != nil {
+				return nil, nil, err
+			}
+			body.buffered = b
+			body.rc = io.NopCloser(bytes.NewReader(b))
+		}
 		base.Body = body
 		// With GetBody set, the transport may resend the request on another
 		// connection when a pooled one turned out dead before a byte was
@@ -263,7 +268,40 @@ func (p *Proxy) outboundRequest(r *http.Request, upgrade string) (*http.Request,
 		// would otherwise fail a POST.
 		base.GetBody = body.rewind
 	}
-	return base.WithContext(r.Context()), body
+	return base.WithContext(r.Context()), body, nil
+}
+
+// maxBufferedBody bounds the request bodies read whole before an upstream
+// is chosen (as nginx buffers requests by default): a slow upload then
+// holds no upstream connection, a client that leaves mid-upload never
+// reaches the upstream, and the body can be sent again after a keep-alive
+// race. Larger and unknown-length bodies stream.
+const maxBufferedBody = 64 << 10
+
+// smallBody reports whether r has a body read whole before forwarding.
+func smallBody(r *http.Request) bool {
+	return r.Body != nil && r.ContentLength > 0 && r.ContentLength <= maxBufferedBody &&
+		len(r.TransferEncoding) == 0 && len(r.Trailer) == 0
+}
+
+// readSmallBody reads r's body whole (smallBody(r) holds).
+func readSmallBody(r *http.Request) ([]byte, error) {
+	b := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(r.Body, b); err != nil {
+		return nil, fmt.Errorf("read request body: %w", err)
+	}
+	return b, nil
+}
+
+// dropForbiddenTrailers deletes from a request's trailer the fields that
+// may not travel as trailers (forbiddenTrailer). The server adds every
+// field of a chunked body's trailer section to it, announced or not.
+func dropForbiddenTrailers(tr http.Header) {
+	for k := range tr {
+		if forbiddenTrailer(k) {
+			delete(tr, k)
+		}
+	}
 }
 
 // retarget copies out (shallowly: header and body are shared, the
@@ -309,6 +347,8 @@ func setTarget(u *url.URL, r *http.Request) {
 // RoundTrip returned.
 type requestBody struct {
 	rc           io.ReadCloser
+	buffered     []byte      // the whole body when read beforehand, else nil
+	trailer      http.Header // the request's trailer, filled at the body's end
 	n            atomic.Int64
 	clientFailed atomic.Bool
 }
@@ -316,7 +356,12 @@ type requestBody struct {
 func (b *requestBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	b.n.Add(int64(n))
-	if err != nil && err != io.EOF {
+	switch {
+	case err == io.EOF:
+		// The server has just filled the trailer; the transport writes
+		// it next, from this goroutine.
+		dropForbiddenTrailers(b.trailer)
+	case err != nil && b.buffered == nil:
 		b.clientFailed.Store(true)
 	}
 	return n, err
@@ -324,12 +369,23 @@ func (b *requestBody) Read(p []byte) (int, error) {
 
 func (b *requestBody) Close() error { return nil }
 
+// sent returns the body bytes read from the client.
+func (b *requestBody) sent() int64 {
+	if b.buffered != nil {
+		return int64(len(b.buffered))
+	}
+	return b.n.Load()
+}
+
 // errBodyConsumed stops a retry whose body was already partly sent.
 var errBodyConsumed = errors.New("request body already partly read; not replayable")
 
-// rewind returns the body again for a retry, possible only while nothing
-// has been read from it.
+// rewind returns the body again for a retry: a buffered body from its
+// start, a streamed one only while nothing has been read from it.
 func (b *requestBody) rewind() (io.ReadCloser, error) {
+	if b.buffered != nil {
+		return io.NopCloser(bytes.NewReader(b.buffered)), nil
+	}
 	if b.n.Load() > 0 {
 		return nil, errBodyConsumed
 	}

@@ -23,15 +23,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/scafo/scafo-edge/node"
 )
 
-// h1Eligible reports whether r takes the pooled client.
+// h1Eligible reports whether r takes the pooled client: a request without
+// a body. A request body needs the transport's full-duplex exchange: an
+// upstream may answer before it has read the whole body, and that answer
+// must reach the client while the body is still being written.
 func h1Eligible(r *http.Request, upgrade string) bool {
 	if upgrade != "" || r.Method == http.MethodConnect || len(r.Trailer) > 0 {
 		return false
@@ -41,35 +44,11 @@ func h1Eligible(r *http.Request, upgrade string) bool {
 	// refuse data beyond a declared length, so zero means no body there
 	// (and most browser traffic is HTTP/2 GETs).
 	bodiless := r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && r.ProtoMajor >= 2)
-	if !bodiless && !smallBody(r) {
+	if !bodiless {
 		return false
 	}
 	_, expect := r.Header["Expect"]
 	return !expect
-}
-
-// maxBufferedBody bounds the request bodies the pooled client takes: one of
-// known length up to this size is read whole before an upstream is chosen
-// (as nginx buffers requests by default), then sent with the head in one
-// write. Having it in memory makes failover and resending after a
-// keep-alive race plain; a slow upload holds no upstream connection. Larger
-// and unknown-length bodies stream through the transport.
-const maxBufferedBody = 64 << 10
-
-// smallBody reports whether r has a body the pooled client buffers.
-func smallBody(r *http.Request) bool {
-	return r.Body != nil && r.ContentLength > 0 && r.ContentLength <= maxBufferedBody &&
-		len(r.TransferEncoding) == 0
-}
-
-// readSmallBody reads r's body whole (smallBody(r) holds). A failure is
-// the client's.
-func readSmallBody(r *http.Request) ([]byte, error) {
-	b := make([]byte, r.ContentLength)
-	if _, err := io.ReadFull(r.Body, b); err != nil {
-		return nil, fmt.Errorf("read request body: %w", err)
-	}
-	return b, nil
 }
 
 // Failures of the pooled client that are not I/O errors. They match
@@ -81,11 +60,10 @@ var (
 	errInvalidRequest    = errors.New("request cannot be written as HTTP/1.1")
 )
 
-// tryH1 is try for a request the pooled client takes: it sends r, with
-// body (read beforehand, nil for none), to u and, when u answers, writes the
-// response to w. It reports whether connecting failed, the one case where
-// the next upstream may be tried.
-func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body []byte, u node.Upstream, s *hostState, res *Result) (connectFailed bool, err error) {
+// tryH1 is try for a request the pooled client takes: it sends r to u and,
+// when u answers, writes the response to w. It reports whether connecting
+// failed, the one case where the next upstream may be tried.
+func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s *hostState, res *Result) (connectFailed bool, err error) {
 	ctx := r.Context()
 	start := time.Now()
 	var headBy time.Time
@@ -100,25 +78,17 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body []byte, u nod
 		return p.failed(r, nil, u, s, err)
 	}
 	for {
-		pc.rd.begin(ctx, start, headBy)
-		var anyRead bool
-		if err = p.writeRequest(pc.bw, r, body, u.Address); err == nil {
-			anyRead, err = p.readHead(pc, r.Method == http.MethodHead)
-			if err == nil {
-				break
-			}
+		var resend bool
+		if resend, err = p.roundTripH1(pc, r, start, headBy); err == nil {
+			break
 		}
 		pc.nc.Close()
 		// A pooled connection may have been closed by the upstream just
-		// as it was taken (the keep-alive race): nothing of the response
-		// was read, so the upstream never answered on it. The request is
-		// sent again on a new connection when that cannot repeat an
-		// action: a request head that failed to go out never reached a
-		// handler; one that went out may be resent only if idempotent
-		// (the rules http.Transport applies).
-		retry := reused && ctx.Err() == nil && !errors.Is(err, errInvalidRequest) &&
-			(isWriteError(err) || (!anyRead && idempotent(r)))
-		if !retry {
+		// as it was taken (the keep-alive race, which the peek before
+		// reuse narrows but cannot close). Only then is the request sent
+		// again, on a new connection, and only when roundTripH1 proved
+		// that doing so cannot repeat an action.
+		if !reused || !resend || ctx.Err() != nil {
 			return p.failed(r, nil, u, s, err)
 		}
 		if pc, err = p.pool.dial(ctx, u.Address); err != nil {
@@ -127,13 +97,12 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body []byte, u nod
 		reused = false
 	}
 	p.connected(u, s)
-	res.BytesIn = int64(len(body))
 	clean, err := p.respondH1(w, r, pc, res)
 	pc.rd.end()
 	if clean && pc.head.keepAlive && pc.br.Buffered() == 0 {
 		// Stamped with the exchange's start: the idle time is
-		// overestimated by the exchange, which only makes the peek
-		// before reuse a little more frequent.
+		// overestimated by the exchange, which only makes the idle
+		// timeout close it a little sooner.
 		p.pool.put(pc, start)
 	} else {
 		pc.nc.Close()
@@ -141,15 +110,40 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body []byte, u nod
 	return false, err
 }
 
-// writeError marks a failure to send the request head.
-type writeError struct{ err error }
-
-func (e *writeError) Error() string { return "write request: " + e.err.Error() }
-func (e *writeError) Unwrap() error { return e.err }
-
-func isWriteError(err error) bool {
-	var we *writeError
-	return errors.As(err, &we)
+// roundTripH1 writes r on pc and reads the response head into pc.head.
+// When it fails, resend reports whether r may be sent again on another
+// connection without risk of the upstream acting on it twice:
+//   - when none of its bytes were written, for every method;
+//   - when it was written (in part or whole) but the connection failed
+//     before a byte of any response arrived and no timeout fired, for an
+//     idempotent request only (the keep-alive race, as http.Transport
+//     decides it).
+//
+// A timeout is never a reason to resend: the upstream may be working on the
+// request, slowly. A write that failed part way is not "nothing was sent":
+// the upstream may have read the request's start and answered early (a 413
+// before closing), and that answer is read and relayed.
+func (p *Proxy) roundTripH1(pc *h1Conn, r *http.Request, now, headBy time.Time) (resend bool, err error) {
+	pc.rd.begin(r.Context(), now, headBy)
+	before := pc.out.written
+	werr := p.writeRequest(pc.bw, r, pc.addr)
+	sent := pc.out.written > before
+	if werr != nil && (!sent || isTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
+		return !sent && !isTimeout(werr) && !errors.Is(werr, errInvalidRequest), werr
+	}
+	anyRead, err := p.readHead(pc, r.Method == http.MethodHead)
+	if err == nil {
+		if werr != nil {
+			// Answered before the whole request was taken: what follows
+			// on this connection cannot be trusted to frame.
+			pc.head.keepAlive = false
+		}
+		return false, nil
+	}
+	if werr != nil {
+		err = werr
+	}
+	return !anyRead && !isTimeout(err) && idempotent(r), err
 }
 
 // idempotent reports whether resending r cannot repeat an action: a safe
@@ -165,11 +159,11 @@ func idempotent(r *http.Request) bool {
 	return k1 || k2
 }
 
-// writeRequest writes r's head and body to bw and flushes them: the original
+// writeRequest writes r's head to bw and flushes it: the original
 // request-URI bytes (DESIGN.md rule 4), the Host, the end-to-end headers and
 // the X-Forwarded-* set, by the rules outboundHeader applies for the
 // transport. Nothing is allocated: values are written where they are.
-func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, body []byte, addr string) error {
+func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string) error {
 	target := r.RequestURI
 	if target == "" || (target[0] != '/' && target != "*") {
 		// Absolute form, or a request built in process: its path and
@@ -198,7 +192,7 @@ func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, body []byte, add
 	hasProto, hasXFHost := false, false
 	for k, vs := range in {
 		if isHopByHop(k) || k == "Host" || k == "Content-Length" ||
-			(conn != nil && namedByConnection(conn, k)) {
+			(conn != nil && namedByConnection(conn, k)) || aliasesProtected(k) {
 			continue
 		}
 		if isForwarding(k) {
@@ -259,17 +253,12 @@ func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, body []byte, add
 	}
 	// Many servers expect a length on a bodiless POST or DELETE; GET and
 	// HEAD go without (as http.Transport writes them).
-	if len(body) > 0 {
-		bw.WriteString("Content-Length: ")
-		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(body)), 10))
-		bw.WriteString("\r\n")
-	} else if r.Method != http.MethodGet && r.Method != http.MethodHead {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		bw.WriteString("Content-Length: 0\r\n")
 	}
 	bw.WriteString("\r\n")
-	bw.Write(body)
 	if err := bw.Flush(); err != nil {
-		return &writeError{err}
+		return fmt.Errorf("write request: %w", err)
 	}
 	return nil
 }
@@ -451,12 +440,22 @@ func (pc *h1Conn) readFields(total *int) error {
 }
 
 // finish turns the fields into strings and decides the body's framing
-// (RFC 7230 §3.3.3) and whether the connection stays open.
+// (RFC 9112 §6) and whether the connection stays open. It is at least as
+// strict as http.ReadResponse, field by field (FuzzResponseFraming holds
+// it to that):
+//   - Content-Length is digits only; repeated identical values are one
+//     (copyHeader passes one on), anything else is malformed;
+//   - Transfer-Encoding is one field saying "chunked", and overrides a
+//     Content-Length, which is dropped; the connection is closed after
+//     such a message (RFC 9112 §6.3: it may be an attempt at smuggling);
+//   - on an HTTP/1.0 response Transfer-Encoding does not frame the body,
+//     and the connection is closed after it (RFC 9112 §6.1);
+//   - a Trailer announcing a framing field is malformed, as Go has it.
 func (h *h1Head) finish(http10, headRequest bool) error {
 	block := string(h.raw)
 	connClose, connKeepAlive := false, false
 	var length, te string
-	nLength := 0
+	nLength, nTE := 0, 0
 	for i := range h.fields {
 		f := &h.fields[i]
 		f.key, f.value = block[f.kOff:f.kOff+f.kLen], block[f.vOff:f.vOff+f.vLen]
@@ -472,10 +471,8 @@ func (h *h1Head) finish(http10, headRequest bool) error {
 			length = f.value
 			nLength++
 		case "Transfer-Encoding":
-			if te != "" {
-				return fmt.Errorf("%w: more than one Transfer-Encoding", errMalformedResponse)
-			}
 			te = f.value
+			nTE++
 		case "Trailer":
 			for v := f.value; v != ""; {
 				var k string
@@ -487,21 +484,38 @@ func (h *h1Head) finish(http10, headRequest bool) error {
 		}
 	}
 	h.keepAlive = !connClose && (!http10 || connKeepAlive)
+	chunked := false
+	if nTE > 0 && !http10 {
+		// Only chunked is understood, as by http.Transport; any other
+		// coding would have to be delimited by the close.
+		if nTE > 1 || !strings.EqualFold(te, "chunked") {
+			return fmt.Errorf("%w: unsupported Transfer-Encoding %q", errMalformedResponse, te)
+		}
+		chunked = true
+	}
+	if nTE > 0 && (http10 || nLength > 0) {
+		h.keepAlive = false
+	}
+	var n int64
+	if nLength > 0 {
+		var ok bool
+		if n, ok = parseLength(length); !ok {
+			return fmt.Errorf("%w: Content-Length %q", errMalformedResponse, truncate([]byte(length)))
+		}
+	}
+	if chunked {
+		for _, k := range h.trailers {
+			if k == "Transfer-Encoding" || k == "Trailer" || k == "Content-Length" {
+				return fmt.Errorf("%w: Trailer announces %s", errMalformedResponse, k)
+			}
+		}
+	}
 	switch {
 	case headRequest || h.status == http.StatusNoContent || h.status == http.StatusNotModified:
 		h.body = bodyNone
-	case te != "":
-		// Only chunked is understood, as by http.Transport; any other
-		// coding would have to be delimited by the close.
-		if !strings.EqualFold(te, "chunked") {
-			return fmt.Errorf("%w: unsupported Transfer-Encoding %q", errMalformedResponse, te)
-		}
+	case chunked:
 		h.body = bodyChunked
 	case nLength > 0:
-		n, err := strconv.ParseInt(length, 10, 64)
-		if err != nil || n < 0 || length[0] == '+' {
-			return fmt.Errorf("%w: Content-Length %q", errMalformedResponse, length)
-		}
 		h.body, h.length = bodyFixed, n
 		if n == 0 {
 			h.body = bodyNone
@@ -512,14 +526,35 @@ func (h *h1Head) finish(http10, headRequest bool) error {
 	return nil
 }
 
+// parseLength parses a Content-Length value: decimal digits only, no sign,
+// no list, at most 63 bits (as http.ReadResponse requires).
+func parseLength(s string) (int64, bool) {
+	if s == "" || len(s) > 19 {
+		return 0, false
+	}
+	var n uint64 // 19 digits fit
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return int64(n), n <= math.MaxInt64
+}
+
 // copyHeader copies the end-to-end fields into dst (w.Header()), sharing
-// one backing array for their value slices.
+// one backing array for their value slices. A repeated Content-Length
+// (finish checked the values agree) is passed on once: two, even equal,
+// make strict clients refuse the response.
 func (h *h1Head) copyHeader(dst http.Header) {
 	vals := make([]string, len(h.fields))
 	for i := range h.fields {
 		f := &h.fields[i]
-		if isHopByHop(f.key) || (len(h.conn) > 0 && namedByConnection(h.conn, f.key)) ||
-			(h.body == bodyChunked && f.key == "Content-Length") {
+		if isHopByHop(f.key) || (len(h.conn) > 0 && namedByConnection(h.conn, f.key)) {
+			continue
+		}
+		if f.key == "Content-Length" && (h.body == bodyChunked || h.seenBefore(i, f.key)) {
 			continue
 		}
 		vals[i] = f.value
@@ -560,7 +595,9 @@ func (p *Proxy) respondH1(w http.ResponseWriter, r *http.Request, pc *h1Conn, re
 		// Trailers the upstream announced are announced to the client
 		// too, so that the body is chunked and they can follow it.
 		for _, k := range head.trailers {
-			hdr.Add("Trailer", k)
+			if !forbiddenTrailer(k) {
+				hdr.Add("Trailer", k)
+			}
 		}
 	case bodyToClose:
 		body = &pc.close
@@ -597,7 +634,9 @@ func (p *Proxy) respondH1(w http.ResponseWriter, r *http.Request, pc *h1Conn, re
 	}
 	if head.body == bodyChunked {
 		for _, t := range pc.chunks.trailer {
-			hdr[http.TrailerPrefix+t[0]] = append(hdr[http.TrailerPrefix+t[0]], t[1])
+			if !forbiddenTrailer(t[0]) {
+				hdr[http.TrailerPrefix+t[0]] = append(hdr[http.TrailerPrefix+t[0]], t[1])
+			}
 		}
 	}
 	return true, nil

@@ -399,7 +399,6 @@ func TestPooledConnections(t *testing.T) {
 			c.Close()
 		})
 		p := newProxy(t, Options{})
-		p.pool.peekAfter = 0
 		e := startEdge(t, p, node.Upstream{Node: "a", Address: up})
 		for i := 0; i < 2; i++ {
 			if resp, body := rawDo(t, e.addr, "DELETE /x HTTP/1.1\r\nHost: a\r\n\r\n"); resp.StatusCode != 200 {
@@ -438,7 +437,6 @@ func TestPooledConnections(t *testing.T) {
 		var seen atomic.Int32
 		up := dropsSecond(t, &seen)
 		p := newProxy(t, Options{})
-		p.pool.peekAfter = time.Hour // the race, not the peek, is under test
 		e := startEdge(t, p, node.Upstream{Node: "a", Address: up})
 		getN(t, e.addr, 1)
 		e.next(t)
@@ -454,7 +452,6 @@ func TestPooledConnections(t *testing.T) {
 		var seen atomic.Int32
 		up := dropsSecond(t, &seen)
 		p := newProxy(t, Options{})
-		p.pool.peekAfter = time.Hour
 		e := startEdge(t, p, node.Upstream{Node: "a", Address: up})
 		getN(t, e.addr, 1)
 		e.next(t)

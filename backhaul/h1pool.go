@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -16,7 +17,8 @@ import (
 // on a pooled connection allocates almost nothing of its own.
 type h1Conn struct {
 	nc     net.Conn
-	rd     tickReader // between br and nc
+	rd     tickReader   // between br and nc
+	out    progressConn // between bw and nc
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	addr   string
@@ -35,12 +37,19 @@ const (
 	h1WriteBufSize = 4 << 10
 )
 
-func newH1Conn(nc net.Conn, addr string) *h1Conn {
-	pc := &h1Conn{nc: nc, addr: addr, bw: bufio.NewWriterSize(nc, h1WriteBufSize)}
+func newH1Conn(nc net.Conn, addr string, sendTimeout time.Duration) *h1Conn {
+	pc := &h1Conn{nc: nc, addr: addr}
 	pc.rd.nc = nc
-	pc.br = bufio.NewReaderSize(&pc.rd, h1ReadBufSize)
-	pc.fixed.br, pc.chunks.br, pc.close.br = pc.br, pc.br, pc.br
+	pc.out = progressConn{Conn: nc, timeout: sendTimeout}
+	pc.bw = bufio.NewWriterSize(&pc.out, h1WriteBufSize)
+	pc.setReader(&pc.rd)
 	return pc
+}
+
+// setReader makes src the source of responses on pc.
+func (pc *h1Conn) setReader(src io.Reader) {
+	pc.br = bufio.NewReaderSize(src, h1ReadBufSize)
+	pc.fixed.br, pc.chunks.br, pc.close.br = pc.br, pc.br, pc.br
 }
 
 // connPool keeps idle keep-alive connections per upstream address, most
@@ -50,7 +59,7 @@ type connPool struct {
 	dialer      net.Dialer
 	maxIdle     int
 	idleTimeout time.Duration
-	peekAfter   time.Duration // peekAfterIdle; tests move it
+	sendTimeout time.Duration // Options.SendTimeout; <= 0: none
 
 	mu    sync.Mutex
 	hosts map[string]*idleConns
@@ -64,33 +73,31 @@ type idleConns struct {
 	timer *time.Timer
 }
 
-// peekAfterIdle is how long a connection may sit idle before it is checked
-// for a close from the upstream before reuse. Nothing reads an idle
-// connection (that is what saves a goroutine per connection), so an
-// upstream's idle timeout is only seen here; under load connections are
-// idle for microseconds and the check is skipped.
-const peekAfterIdle = 100 * time.Millisecond
-
-func newConnPool(dialTimeout, idleTimeout time.Duration, maxIdle int) *connPool {
+func newConnPool(dialTimeout, idleTimeout, sendTimeout time.Duration, maxIdle int) *connPool {
 	return &connPool{
 		dialer:      net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
 		maxIdle:     maxIdle,
 		idleTimeout: idleTimeout,
-		peekAfter:   peekAfterIdle,
+		sendTimeout: sendTimeout,
 		hosts:       map[string]*idleConns{},
 	}
 }
 
 // get returns an idle connection to addr, reporting reused, or dials one.
 // A dial failure is a *connectError.
+//
+// Every idle connection is peeked before reuse, however briefly it was
+// idle: nothing reads an idle connection (that is what saves a goroutine
+// per connection), so this is where a close from the upstream, or bytes
+// it sent unasked, are seen. Bytes that arrive after a response has ended
+// belong to no request: parsed as the next response they would hand one
+// client another's answer (issue 13), so the connection is closed instead.
+// The peek is one non-blocking system call.
 func (cp *connPool) get(ctx context.Context, addr string, now time.Time) (pc *h1Conn, reused bool, err error) {
 	for {
 		pc = cp.pop(addr)
 		if pc == nil {
 			break
-		}
-		if now.Sub(pc.idleAt) < cp.peekAfter {
-			return pc, true, nil
 		}
 		if !pc.rd.deadline.After(now) {
 			// A passed deadline fails the peek before it looks.
@@ -110,7 +117,7 @@ func (cp *connPool) dial(ctx context.Context, addr string) (*h1Conn, error) {
 	if err != nil {
 		return nil, &connectError{addr: addr, err: err}
 	}
-	return newH1Conn(nc, addr), nil
+	return newH1Conn(nc, addr, cp.sendTimeout), nil
 }
 
 func (cp *connPool) pop(addr string) *h1Conn {

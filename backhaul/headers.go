@@ -19,6 +19,69 @@ func isHopByHop(key string) bool {
 	return false
 }
 
+// forbiddenTrailer reports whether a canonical key may not be passed on as
+// a trailer: a field that frames the message, routes it, is hop-by-hop, or
+// that a recipient would act on only in a header (RFC 9110 §6.5.1): the
+// list Go's HTTP/2 server refuses, with Set-Cookie and Upgrade. A trailer
+// naming one of them is dropped, never forwarded, in either direction.
+func forbiddenTrailer(key string) bool {
+	switch key {
+	case "Authorization", "Cache-Control", "Connection", "Content-Encoding", "Content-Length",
+		"Content-Range", "Content-Type", "Expect", "Host", "Keep-Alive", "Max-Forwards",
+		"Pragma", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "Range",
+		"Realm", "Te", "Trailer", "Transfer-Encoding", "Www-Authenticate", "Set-Cookie", "Upgrade":
+		return true
+	}
+	return false
+}
+
+// aliasesProtected reports whether a header name with an underscore names
+// a hop-by-hop, framing or forwarding header once '_' is read as '-'.
+// CGI-style origins (PHP, WSGI, Rack) map both to the same variable, so
+// "X_Forwarded_For" would let a client choose the address the edge
+// vouches for; such names are dropped (nginx drops every name with an
+// underscore by default).
+func aliasesProtected(key string) bool {
+	if strings.IndexByte(key, '_') < 0 {
+		return false
+	}
+	if foldedPrefix(key, "x-forwarded-") {
+		return true
+	}
+	for _, name := range dashedProtected {
+		if len(key) == len(name) && foldedPrefix(key, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// dashedProtected lists the protected names that contain a '-', the only
+// ones an underscore can alias.
+var dashedProtected = [...]string{"x-real-ip", "content-length", "transfer-encoding",
+	"proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate"}
+
+// foldedPrefix reports whether key starts with prefix (lower case),
+// comparing letters case-insensitively and '_' as '-'.
+func foldedPrefix(key, prefix string) bool {
+	if len(key) < len(prefix) {
+		return false
+	}
+	for i := 0; i < len(prefix); i++ {
+		c := key[i]
+		switch {
+		case c == '_':
+			c = '-'
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		if c != prefix[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // namedByConnection reports whether key is listed in h's Connection header,
 // which makes it hop-by-hop for this message (RFC 7230 §6.1).
 func namedByConnection(conn []string, key string) bool {
@@ -82,7 +145,7 @@ func (p *Proxy) outboundHeader(r *http.Request, upgrade string, vals *[2]string)
 		if isHopByHop(k) || (conn != nil && namedByConnection(conn, k)) {
 			continue
 		}
-		if !trusted && isForwarding(k) {
+		if (!trusted && isForwarding(k)) || aliasesProtected(k) {
 			continue
 		}
 		out[k] = v

@@ -54,7 +54,9 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, resp *http.Respo
 	// Trailers the upstream announced are announced to the client too, so
 	// that the body is chunked and they can follow it.
 	for k := range resp.Trailer {
-		h.Add("Trailer", k)
+		if !forbiddenTrailer(k) {
+			h.Add("Trailer", k)
+		}
 	}
 	w.WriteHeader(resp.StatusCode)
 	res.Status = resp.StatusCode
@@ -88,7 +90,9 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		return fmt.Errorf("read response body from %s: %w", res.Address, rerr)
 	}
 	for k, v := range resp.Trailer {
-		h[http.TrailerPrefix+k] = v
+		if !forbiddenTrailer(k) {
+			h[http.TrailerPrefix+k] = v
+		}
 	}
 	return nil
 }

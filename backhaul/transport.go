@@ -34,7 +34,6 @@
 package backhaul
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -57,6 +56,12 @@ type Options struct {
 	// fires Forward returns ErrUpstreamTimeout (the edge answers 504). Zero
 	// means no limit, so long polls and streams work.
 	ResponseHeaderTimeout time.Duration
+	// SendTimeout bounds how long one write to an upstream may make no
+	// progress: an upstream that stops reading a request (an upload) for
+	// this long fails the attempt, with ErrUpstreamTimeout when nothing
+	// was written to the client yet. A client that leaves ends the
+	// attempt at once. Zero means 60s; negative means no bound.
+	SendTimeout time.Duration
 	// MaxIdleConnsPerHost is the number of idle keep-alive connections kept
 	// per upstream address. Zero means 256, sized for a proxy rather than
 	// Go's default of 2, which would close and redial under any load.
@@ -105,6 +110,7 @@ const (
 	defaultDialTimeout     = 3 * time.Second
 	defaultIdlePerHost     = 256
 	defaultIdleConnTimeout = 90 * time.Second
+	defaultSendTimeout     = 60 * time.Second
 	defaultEjectBase       = time.Second
 	defaultEjectMax        = 30 * time.Second
 	maxResponseHeaderBytes = 1 << 20
@@ -121,6 +127,9 @@ func New(opts Options) *Proxy {
 	if opts.IdleConnTimeout <= 0 {
 		opts.IdleConnTimeout = defaultIdleConnTimeout
 	}
+	if opts.SendTimeout == 0 {
+		opts.SendTimeout = defaultSendTimeout
+	}
 	if opts.EjectBase <= 0 {
 		opts.EjectBase = defaultEjectBase
 	}
@@ -135,7 +144,7 @@ func New(opts Options) *Proxy {
 	}
 	p := &Proxy{
 		transport:    newTransport(opts),
-		pool:         newConnPool(opts.DialTimeout, opts.IdleConnTimeout, opts.MaxIdleConnsPerHost),
+		pool:         newConnPool(opts.DialTimeout, opts.IdleConnTimeout, opts.SendTimeout, opts.MaxIdleConnsPerHost),
 		trusted:      opts.TrustedProxies,
 		now:          opts.Now,
 		log:          opts.Log,
@@ -162,13 +171,7 @@ func newTransport(opts Options) *http.Transport {
 		// Upstreams are named by address in the routing document; a proxy
 		// from the environment would silently reroute the fleet's traffic.
 		Proxy: nil,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, &connectError{addr: addr, err: err}
-			}
-			return c, nil
-		},
+		DialContext: dialProgress(d, opts.SendTimeout),
 		MaxIdleConnsPerHost:   opts.MaxIdleConnsPerHost,
 		IdleConnTimeout:       opts.IdleConnTimeout,
 		ResponseHeaderTimeout: opts.ResponseHeaderTimeout,

@@ -151,7 +151,7 @@ func serveFlags(c *config) *flagSet {
 	fs.stringVar(&c.adminAddr, "admin-addr", "SCAFO_EDGE_ADMIN_ADDR", ":9180", "admin listener: /metrics, /healthz, /readyz, status page")
 	fs.durationVar(&c.shutdownTimeout, "shutdown-timeout", "SCAFO_EDGE_SHUTDOWN_TIMEOUT", 30*time.Second, "how long in-flight requests may run after SIGTERM")
 	fs.durationVar(&c.readHeaderTimout, "read-header-timeout", "SCAFO_EDGE_READ_HEADER_TIMEOUT", 10*time.Second, "time a client has to send its request headers (slowloris bound)")
-	fs.durationVar(&c.sendTimeout, "send-timeout", "SCAFO_EDGE_SEND_TIMEOUT", 60*time.Second, "close a client connection when one write to it makes no progress this long (a client that stopped reading); streams that keep flowing are not cut (0: never)")
+	fs.durationVar(&c.sendTimeout, "send-timeout", "SCAFO_EDGE_SEND_TIMEOUT", 60*time.Second, "close a client connection, or give up on an upstream, when one write to it makes no progress this long (a peer that stopped reading); streams that keep flowing are not cut (0: never)")
 	fs.durationVar(&c.idleTimeout, "idle-timeout", "SCAFO_EDGE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive client connection is kept")
 	fs.intVar(&c.maxHeaderBytes, "max-header-bytes", "SCAFO_EDGE_MAX_HEADER_BYTES", 64<<10, "largest request header block accepted (431 beyond)")
 	fs.stringVar(&c.proxyProtocol, "proxy-protocol-from", "SCAFO_EDGE_PROXY_PROTOCOL_FROM", "", "comma-separated CIDRs allowed to send a PROXY protocol v1/v2 header on the HTTP and HTTPS listeners; a header from anywhere else closes the connection")

@@ -112,6 +112,7 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 	proxy := backhaul.New(backhaul.Options{
 		DialTimeout:           c.dialTimeout,
 		ResponseHeaderTimeout: c.responseTimeout,
+		SendTimeout:           upstreamSendTimeout(c.sendTimeout),
 		TrustedProxies:        trusted,
 		Log:                   log.With().Str("component", "backhaul").Logger(),
 		Registerer:            reg,
@@ -339,4 +340,13 @@ func parseCIDRs(s string) ([]netip.Prefix, error) {
 		out = append(out, p.Masked())
 	}
 	return out, nil
+}
+
+// upstreamSendTimeout maps --send-timeout to backhaul's option, where zero
+// means its default rather than no bound.
+func upstreamSendTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
