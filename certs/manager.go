@@ -363,7 +363,8 @@ func (m *Manager) underBase(name string) bool {
 
 // TLSConfig returns the configuration for the HTTPS listener: certificates
 // through certmagic (on demand, gated by Allowed), ALPN h2 and http/1.1, and
-// acme-tls/1 for TLS-ALPN-01 challenges. Nil in ModeOff.
+// acme-tls/1 for TLS-ALPN-01 challenges; TLS 1.2 with ECDHE AEAD suites only,
+// TLS 1.3 as Go sets it. Nil in ModeOff.
 func (m *Manager) TLSConfig() *tls.Config {
 	if m.mode == ModeOff {
 		return nil
@@ -372,6 +373,15 @@ func (m *Manager) TLSConfig() *tls.Config {
 		GetCertificate: m.getCertificate,
 		NextProtos:     []string{"h2", "http/1.1", "acme-tls/1"},
 		MinVersion:     tls.VersionTLS12,
+		// AEAD only for TLS 1.2 (Mozilla intermediate): CBC suites are open to LUCKY13 timing (CVE-2013-0169).
+		CipherSuites: []uint16{
+			tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+			tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+			tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+			tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+			tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+			tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+		},
 	}
 }
 
