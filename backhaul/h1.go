@@ -13,9 +13,9 @@ package backhaul
 // client's response header.
 //
 // Requests with a body, upgrades, request trailers and Expect stay on
-// http.Transport: a body needs the full-duplex writer (an upstream may
-// answer before reading it all), 100-continue its wait, an upgrade the
-// transport's writable 101 body.
+// http.Transport: a body needs the full-duplex exchange (an upstream may
+// answer before reading it all, and that answer must reach the client),
+// 100-continue its wait, an upgrade the transport's writable 101 body.
 
 import (
 	"bufio"
@@ -131,7 +131,7 @@ func (p *Proxy) roundTripH1(pc *h1Conn, r *http.Request, now, headBy time.Time) 
 	if werr != nil && (!sent || isTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
 		return !sent && !isTimeout(werr) && !errors.Is(werr, errInvalidRequest), werr
 	}
-	anyRead, err := p.readHead(pc, r.Method == http.MethodHead)
+	anyRead, err := pc.readHead(r.Method == http.MethodHead)
 	if err == nil {
 		if werr != nil {
 			// Answered before the whole request was taken: what follows
@@ -298,7 +298,7 @@ const (
 // responses (not passed on, as with the transport; their bytes count
 // against the 1 MiB bound on the head, which is what bounds them). anyRead reports whether any byte of a response arrived, which
 // tells a keep-alive race from an upstream failing mid-answer.
-func (p *Proxy) readHead(pc *h1Conn, headRequest bool) (anyRead bool, err error) {
+func (pc *h1Conn) readHead(headRequest bool) (anyRead bool, err error) {
 	h := &pc.head
 	total := 0
 	for {
@@ -584,14 +584,8 @@ func (p *Proxy) respondH1(w http.ResponseWriter, r *http.Request, pc *h1Conn, re
 	head := &pc.head
 	hdr := w.Header()
 	head.copyHeader(hdr)
-	var body io.Reader
-	switch head.body {
-	case bodyFixed:
-		pc.fixed.left = head.length
-		body = &pc.fixed
-	case bodyChunked:
-		pc.chunks.reset()
-		body = &pc.chunks
+	body := pc.bodyReader()
+	if head.body == bodyChunked {
 		// Trailers the upstream announced are announced to the client
 		// too, so that the body is chunked and they can follow it.
 		for _, k := range head.trailers {
@@ -599,8 +593,6 @@ func (p *Proxy) respondH1(w http.ResponseWriter, r *http.Request, pc *h1Conn, re
 				hdr.Add("Trailer", k)
 			}
 		}
-	case bodyToClose:
-		body = &pc.close
 	}
 	w.WriteHeader(head.status)
 	res.Status = head.status
@@ -640,6 +632,22 @@ func (p *Proxy) respondH1(w http.ResponseWriter, r *http.Request, pc *h1Conn, re
 		}
 	}
 	return true, nil
+}
+
+// bodyReader returns the reader of the body whose head pc.head holds, nil
+// when it has none.
+func (pc *h1Conn) bodyReader() io.Reader {
+	switch pc.head.body {
+	case bodyFixed:
+		pc.fixed.left = pc.head.length
+		return &pc.fixed
+	case bodyChunked:
+		pc.chunks.reset()
+		return &pc.chunks
+	case bodyToClose:
+		return &pc.close
+	}
+	return nil
 }
 
 // fixedBody reads a body delimited by Content-Length.
@@ -749,11 +757,13 @@ func (c *chunkedBody) line() ([]byte, error) {
 	if err != nil {
 		return nil, unexpected(err)
 	}
-	line = line[:len(line)-1]
-	if n := len(line); n > 0 && line[n-1] == '\r' {
-		line = line[:n-1]
+	// A bare LF ends no line of chunked framing (RFC 9112 §7.1; Go
+	// refuses it too): reading one as a line end is how framing is
+	// desynchronised between two parsers.
+	if len(line) < 2 || line[len(line)-2] != '\r' {
+		return nil, fmt.Errorf("%w: chunk line ends with a bare LF", errMalformedResponse)
 	}
-	return line, nil
+	return line[:len(line)-2], nil
 }
 
 func (c *chunkedBody) readSize() (uint64, error) {

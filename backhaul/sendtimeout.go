@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -16,15 +18,44 @@ import (
 //
 // Writes to one connection come from one goroutine at a time (the pooled
 // client's exchange, the transport's write loop, a tunnel's pump), so the
-// fields need no lock.
+// fields but closed need no lock.
 type progressConn struct {
 	net.Conn
 	timeout time.Duration // <= 0: no bound
 	armed   time.Time     // the write deadline set on Conn
 	written int64
+
+	// absorbReset makes a write the upstream refused with a reset report
+	// success, and every later one too until the connection is closed.
+	// http.Transport races a failed write against the response: an
+	// upstream that answers an upload early (a 201, a 413) and closes
+	// with the upload unread makes the kernel reset, the rest of the
+	// upload fails to write, and when that failure wins the client gets
+	// a 502 for a request the upstream answered (issue 13). Swallowing
+	// the failure leaves the transport's read side to end the exchange:
+	// with the answer that arrived before the reset, or with the reset
+	// itself, a failure after bytes were written, which the transport
+	// resends only for an idempotent request.
+	absorbReset bool
+	reset       bool        // a write was refused; later ones are dropped
+	closed      atomic.Bool // Close was called, from any goroutine
+}
+
+// Close closes the connection; writes after it fail even when resets are
+// absorbed, which is what stops the transport copying the rest of an
+// upload nobody will read.
+func (c *progressConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
 }
 
 func (c *progressConn) Write(p []byte) (int, error) {
+	if c.reset {
+		if c.closed.Load() {
+			return 0, net.ErrClosed
+		}
+		return len(p), nil
+	}
 	if c.timeout > 0 {
 		// The deadline moves only when less than the bound is left, so a
 		// busy connection does not pay a deadline update per write; a
@@ -38,22 +69,24 @@ func (c *progressConn) Write(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Write(p)
 	c.written += int64(n)
+	if err != nil && c.absorbReset && !c.closed.Load() &&
+		(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+		c.reset = true
+		return len(p), nil
+	}
 	return n, err
 }
 
 // dialProgress dials addr for the transport, wrapping the connection so
-// that its writes are bounded like the pooled client's. A dial failure is
-// a *connectError.
+// that its writes are bounded like the pooled client's and a reset does
+// not hide an early answer. A dial failure is a *connectError.
 func dialProgress(d *net.Dialer, sendTimeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, &connectError{addr: addr, err: err}
 		}
-		if sendTimeout <= 0 {
-			return c, nil
-		}
-		return &progressConn{Conn: c, timeout: sendTimeout}, nil
+		return &progressConn{Conn: c, timeout: sendTimeout, absorbReset: true}, nil
 	}
 }
 

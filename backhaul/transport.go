@@ -24,13 +24,36 @@
 //   - it clones the whole request (headers included) on every call, which
 //     costs allocations on the hot path (issue 8).
 //
-// The common request (no body or a body of known length up to 64 KiB, no
-// upgrade, no trailers, no Expect) does not take http.Transport either but
-// a small HTTP/1.1 client of the package's own (h1.go, h1pool.go) that
-// works on the handler's goroutine over pooled keep-alive connections,
-// without the transport's per-request goroutine handoffs (issue 8).
-// Uploads that must stream, 100-continue and upgrades stay on the
-// transport.
+// The common request (no body, no upgrade, no trailers, no Expect) does not
+// take http.Transport but a small HTTP/1.1 client of the package's own
+// (h1.go, h1pool.go) that works on the handler's goroutine over pooled
+// keep-alive connections, without the transport's per-request goroutine
+// handoffs (issue 8). Requests with a body (read whole first up to 64 KiB,
+// streamed beyond), 100-continue and upgrades take the transport, whose
+// full-duplex exchange relays an upstream's early answer.
+//
+// What either path guarantees about the upstream leg (issue 13; each rule
+// is a case of TestHostileOrigins, on both paths):
+//   - A pooled connection is reused only when the previous response ended
+//     exactly at its framing and nothing unasked arrived after it: it is
+//     checked at reuse whatever the idle time, and bytes that arrive after
+//     a response close the connection; they are never read as the next
+//     response.
+//   - A request is sent again on another connection only when provably
+//     none of its bytes were written, or, for idempotent requests only,
+//     when the connection failed before any response byte and no timeout
+//     fired. A response-header timeout is final (504).
+//   - An upstream's early answer to an upload is relayed to the client and
+//     the upload is not sent again.
+//   - A write to an upstream that makes no progress for SendTimeout fails
+//     the attempt, and a client that leaves ends it.
+//   - Framing is at least as strict as net/http's (FuzzResponseFraming):
+//     Content-Length is digits only and repeated identical values pass on
+//     as one; Transfer-Encoding on an HTTP/1.0 response, or beside a
+//     Content-Length, closes the connection after the response; trailers
+//     never carry framing, routing or hop-by-hop fields.
+//   - Request header names that alias a forwarding or hop-by-hop header
+//     once '_' is read as '-' (X_Forwarded_For, X-Real_Ip) are dropped.
 package backhaul
 
 import (
@@ -170,8 +193,8 @@ func newTransport(opts Options) *http.Transport {
 	return &http.Transport{
 		// Upstreams are named by address in the routing document; a proxy
 		// from the environment would silently reroute the fleet's traffic.
-		Proxy: nil,
-		DialContext: dialProgress(d, opts.SendTimeout),
+		Proxy:                 nil,
+		DialContext:           dialProgress(d, opts.SendTimeout),
 		MaxIdleConnsPerHost:   opts.MaxIdleConnsPerHost,
 		IdleConnTimeout:       opts.IdleConnTimeout,
 		ResponseHeaderTimeout: opts.ResponseHeaderTimeout,
