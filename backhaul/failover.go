@@ -71,13 +71,13 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstr
 	// The common request takes the pooled client (h1.go); the rest the
 	// transport, with a request built for it.
 	h1 := !p.h1Off && h1Eligible(r, upgrade)
+	body, err := newRequestBody(r)
+	if err != nil {
+		return res, clientGone(err)
+	}
 	var out *http.Request
-	var body *requestBody
 	if !h1 {
-		var err error
-		if out, body, err = p.outboundRequest(r, upgrade); err != nil {
-			return res, clientGone(err)
-		}
+		out = p.outboundRequest(r, upgrade, body)
 	}
 	now := p.now()
 
@@ -110,7 +110,7 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstr
 			var connectFailed bool
 			var err error
 			if h1 {
-				connectFailed, err = p.tryH1(w, r, u, s, &res)
+				connectFailed, err = p.tryH1(w, r, body, u, s, &res)
 			} else {
 				connectFailed, err = p.try(w, r, out, body, u, s, upgrade, &res)
 			}
@@ -224,14 +224,12 @@ func clientGone(cause error) error {
 // request rather than piece by piece.
 type outbound struct {
 	url  url.URL
-	body requestBody
 	vals [2]string // backing for X-Forwarded-For and X-Forwarded-Host
 }
 
-// outboundRequest builds the request sent upstream, shared by every attempt
-// (its URL host is set per attempt). A small body is read whole first
-// (smallBody); failing to read it is the client's failure.
-func (p *Proxy) outboundRequest(r *http.Request, upgrade string) (*http.Request, *requestBody, error) {
+// outboundRequest builds the request the transport sends upstream, shared
+// by every attempt (its URL host is set per attempt).
+func (p *Proxy) outboundRequest(r *http.Request, upgrade string, body *requestBody) *http.Request {
 	ob := &outbound{}
 	ob.url.Scheme = "http"
 	setTarget(&ob.url, r)
@@ -248,27 +246,37 @@ func (p *Proxy) outboundRequest(r *http.Request, upgrade string) (*http.Request,
 		// read to its end, which is before the transport writes them.
 		Trailer: r.Trailer,
 	}
-	dropForbiddenTrailers(r.Trailer)
-	var body *requestBody
-	if r.Body != nil && r.Body != http.NoBody {
-		body = &ob.body
-		body.rc, body.trailer = r.Body, r.Trailer
-		if smallBody(r) {
-			b, err := readSmallBody(r)
-			if err != nil {
-				return nil, nil, err
-			}
-			body.buffered = b
-			body.rc = io.NopCloser(bytes.NewReader(b))
-		}
+	if body != nil {
 		base.Body = body
 		// With GetBody set, the transport may resend the request on another
 		// connection when a pooled one turned out dead before a byte was
-		// written (Go's nothingWrittenError), the keep-alive race that
-		// would otherwise fail a POST.
+		// written (Go's nothingWrittenError).
 		base.GetBody = body.rewind
 	}
-	return base.WithContext(r.Context()), body, nil
+	return base.WithContext(r.Context())
+}
+
+// newRequestBody returns r's body as the attempts read it, nil when r has
+// none. A small body is read whole first (smallBody); failing to read it
+// is the client's failure.
+func newRequestBody(r *http.Request) (*requestBody, error) {
+	// HTTP/1 hands a bodiless request http.NoBody. HTTP/2 and HTTP/3 hand
+	// every request a body, an empty one when the length is zero: both
+	// refuse data beyond a declared length, so zero means no body there.
+	if r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && r.ProtoMajor >= 2) {
+		return nil, nil
+	}
+	dropForbiddenTrailers(r.Trailer)
+	body := &requestBody{rc: r.Body, length: r.ContentLength, trailer: r.Trailer}
+	if smallBody(r) {
+		b := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, b); err != nil {
+			return nil, fmt.Errorf("read request body: %w", err)
+		}
+		body.buffered = b
+		body.rc = io.NopCloser(bytes.NewReader(b))
+	}
+	return body, nil
 }
 
 // maxBufferedBody bounds the request bodies read whole before an upstream
@@ -282,15 +290,6 @@ const maxBufferedBody = 64 << 10
 func smallBody(r *http.Request) bool {
 	return r.Body != nil && r.ContentLength > 0 && r.ContentLength <= maxBufferedBody &&
 		len(r.TransferEncoding) == 0 && len(r.Trailer) == 0
-}
-
-// readSmallBody reads r's body whole (smallBody(r) holds).
-func readSmallBody(r *http.Request) ([]byte, error) {
-	b := make([]byte, r.ContentLength)
-	if _, err := io.ReadFull(r.Body, b); err != nil {
-		return nil, fmt.Errorf("read request body: %w", err)
-	}
-	return b, nil
 }
 
 // dropForbiddenTrailers deletes from a request's trailer the fields that
@@ -339,7 +338,7 @@ func setTarget(u *url.URL, r *http.Request) {
 	u.Path, u.RawPath = r.URL.Path, r.URL.RawPath
 }
 
-// requestBody passes the client's body to the transport. Its Close does
+// requestBody is the client's body as the attempts read it. Its Close does
 // nothing: the transport closes the body of a failed attempt, and the next
 // attempt must still be able to send it (a failed connect never read it).
 // The server closes the real body when the handler returns. Counters are
@@ -347,6 +346,7 @@ func setTarget(u *url.URL, r *http.Request) {
 // RoundTrip returned.
 type requestBody struct {
 	rc           io.ReadCloser
+	length       int64       // the declared length, -1 for unknown
 	buffered     []byte      // the whole body when read beforehand, else nil
 	trailer      http.Header // the request's trailer, filled at the body's end
 	n            atomic.Int64
@@ -379,6 +379,11 @@ func (b *requestBody) sent() int64 {
 
 // errBodyConsumed stops a retry whose body was already partly sent.
 var errBodyConsumed = errors.New("request body already partly read; not replayable")
+
+// replayable reports whether the body can be sent again from its start.
+func (b *requestBody) replayable() bool {
+	return b.buffered != nil || b.n.Load() == 0
+}
 
 // rewind returns the body again for a retry: a buffered body from its
 // start, a streamed one only while nothing has been read from it.

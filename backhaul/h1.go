@@ -1,50 +1,40 @@
 package backhaul
 
-// The common request (no body, no upgrade, no trailers, no Expect) takes a
-// small HTTP/1.1 client of the package's own rather than http.Transport:
-// the request is written and the response read on the handler's
-// goroutine, over a pooled keep-alive connection. http.Transport hands
-// every request to a persistConn's writeLoop and takes the response from
-// its readLoop, which costs two goroutine wake-ups, several channel
-// operations, a context and ~60 allocations per request, and keeps a
-// goroutine blocked on every idle connection (issue 8). The request's
-// header is written straight from the client's, without building an
-// outbound map, and the response head is parsed straight into the
-// client's response header.
-//
-// Requests with a body, upgrades, request trailers and Expect stay on
-// http.Transport: a body needs the full-duplex exchange (an upstream may
-// answer before reading it all, and that answer must reach the client),
-// 100-continue its wait, an upgrade the transport's writable 101 body.
+// Every request but an upgrade, CONNECT, one with trailers and one that
+// expects 100-continue takes a small HTTP/1.1 client of the package's own
+// rather than http.Transport: a bodiless request is written and its
+// response read on the handler's goroutine, over a pooled keep-alive
+// connection. http.Transport hands every request to a persistConn's
+// writeLoop and takes the response from its readLoop, which costs two
+// goroutine wake-ups, several channel operations, a context and ~60
+// allocations per request, and keeps a goroutine blocked on every idle
+// connection (issue 8). The request's header is written straight from the
+// client's, without building an outbound map, and the response head is
+// parsed straight into the client's response header. A request with a
+// body has its body written by a second goroutine while the response is
+// read, so that an upstream's early answer reaches the client
+// (roundTripH1Body).
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/scafo/scafo-edge/node"
 )
 
-// h1Eligible reports whether r takes the pooled client: a request without
-// a body. A request body needs the transport's full-duplex exchange: an
-// upstream may answer before it has read the whole body, and that answer
-// must reach the client while the body is still being written.
+// h1Eligible reports whether r takes the pooled client: anything but an
+// upgrade, CONNECT, a request with trailers or one that expects 100-continue.
 func h1Eligible(r *http.Request, upgrade string) bool {
 	if upgrade != "" || r.Method == http.MethodConnect || len(r.Trailer) > 0 {
-		return false
-	}
-	// HTTP/1 hands a bodiless request http.NoBody. HTTP/2 and HTTP/3 hand
-	// every request a body, an empty one when the length is zero: both
-	// refuse data beyond a declared length, so zero means no body there
-	// (and most browser traffic is HTTP/2 GETs).
-	bodiless := r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && r.ProtoMajor >= 2)
-	if !bodiless {
 		return false
 	}
 	_, expect := r.Header["Expect"]
@@ -60,10 +50,11 @@ var (
 	errInvalidRequest    = errors.New("request cannot be written as HTTP/1.1")
 )
 
-// tryH1 is try for a request the pooled client takes: it sends r to u and,
-// when u answers, writes the response to w. It reports whether connecting
-// failed, the one case where the next upstream may be tried.
-func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s *hostState, res *Result) (connectFailed bool, err error) {
+// tryH1 is try for a request the pooled client takes: it sends r, with
+// body (nil for none), to u and, when u answers, writes the response to w.
+// It reports whether connecting failed, the one case where the next
+// upstream may be tried.
+func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody, u node.Upstream, s *hostState, res *Result) (connectFailed bool, err error) {
 	ctx := r.Context()
 	start := time.Now()
 	var headBy time.Time
@@ -75,11 +66,11 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s
 	}
 	pc, reused, err := p.pool.get(ctx, u.Address, start)
 	if err != nil {
-		return p.failed(r, nil, u, s, err)
+		return p.failed(r, body, u, s, err)
 	}
 	for {
 		var resend bool
-		if resend, err = p.roundTripH1(pc, r, start, headBy); err == nil {
+		if resend, err = p.roundTripH1(pc, r, body, start, headBy); err == nil {
 			break
 		}
 		pc.nc.Close()
@@ -89,15 +80,19 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s
 		// again, on a new connection, and only when roundTripH1 proved
 		// that doing so cannot repeat an action.
 		if !reused || !resend || ctx.Err() != nil {
-			return p.failed(r, nil, u, s, err)
+			return p.failed(r, body, u, s, err)
 		}
 		if pc, err = p.pool.dial(ctx, u.Address); err != nil {
-			return p.failed(r, nil, u, s, err)
+			return p.failed(r, body, u, s, err)
 		}
 		reused = false
 	}
 	p.connected(u, s)
 	clean, err := p.respondH1(w, r, pc, res)
+	if body != nil {
+		clean = pc.endWrite() && clean
+		res.BytesIn = body.sent()
+	}
 	pc.rd.end()
 	if clean && pc.head.keepAlive && pc.br.Buffered() == 0 {
 		// Stamped with the exchange's start: the idle time is
@@ -110,23 +105,28 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, u node.Upstream, s
 	return false, err
 }
 
-// roundTripH1 writes r on pc and reads the response head into pc.head.
+// roundTripH1 sends r on pc and reads the response head into pc.head.
 // When it fails, resend reports whether r may be sent again on another
 // connection without risk of the upstream acting on it twice:
 //   - when none of its bytes were written, for every method;
 //   - when it was written (in part or whole) but the connection failed
 //     before a byte of any response arrived and no timeout fired, for an
 //     idempotent request only (the keep-alive race, as http.Transport
-//     decides it).
+//     decides it);
+//
+// and in both cases only if its body, if any, can be sent again whole.
 //
 // A timeout is never a reason to resend: the upstream may be working on the
 // request, slowly. A write that failed part way is not "nothing was sent":
 // the upstream may have read the request's start and answered early (a 413
 // before closing), and that answer is read and relayed.
-func (p *Proxy) roundTripH1(pc *h1Conn, r *http.Request, now, headBy time.Time) (resend bool, err error) {
+func (p *Proxy) roundTripH1(pc *h1Conn, r *http.Request, body *requestBody, now, headBy time.Time) (resend bool, err error) {
 	pc.rd.begin(r.Context(), now, headBy)
 	before := pc.out.written
-	werr := p.writeRequest(pc.bw, r, pc.addr)
+	if body != nil {
+		return p.roundTripH1Body(pc, r, body, before)
+	}
+	werr := p.writeRequest(pc.bw, r, pc.addr, nil)
 	sent := pc.out.written > before
 	if werr != nil && (!sent || isTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
 		return !sent && !isTimeout(werr) && !errors.Is(werr, errInvalidRequest), werr
@@ -146,6 +146,81 @@ func (p *Proxy) roundTripH1(pc *h1Conn, r *http.Request, now, headBy time.Time) 
 	return !anyRead && !isTimeout(err) && idempotent(r), err
 }
 
+// roundTripH1Body is roundTripH1 for a request with a body. The request is
+// written by another goroutine while this one reads the response: an
+// upstream may answer before it has read the whole body (a 413, a 201 and
+// close), and that answer must reach the client while the body is still
+// being sent, or after sending it failed. A client that leaves ends the
+// exchange at once. When a response head arrives, the writer may still be
+// running; endWrite waits for it once the response has been relayed.
+func (p *Proxy) roundTripH1Body(pc *h1Conn, r *http.Request, body *requestBody, before int64) (resend bool, err error) {
+	if pc.wrote == nil {
+		pc.wrote = make(chan error, 1)
+	}
+	pc.headSeen.Store(false)
+	go func() {
+		err := p.writeRequest(pc.bw, r, pc.addr, body)
+		if err != nil && !pc.headSeen.Load() &&
+			(isTimeout(err) || body.clientFailed.Load() || errors.Is(err, errInvalidRequest)) {
+			// No answer is coming: the upstream stopped reading, or the
+			// request could not be sent whole. Closing wakes the reader.
+			pc.nc.Close()
+		}
+		pc.wrote <- err
+	}()
+	pc.stopWatch = context.AfterFunc(r.Context(), func() { pc.nc.Close() })
+	anyRead, err := pc.readHead(r.Method == http.MethodHead)
+	if err == nil {
+		pc.headSeen.Store(true)
+		return false, nil
+	}
+	pc.nc.Close()
+	werr := <-pc.wrote
+	pc.stopWatch()
+	if werr != nil && (isTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
+		// The writer gave up and closed the connection under the read.
+		return false, werr
+	}
+	if !body.replayable() {
+		return false, err
+	}
+	if pc.out.written == before {
+		return true, err
+	}
+	return !anyRead && !isTimeout(err) && idempotent(r), err
+}
+
+// endWrite waits for the writer of a request body once its response has
+// been relayed, and reports whether the whole request was sent. A writer
+// still running means the upstream answered without reading the whole
+// body: the connection is closed to stop it, and cannot carry another
+// request.
+func (pc *h1Conn) endWrite() (complete bool) {
+	select {
+	case err := <-pc.wrote:
+		complete = err == nil
+	default:
+		// Usually the writer is done and about to say so; an upstream
+		// that answered early and stopped reading gets a moment, as
+		// http.Transport gives it (maxWriteWaitBeforeConnReuse).
+		t := time.NewTimer(maxWriteWait)
+		select {
+		case err := <-pc.wrote:
+			complete = err == nil
+		case <-t.C:
+			pc.nc.Close()
+			<-pc.wrote
+		}
+		t.Stop()
+	}
+	// A watch that fired (the client left) is closing the connection.
+	return pc.stopWatch() && complete
+}
+
+// maxWriteWait is how long a relayed response waits for its request's
+// writer before the connection is given up.
+const maxWriteWait = 50 * time.Millisecond
+
 // idempotent reports whether resending r cannot repeat an action: a safe
 // method, or an idempotency key the client chose (as http.Transport
 // decides).
@@ -159,11 +234,12 @@ func idempotent(r *http.Request) bool {
 	return k1 || k2
 }
 
-// writeRequest writes r's head to bw and flushes it: the original
-// request-URI bytes (DESIGN.md rule 4), the Host, the end-to-end headers and
-// the X-Forwarded-* set, by the rules outboundHeader applies for the
-// transport. Nothing is allocated: values are written where they are.
-func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string) error {
+// writeRequest writes r's head to bw, then body (nil for none), and
+// flushes them: the original request-URI bytes (DESIGN.md rule 4), the
+// Host, the end-to-end headers and the X-Forwarded-* set, by the rules
+// outboundHeader applies for the transport. Nothing is allocated for the
+// head: values are written where they are.
+func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string, body *requestBody) error {
 	target := r.RequestURI
 	if target == "" || (target[0] != '/' && target != "*") {
 		// Absolute form, or a request built in process: its path and
@@ -251,16 +327,92 @@ func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string) err
 		bw.WriteString(r.Host)
 		bw.WriteString("\r\n")
 	}
-	// Many servers expect a length on a bodiless POST or DELETE; GET and
-	// HEAD go without (as http.Transport writes them).
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+	switch {
+	case body != nil && body.length >= 0:
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), body.length, 10))
+		bw.WriteString("\r\n")
+	case body != nil:
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+	case r.Method != http.MethodGet && r.Method != http.MethodHead:
+		// Many servers expect a length on a bodiless POST or DELETE; GET
+		// and HEAD go without (as http.Transport writes them).
 		bw.WriteString("Content-Length: 0\r\n")
 	}
 	bw.WriteString("\r\n")
+	if body != nil {
+		if err := writeBody(bw, body); err != nil {
+			return err
+		}
+	}
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("write request: %w", err)
 	}
 	return nil
+}
+
+// writeBody writes body to bw: its declared length exactly, or chunked
+// when the length is unknown. A streamed body is flushed as it is read,
+// the head first, so that an upload flows and an upstream can answer from
+// the head alone. A body that ends short of its declared length is the
+// client's failure (body.clientFailed is set).
+func writeBody(bw *bufio.Writer, body *requestBody) error {
+	if body.buffered != nil {
+		if _, err := bw.Write(body.buffered); err != nil {
+			return fmt.Errorf("write request body: %w", err)
+		}
+		return nil
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("write request: %w", err)
+	}
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	left := body.length
+	for left != 0 {
+		chunk := buf
+		if left > 0 && int64(len(chunk)) > left {
+			chunk = chunk[:left]
+		}
+		n, rerr := body.Read(chunk)
+		if n > 0 {
+			var err error
+			if left > 0 {
+				left -= int64(n)
+				bw.Write(chunk[:n])
+				err = bw.Flush()
+			} else {
+				err = writeChunk(bw, chunk[:n])
+			}
+			if err != nil {
+				return fmt.Errorf("write request body: %w", err)
+			}
+		}
+		switch {
+		case rerr == io.EOF && left > 0:
+			body.clientFailed.Store(true)
+			return fmt.Errorf("read request body: %w", io.ErrUnexpectedEOF)
+		case rerr == io.EOF:
+			left = 0
+		case rerr != nil:
+			return fmt.Errorf("read request body: %w", rerr)
+		}
+	}
+	if body.length < 0 {
+		// The last chunk; the request's trailers are the transport's.
+		bw.WriteString("0\r\n\r\n")
+	}
+	return nil
+}
+
+// writeChunk writes p as one chunk and flushes it.
+func writeChunk(bw *bufio.Writer, p []byte) error {
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(p)), 16))
+	bw.WriteString("\r\n")
+	bw.Write(p)
+	bw.WriteString("\r\n")
+	return bw.Flush()
 }
 
 // h1Head is the parsed head of the response being read on a connection.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,13 +17,21 @@ import (
 // response head, the body reader) lives here and is reused, so a request
 // on a pooled connection allocates almost nothing of its own.
 type h1Conn struct {
-	nc     net.Conn
-	rd     tickReader   // between br and nc
-	out    progressConn // between bw and nc
-	br     *bufio.Reader
-	bw     *bufio.Writer
-	addr   string
-	idleAt time.Time // when it was last put back; zero for a new connection
+	nc   net.Conn
+	rd   tickReader   // between br and nc
+	out  progressConn // between bw and nc
+	peek peeker       // on nc, before reuse
+
+	// For a request with a body, written by another goroutine (h1.go):
+	// its result, whether the response head has arrived, and the stop of
+	// the watch that closes nc when the client leaves.
+	wrote     chan error
+	headSeen  atomic.Bool
+	stopWatch func() bool
+	br        *bufio.Reader
+	bw        *bufio.Writer
+	addr      string
+	idleAt    time.Time // when it was last put back; zero for a new connection
 
 	head   h1Head
 	fixed  fixedBody
@@ -41,6 +50,7 @@ func newH1Conn(nc net.Conn, addr string, sendTimeout time.Duration) *h1Conn {
 	pc := &h1Conn{nc: nc, addr: addr}
 	pc.rd.nc = nc
 	pc.out = progressConn{Conn: nc, timeout: sendTimeout}
+	pc.peek.init(nc)
 	pc.bw = bufio.NewWriterSize(&pc.out, h1WriteBufSize)
 	pc.setReader(&pc.rd)
 	return pc
@@ -103,7 +113,7 @@ func (cp *connPool) get(ctx context.Context, addr string, now time.Time) (pc *h1
 			// A passed deadline fails the peek before it looks.
 			pc.rd.arm(now.Add(firstTick))
 		}
-		if connAlive(pc.nc) {
+		if pc.peek.alive() {
 			return pc, true, nil
 		}
 		pc.nc.Close()

@@ -24,13 +24,16 @@
 //   - it clones the whole request (headers included) on every call, which
 //     costs allocations on the hot path (issue 8).
 //
-// The common request (no body, no upgrade, no trailers, no Expect) does not
-// take http.Transport but a small HTTP/1.1 client of the package's own
-// (h1.go, h1pool.go) that works on the handler's goroutine over pooled
-// keep-alive connections, without the transport's per-request goroutine
-// handoffs (issue 8). Requests with a body (read whole first up to 64 KiB,
-// streamed beyond), 100-continue and upgrades take the transport, whose
-// full-duplex exchange relays an upstream's early answer.
+// Every request but upgrades, CONNECT, requests with trailers and those
+// that expect 100-continue does not take http.Transport but a small
+// HTTP/1.1 client of the package's own (h1.go, h1pool.go) that works on
+// the handler's goroutine over pooled keep-alive connections, without the
+// transport's per-request goroutine handoffs (issue 8); a request body is
+// read whole first up to 64 KiB and streamed beyond, written beside the
+// read of the response so that an early answer is relayed. The transport
+// takes the rest, on a new connection each time: it reuses a connection
+// before its read loop has looked for bytes left after the previous
+// response (golang/go#31259).
 //
 // What either path guarantees about the upstream leg (issue 13; each rule
 // is a case of TestHostileOrigins, on both paths):
@@ -193,10 +196,17 @@ func newTransport(opts Options) *http.Transport {
 	return &http.Transport{
 		// Upstreams are named by address in the routing document; a proxy
 		// from the environment would silently reroute the fleet's traffic.
-		Proxy:                 nil,
-		DialContext:           dialProgress(d, opts.SendTimeout),
-		MaxIdleConnsPerHost:   opts.MaxIdleConnsPerHost,
-		IdleConnTimeout:       opts.IdleConnTimeout,
+		Proxy:       nil,
+		DialContext: dialProgress(d, opts.SendTimeout),
+		// One connection per request: the transport hands an idle
+		// connection to the next request before its read loop has seen
+		// bytes an upstream sent after the previous response (golang/go
+		// #31259), so a misbehaving upstream could give one client
+		// another's answer (issue 13). Keep-alive reuse is the pooled
+		// client's, which checks every connection before reuse. With
+		// Connection: close sent, the upstream closes first and keeps
+		// the TIME_WAIT, not the edge.
+		DisableKeepAlives:     true,
 		ResponseHeaderTimeout: opts.ResponseHeaderTimeout,
 		// The client's Accept-Encoding is forwarded as sent; the transport
 		// must neither add gzip nor decode the body it passes through.
