@@ -103,7 +103,9 @@ type Observer interface {
 //  5. Table.Resolve: host, then first path segment; a malformed Host: 400.
 //  6. A denied prefix on an API host: 403, never proxied.
 //  7. No route: 404, no upstream contacted.
-//  8. Forward down the route's upstream list: 502 when none could be
+//  8. A request its client has already cancelled (an HTTP/2 stream reset
+//     before its handler ran) is not forwarded: nobody is left to answer.
+//  9. Forward down the route's upstream list: 502 when none could be
 //     reached, 504 when the response-header timeout fired.
 //
 // Absolute-form request targets resolve by the Host Go's server derives from
@@ -119,6 +121,13 @@ type Handler struct {
 	RetryAfter string
 	// Observer, if non-nil, sees every request after it is answered.
 	Observer Observer
+	// Canceled, if non-nil, is called on the request's goroutine for each
+	// request its client cancelled before any response was written: before
+	// it was forwarded or while the edge waited for the upstream. The
+	// caller decides what a connection that keeps doing so deserves (an
+	// HTTP/2 rapid reset costs the upstream a request per stream). It must
+	// be quick. Nil: such requests are only recorded, as status 499.
+	Canceled func(r *http.Request)
 	// Now is the clock for durations. Nil: time.Now.
 	Now func() time.Time
 }
@@ -195,6 +204,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		h.answer(w, rec, ReasonNoRoute)
 		return
 	}
+	if r.Context().Err() != nil {
+		// Go's HTTP/2 server starts a handler for a stream the client
+		// may reset in the next frame; once reset, forwarding it would
+		// cost the upstream a request nobody reads.
+		h.canceled(r, rec)
+		return
+	}
 	result, err := h.Forwarder.Forward(w, r, res.Route.Upstreams)
 	rec.Status, rec.Node, rec.Failovers = result.Status, result.Node, result.Failovers
 	rec.BytesIn, rec.BytesOut = result.BytesIn, result.BytesOut
@@ -204,10 +220,22 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		h.answer(w, rec, ReasonTimeout)
 	case errors.Is(err, backhaul.ErrNoUpstream):
 		h.answer(w, rec, ReasonNoUpstream)
+	case errors.Is(err, context.Canceled) && result.Status == 0:
+		h.canceled(r, rec)
 	case errors.Is(err, context.Canceled):
-		// The client went away; nobody is left to answer. 499 is nginx's
-		// name for this, kept for logs and metrics only.
+		// The client went away mid-response: a download or a stream it
+		// stopped reading, not a request it never wanted.
 		rec.Reason, rec.Status = ReasonCanceled, 499
+	}
+}
+
+// canceled records a request its client cancelled before any response was
+// written; nobody is left to answer. 499 is nginx's name for this, kept for
+// logs and metrics only.
+func (h *Handler) canceled(r *http.Request, rec *Record) {
+	rec.Reason, rec.Status = ReasonCanceled, 499
+	if h.Canceled != nil {
+		h.Canceled(r)
 	}
 }
 

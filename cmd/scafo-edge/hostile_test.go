@@ -394,6 +394,19 @@ func (u *recordingUpstream) count() int {
 	return len(u.heads)
 }
 
+// countPath counts the GET requests received for path.
+func (u *recordingUpstream) countPath(path string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	n := 0
+	for _, h := range u.heads {
+		if strings.HasPrefix(h, "GET "+path+" ") {
+			n++
+		}
+	}
+	return n
+}
+
 func (u *recordingUpstream) last() (head, body string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -988,13 +1001,131 @@ func TestHTTP2RequestTargetsWithSpacesAreRefused(t *testing.T) {
 	}
 }
 
+// h2Dial opens an HTTP/2 connection to addr for a.example (TLS without
+// verification, ALPN h2), sends the client preface and its SETTINGS, and
+// returns a framer over it. The connection's deadline is a minute away.
+func h2Dial(t *testing.T, addr string) (*tls.Conn, *http2.Framer) {
+	t.Helper()
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 30 * time.Second}, "tcp", addr,
+		&tls.Config{ServerName: "a.example", InsecureSkipVerify: true, NextProtos: []string{"h2"}})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	io.WriteString(c, http2.ClientPreface)
+	fr := http2.NewFramer(c, c)
+	fr.WriteSettings()
+	return c, fr
+}
+
+// h2GetBlock is the header block of GET https://a.example<path>.
+func h2GetBlock(path string) []byte {
+	var b bytes.Buffer
+	enc := hpack.NewEncoder(&b)
+	for _, f := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", "a.example"}, {":path", path}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	return b.Bytes()
+}
+
+// h2Drain reads frames until the connection ends, acknowledging settings,
+// and reports what ended it: the last GOAWAY's code, if any, and the read
+// error.
+func h2Drain(fr *http2.Framer) (goaway string, err error) {
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return goaway, err
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				fr.WriteSettingsAck()
+			}
+		case *http2.GoAwayFrame:
+			goaway = f.ErrCode.String()
+		}
+	}
+}
+
+// h2Probe is a normal client: HTTP/2 on a connection of its own, trusting
+// the edge's internal root, requesting https://a.example/ok in a loop and
+// timing each request until finish.
+type h2Probe struct {
+	latencyProbe
+	tr      *http.Transport
+	started chan struct{} // closed once the first request is done
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+func startH2Probe(t *testing.T, e *runningEdge, state string) *h2Probe {
+	t.Helper()
+	pem, err := os.ReadFile(filepath.Join(state, internalRootFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	p := &h2Probe{
+		tr: &http.Transport{
+			TLSClientConfig:   &tls.Config{RootCAs: roots},
+			ForceAttemptHTTP2: true,
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "tcp", e.HTTPSAddr)
+			},
+		},
+		started: make(chan struct{}),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	t.Cleanup(p.tr.CloseIdleConnections)
+	client := &http.Client{Transport: p.tr, Timeout: 30 * time.Second}
+	go func() {
+		defer close(p.done)
+		for i := 0; ; i++ {
+			select {
+			case <-p.stop:
+				return
+			default:
+			}
+			p.do(func() error {
+				resp, err := client.Get("https://a.example/ok")
+				if err != nil {
+					return err
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || !strings.HasPrefix(string(b), "A GET /ok") || resp.ProtoMajor != 2 {
+					return fmt.Errorf("answered %s %q %v", resp.Proto, b, err)
+				}
+				return nil
+			})
+			if i == 0 {
+				close(p.started)
+			}
+		}
+	}()
+	return p
+}
+
+// finish stops the probe, waits for its last request and closes its
+// connection; p.latencyProbe is then the probe's record.
+func (p *h2Probe) finish() {
+	close(p.stop)
+	<-p.done
+	p.tr.CloseIdleConnections()
+}
+
 // TestHTTP2Floods: an HTTP/2 client that opens and at once resets streams
 // by the thousand (rapid reset, CVE-2023-44487), and one that sends a
 // header block as an endless run of CONTINUATION frames (CVE-2023-45288),
 // while a normal HTTPS client keeps requesting: the normal client keeps its
 // latency, the reset streams reach the upstream only a bounded number of
-// times, and the CONTINUATION flood is cut off once the header limit is
-// passed rather than buffered.
+// times (TestHTTP2RapidResetCostsTheOriginAFixedAmount states the bound),
+// and the CONTINUATION flood is cut off once the header limit is passed
+// rather than buffered.
 func TestHTTP2Floods(t *testing.T) {
 	recA := newRecordingUpstream(t, "A")
 	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
@@ -1005,91 +1136,13 @@ func TestHTTP2Floods(t *testing.T) {
 	waitEdgeReady(t, e)
 	httpsGetInternal(t, e, state, "a.example", "/warm")
 	baseG, baseFD, baseConns := metricValue(t, e, "go_goroutines"), metricValue(t, e, "process_open_fds"), recA.open.Load()
-	dial := func() (*tls.Conn, *http2.Framer) {
-		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 30 * time.Second}, "tcp", e.HTTPSAddr,
-			&tls.Config{ServerName: "a.example", InsecureSkipVerify: true, NextProtos: []string{"h2"}})
-		if err != nil {
-			t.Fatalf("connect: %v", err)
-		}
-		c.SetDeadline(time.Now().Add(60 * time.Second))
-		io.WriteString(c, http2.ClientPreface)
-		fr := http2.NewFramer(c, c)
-		fr.WriteSettings()
-		return c, fr
-	}
-	headerBlock := func(path string) []byte {
-		var b bytes.Buffer
-		enc := hpack.NewEncoder(&b)
-		for _, f := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", "a.example"}, {":path", path}} {
-			enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-		}
-		return b.Bytes()
-	}
-	// drain reads frames until the connection ends, acknowledging
-	// settings, and reports what ended it.
-	drain := func(c net.Conn, fr *http2.Framer) (goaway string, err error) {
-		for {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				return goaway, err
-			}
-			switch f := f.(type) {
-			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					fr.WriteSettingsAck()
-				}
-			case *http2.GoAwayFrame:
-				goaway = f.ErrCode.String()
-			}
-		}
-	}
 
-	// The normal client: HTTP/2 on its own connection, trusting the root.
-	pem, err := os.ReadFile(filepath.Join(state, internalRootFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
-	tr := &http.Transport{
-		TLSClientConfig:   &tls.Config{RootCAs: roots},
-		ForceAttemptHTTP2: true,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "tcp", e.HTTPSAddr)
-		},
-	}
-	t.Cleanup(tr.CloseIdleConnections)
-	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
-	var probe latencyProbe
-	probeDone := make(chan struct{})
-	stopProbe := make(chan struct{})
-	go func() {
-		defer close(probeDone)
-		for {
-			select {
-			case <-stopProbe:
-				return
-			default:
-			}
-			probe.do(func() error {
-				resp, err := client.Get("https://a.example/ok")
-				if err != nil {
-					return err
-				}
-				b, err := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if err != nil || !strings.HasPrefix(string(b), "A GET /ok") {
-					return fmt.Errorf("answered %q %v", b, err)
-				}
-				return nil
-			})
-		}
-	}()
+	probe := startH2Probe(t, e, state)
 
 	const resets = 2000
 	before := recA.count()
-	c, fr := dial()
-	block := headerBlock("/reset")
+	c, fr := h2Dial(t, e.HTTPSAddr)
+	block := h2GetBlock("/reset")
 	sentResets := 0
 	for id := uint32(1); sentResets < resets; id += 2 {
 		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true, EndStream: true}); err != nil {
@@ -1101,14 +1154,14 @@ func TestHTTP2Floods(t *testing.T) {
 		sentResets++
 	}
 	c.CloseWrite()
-	resetGoaway, _ := drain(c, fr)
+	resetGoaway, _ := h2Drain(fr)
 	c.Close()
 	reachedUpstream := recA.count() - before
 
 	// CONTINUATION flood: 1 MiB of header block in 16 KiB frames, never
 	// ending it.
-	c, fr = dial()
-	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: headerBlock("/cont"), EndHeaders: false})
+	c, fr = h2Dial(t, e.HTTPSAddr)
+	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: h2GetBlock("/cont"), EndHeaders: false})
 	junk := bytes.Repeat([]byte{0x40, 0x01, 'x', 0x7f, 0x00}, 16<<10/5) // literal fields, never indexed
 	sentCont := 0
 	for range 64 {
@@ -1117,12 +1170,10 @@ func TestHTTP2Floods(t *testing.T) {
 		}
 		sentCont += len(junk)
 	}
-	contGoaway, contErr := drain(c, fr)
+	contGoaway, contErr := h2Drain(fr)
 	c.Close()
 
-	close(stopProbe)
-	<-probeDone
-	tr.CloseIdleConnections()
+	probe.finish()
 	p50, worst := probe.check(t)
 	t.Logf("figures: HTTP/2 floods: %d streams opened and reset, %d reached the upstream (GOAWAY %q); CONTINUATION flood cut after %d bytes sent (GOAWAY %q, %v); normal HTTPS client sent %d, failed %d, latency p50 %v max %v",
 		sentResets, reachedUpstream, resetGoaway, sentCont, contGoaway, contErr, len(probe.latencies), len(probe.failures), p50.Round(time.Microsecond), worst.Round(time.Millisecond))
@@ -1144,6 +1195,164 @@ func TestHTTP2Floods(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestHTTP2RapidResetCostsTheOriginAFixedAmount: a client that opens and at
+// once resets 5,000 streams on one connection (rapid reset,
+// CVE-2023-44487) costs the origin at most resetBurst + http2MaxStreams
+// requests, plus what the budget refills while the loop runs: the edge
+// does not forward a stream already reset, counts each request cancelled
+// before its answer against the connection's budget, and closes the
+// connection once the budget is spent. Before this bound one reset stream
+// in five to eight reached the origin, however many were sent. A normal
+// HTTP/2 client on a connection of its own is served throughout.
+func TestHTTP2RapidResetCostsTheOriginAFixedAmount(t *testing.T) {
+	recA := newRecordingUpstream(t, "A")
+	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
+		{Host: "a.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: recA.addr}}},
+	}})
+	state := t.TempDir()
+	e := startEdge(t, "--routes-file", routes, "--tls", "internal", "--state-dir", state)
+	waitEdgeReady(t, e)
+	httpsGetInternal(t, e, state, "a.example", "/warm")
+	probe := startH2Probe(t, e, state)
+	select {
+	case <-probe.started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the normal client's first request did not finish")
+	}
+
+	const streams = 5000
+	c, fr := h2Dial(t, e.HTTPSAddr)
+	block := h2GetBlock("/reset")
+	start := time.Now()
+	sent := 0
+	for id := uint32(1); sent < streams; id += 2 {
+		if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true, EndStream: true}) != nil ||
+			fr.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
+			break // the edge closed the connection
+		}
+		sent++
+	}
+	// The client leaves the connection open: only the edge can end it
+	// before this deadline.
+	c.SetReadDeadline(time.Now().Add(8 * time.Second))
+	goaway, readErr := h2Drain(fr)
+	closedAfter := time.Since(start)
+	var ne net.Error
+	closedByEdge := !(errors.As(readErr, &ne) && ne.Timeout())
+	if !closedByEdge {
+		t.Errorf("the edge kept the attacking connection open for %v after %d streams opened and reset", closedAfter.Round(time.Millisecond), sent)
+	} else {
+		waitFor(t, 5*time.Second, "the edge logs the connection it closed", func() error {
+			if e.countLogs("(rapid reset)") != 1 {
+				return errors.New("no log line")
+			}
+			return nil
+		})
+	}
+
+	probe.finish()
+	// Served by the same edge after the attack, on a new connection.
+	if _, body := httpsGetInternal(t, e, state, "a.example", "/after"); !strings.HasPrefix(body, "A GET /after") {
+		t.Errorf("a request after the attack was answered %q", body)
+	}
+	waitFor(t, 10*time.Second, "the attack's requests finished", func() error {
+		if n := metricValue(t, e, "scafo_edge_requests_in_flight"); n != 0 {
+			return fmt.Errorf("%v in flight", n)
+		}
+		return nil
+	})
+	reached := recA.countPath("/reset")
+	refilled := int(resetRefill * closedAfter.Seconds())
+	bound := resetBurst + http2MaxStreams + refilled + 1
+	p50, worst := probe.check(t)
+	t.Logf("figures: HTTP/2 rapid reset: %d of %d streams opened and reset on one connection before the edge closed it, %d requests reached the origin (bound %d: burst %d + %d streams in flight + %d refilled), connection closed by the edge: %v after %v (GOAWAY %q, %v); normal HTTP/2 client on its own connection sent %d, failed %d, latency p50 %v max %v",
+		sent, streams, reached, bound, resetBurst, http2MaxStreams, refilled+1, closedByEdge, closedAfter.Round(time.Millisecond), goaway, readErr,
+		len(probe.latencies), len(probe.failures), p50.Round(time.Microsecond), worst.Round(time.Millisecond))
+	if reached > bound {
+		t.Errorf("%d of the %d reset streams reached the origin, over the bound of %d", reached, sent, bound)
+	}
+}
+
+// TestHTTP2ClientCancellingAFullWindowKeepsItsConnection: what a browser
+// does when it leaves a page whose subresources all still wait on the
+// upstream (it cancels every stream it has in flight, http2MaxStreams of
+// them) stays within the reset budget that closes a rapid-reset client's
+// connection: the connection is kept and its next request is served.
+func TestHTTP2ClientCancellingAFullWindowKeepsItsConnection(t *testing.T) {
+	recA := newRecordingUpstream(t, "A")
+	var held atomic.Int64
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		held.Add(1)
+		defer held.Add(-1)
+		<-r.Context().Done()
+	}))
+	t.Cleanup(slow.Close)
+	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
+		{Host: "a.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: recA.addr}}, Paths: map[string]string{"slow": "slow.example"}},
+		{Host: "slow.example", Application: "slow", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(slow)}}},
+	}})
+	e := startEdge(t, "--routes-file", routes, "--tls", "internal")
+	waitEdgeReady(t, e)
+
+	c, fr := h2Dial(t, e.HTTPSAddr)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	f, err := fr.ReadFrame()
+	if err != nil {
+		t.Fatalf("read the edge's SETTINGS: %v", err)
+	}
+	if sf, ok := f.(*http2.SettingsFrame); !ok {
+		t.Fatalf("first frame %v, want the edge's SETTINGS", f)
+	} else if v, ok := sf.Value(http2.SettingMaxConcurrentStreams); !ok || v != http2MaxStreams {
+		t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %d (sent: %v), want %d", v, ok, http2MaxStreams)
+	}
+	fr.WriteSettingsAck()
+	block := h2GetBlock("/slow/asset")
+	for i := range http2MaxStreams {
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: block, EndHeaders: true, EndStream: true}); err != nil {
+			t.Fatalf("stream %d: %v", 2*i+1, err)
+		}
+	}
+	waitFor(t, 20*time.Second, "a full window of requests waiting on the upstream", func() error {
+		if n := held.Load(); n != http2MaxStreams {
+			return fmt.Errorf("%d held", n)
+		}
+		return nil
+	})
+	for i := range http2MaxStreams {
+		if err := fr.WriteRSTStream(uint32(2*i+1), http2.ErrCodeCancel); err != nil {
+			t.Fatalf("reset stream %d: %v", 2*i+1, err)
+		}
+	}
+	// Each cancelled request is counted when its handler returns, before
+	// the in-flight gauge drops.
+	waitFor(t, 20*time.Second, "the cancelled requests finished", func() error {
+		if n := metricValue(t, e, "scafo_edge_requests_in_flight"); n != 0 {
+			return fmt.Errorf("%v in flight, %d held by the upstream", n, held.Load())
+		}
+		return nil
+	})
+	next := uint32(2*http2MaxStreams + 1)
+	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: next, BlockFragment: h2GetBlock("/next"), EndHeaders: true, EndStream: true}); err != nil {
+		t.Fatalf("the request after the cancels: %v", err)
+	}
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("the connection ended after %d streams were cancelled: %v", http2MaxStreams, err)
+		}
+		if h, ok := f.(*http2.MetaHeadersFrame); ok && h.StreamID == next {
+			if s := h.PseudoValue("status"); s != "200" || recA.countPath("/next") != 1 {
+				t.Errorf("the request after the cancels: status %s, upstream saw it %d times", s, recA.countPath("/next"))
+			}
+			break
+		}
+	}
+	if n := e.countLogs("(rapid reset)"); n != 0 {
+		t.Errorf("the edge logged %d rapid-reset closes", n)
+	}
 }
 
 // waitDocumentPersisted waits until the edge has saved its routing document

@@ -201,6 +201,9 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 			httpsHandler = h3.advertiseHTTP3(edgeHandler)
 		}
 		httpsSrv = newServer(httpsHandler, tlsSetup.config, "https")
+		guard := newResetGuard(log.With().Str("component", "http2").Logger())
+		guard.configure(httpsSrv)
+		handler.Canceled = guard.canceled
 	}
 	// The PROXY header is read in Accept's connection wrapper, before TLS
 	// and HTTP, so the client address reaches logs and forwarded headers.
