@@ -122,12 +122,12 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 // before closing), and that answer is read and relayed.
 func (p *Proxy) roundTripH1(pc *h1Conn, r *http.Request, body *requestBody, now, headBy time.Time) (resend bool, err error) {
 	pc.rd.begin(r.Context(), now, headBy)
-	before := pc.out.written
+	before := pc.out.written.Load()
 	if body != nil {
 		return p.roundTripH1Body(pc, r, body, before)
 	}
 	werr := p.writeRequest(pc.bw, r, pc.addr, nil)
-	sent := pc.out.written > before
+	sent := pc.out.written.Load() > before
 	if werr != nil && (!sent || isTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
 		return !sent && !isTimeout(werr) && !errors.Is(werr, errInvalidRequest), werr
 	}
@@ -184,7 +184,7 @@ func (p *Proxy) roundTripH1Body(pc *h1Conn, r *http.Request, body *requestBody, 
 	if !body.replayable() {
 		return false, err
 	}
-	if pc.out.written == before {
+	if pc.out.written.Load() == before {
 		return true, err
 	}
 	return !anyRead && !isTimeout(err) && idempotent(r), err

@@ -591,12 +591,14 @@ func TestHTTP2GetsTakeThePooledClient(t *testing.T) {
 
 func TestRequestBodiesArriveIntactOnBothPaths(t *testing.T) {
 	sizes := []struct {
-		name string
-		n    int
+		name    string
+		n       int
+		chunked bool // sent without a length, so forwarded chunked
 	}{
-		{"a small body", 5},
-		{"a body of the largest buffered size", maxBufferedBody},
-		{"a body one byte larger, which streams", maxBufferedBody + 1},
+		{"a small body", 5, false},
+		{"a body of the largest buffered size", maxBufferedBody, false},
+		{"a body one byte larger, which streams", maxBufferedBody + 1, false},
+		{"a chunked body of unknown length", 3*copyBufSize + 7, true},
 	}
 	for _, path := range paths {
 		for _, sz := range sizes {
@@ -610,9 +612,15 @@ func TestRequestBodiesArriveIntactOnBothPaths(t *testing.T) {
 				})
 				e := startEdge(t, newPathProxy(t, Options{}, path.h1Off), up)
 				payload := strings.Repeat("abcde", sz.n/5+1)[:sz.n]
-				resp, body := rawDo(t, e.addr, fmt.Sprintf("POST /in HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s", sz.n, payload))
+				raw := fmt.Sprintf("POST /in HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s", sz.n, payload)
+				wantLength := sz.n
+				if sz.chunked {
+					raw = fmt.Sprintf("POST /in HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", sz.n, payload)
+					wantLength = -1
+				}
+				resp, body := rawDo(t, e.addr, raw)
 				c := e.next(t)
-				want := fmt.Sprintf("%d %d %s", sz.n, sz.n, payload[:min(sz.n, 5)])
+				want := fmt.Sprintf("%d %d %s", wantLength, sz.n, payload[:min(sz.n, 5)])
 				if resp.StatusCode != 200 || body != want {
 					t.Errorf("response = %d %q, want 200 %q", resp.StatusCode, body, want)
 				}

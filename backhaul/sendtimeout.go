@@ -16,14 +16,13 @@ import (
 // the kernel accepted, which tells a request that never left from one that
 // partly did: only the first may be sent again for every method.
 //
-// Writes to one connection come from one goroutine at a time (the pooled
-// client's exchange, the transport's write loop, a tunnel's pump), so the
-// fields but closed need no lock.
+// A net.Conn may be written from several goroutines (a tunnel's pump after
+// the transport's write loop), so its counters are atomic.
 type progressConn struct {
 	net.Conn
 	timeout time.Duration // <= 0: no bound
-	armed   time.Time     // the write deadline set on Conn
-	written int64
+	armed   atomic.Int64  // the write deadline set on Conn, Unix nanoseconds
+	written atomic.Int64
 
 	// absorbReset makes a write the upstream refused with a reset report
 	// success, and every later one too until the connection is closed.
@@ -35,10 +34,10 @@ type progressConn struct {
 	// the failure leaves the transport's read side to end the exchange:
 	// with the answer that arrived before the reset, or with the reset
 	// itself, a failure after bytes were written, which the transport
-	// resends only for an idempotent request.
+	// never resends (it opens a connection per request).
 	absorbReset bool
-	reset       bool        // a write was refused; later ones are dropped
-	closed      atomic.Bool // Close was called, from any goroutine
+	reset       atomic.Bool // a write was refused; later ones are dropped
+	closed      atomic.Bool // Close was called
 }
 
 // Close closes the connection; writes after it fail even when resets are
@@ -50,7 +49,7 @@ func (c *progressConn) Close() error {
 }
 
 func (c *progressConn) Write(p []byte) (int, error) {
-	if c.reset {
+	if c.reset.Load() {
 		if c.closed.Load() {
 			return 0, net.ErrClosed
 		}
@@ -62,16 +61,17 @@ func (c *progressConn) Write(p []byte) (int, error) {
 		// write that makes no progress fails after between one and one
 		// and a half bounds.
 		now := time.Now()
-		if c.armed.Sub(now) < c.timeout {
-			c.armed = now.Add(c.timeout + c.timeout/2)
-			c.Conn.SetWriteDeadline(c.armed)
+		if c.armed.Load()-now.UnixNano() < int64(c.timeout) {
+			d := now.Add(c.timeout + c.timeout/2)
+			c.armed.Store(d.UnixNano())
+			c.Conn.SetWriteDeadline(d)
 		}
 	}
 	n, err := c.Conn.Write(p)
-	c.written += int64(n)
+	c.written.Add(int64(n))
 	if err != nil && c.absorbReset && !c.closed.Load() &&
 		(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
-		c.reset = true
+		c.reset.Store(true)
 		return len(p), nil
 	}
 	return n, err
