@@ -181,7 +181,7 @@ func (p *Proxy) roundTripH1Body(pc *h1Conn, r *http.Request, body *requestBody, 
 		// The writer gave up and closed the connection under the read.
 		return false, werr
 	}
-	if !body.replayable() {
+	if isTimeout(err) || !body.replayable() {
 		return false, err
 	}
 	if pc.out.written.Load() == before {
