@@ -160,6 +160,11 @@ func (p *Proxy) try(w http.ResponseWriter, r *http.Request, out *http.Request, b
 	u node.Upstream, s *hostState, upgrade string, res *Result) (connectFailed bool, err error) {
 	out.URL.Host = u.Address
 	resp, rtErr := p.transport.RoundTrip(out)
+	if rtErr == nil && (resp.StatusCode < 100 || resp.StatusCode > 999) {
+		// Go's client takes "HTTP/1.1 099"; its server panics on it.
+		resp.Body.Close()
+		rtErr = fmt.Errorf("%w: status %d", errMalformedResponse, resp.StatusCode)
+	}
 	if rtErr != nil {
 		return p.failed(r, body, u, s, rtErr)
 	}
@@ -293,11 +298,13 @@ func smallBody(r *http.Request) bool {
 }
 
 // dropForbiddenTrailers deletes from a request's trailer the fields that
-// may not travel as trailers (forbiddenTrailer). The server adds every
-// field of a chunked body's trailer section to it, announced or not.
+// may not travel as trailers (forbiddenTrailer) and those that claim an
+// origin for the request (an upstream that merges trailers into headers
+// would believe them). The server adds every field of a chunked body's
+// trailer section to it, announced or not.
 func dropForbiddenTrailers(tr http.Header) {
 	for k := range tr {
-		if forbiddenTrailer(k) {
+		if forbiddenTrailer(k) || isForwarding(k) || aliasesProtected(k) {
 			delete(tr, k)
 		}
 	}

@@ -24,8 +24,10 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/scafo/scafo-edge/node"
@@ -94,7 +96,7 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 		res.BytesIn = body.sent()
 	}
 	pc.rd.end()
-	if clean && pc.head.keepAlive && pc.br.Buffered() == 0 {
+	if clean && pc.reusable() {
 		// Stamped with the exchange's start: the idle time is
 		// overestimated by the exchange, which only makes the idle
 		// timeout close it a little sooner.
@@ -102,7 +104,31 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 	} else {
 		pc.nc.Close()
 	}
+	var cut *cutShortError
+	if errors.As(err, &cut) {
+		// Closing the client's connection is what shows it the
+		// truncation; over HTTP/2 this panics, so it comes last.
+		abort(w)
+	}
 	return false, err
+}
+
+// cutShortError reports a response body the upstream broke off after the
+// response head was relayed.
+type cutShortError struct{ err error }
+
+func (e *cutShortError) Error() string { return e.err.Error() }
+func (e *cutShortError) Unwrap() error { return e.err }
+
+// reusable reports whether pc may carry another request once its response
+// was read to its end: the upstream wants to keep it, nothing it sent is
+// left unread, and the response did not declare a body it does not carry.
+// A HEAD, 204 or 304 response with a length or chunked framing is where an
+// upstream that gets framing wrong sends the body anyway, a moment later,
+// where the next request's response is expected (issue 13): the peek
+// before reuse sees such bytes only if they arrived before it looked.
+func (pc *h1Conn) reusable() bool {
+	return pc.head.keepAlive && pc.br.Buffered() == 0 && !pc.head.declaredUnsent
 }
 
 // roundTripH1 sends r on pc and reads the response head into pc.head.
@@ -121,11 +147,15 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 // the upstream may have read the request's start and answered early (a 413
 // before closing), and that answer is read and relayed.
 func (p *Proxy) roundTripH1(pc *h1Conn, r *http.Request, body *requestBody, now, headBy time.Time) (resend bool, err error) {
-	pc.rd.begin(r.Context(), now, headBy)
 	before := pc.out.written.Load()
 	if body != nil {
+		// The response-header timeout counts from the body's last byte
+		// (roundTripH1Body), as the transport counts it: an upload takes
+		// as long as the client takes to send it.
+		pc.rd.begin(r.Context(), now, time.Time{})
 		return p.roundTripH1Body(pc, r, body, before)
 	}
+	pc.rd.begin(r.Context(), now, headBy)
 	werr := p.writeRequest(pc.bw, r, pc.addr, nil)
 	sent := pc.out.written.Load() > before
 	if werr != nil && (!sent || isTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
@@ -157,11 +187,19 @@ func (p *Proxy) roundTripH1Body(pc *h1Conn, r *http.Request, body *requestBody, 
 	if pc.wrote == nil {
 		pc.wrote = make(chan error, 1)
 	}
-	pc.headSeen.Store(false)
+	pc.head.state.Store(headAwaited)
+	pc.headTimer = nil
 	go func() {
 		err := p.writeRequest(pc.bw, r, pc.addr, body)
-		if err != nil && !pc.headSeen.Load() &&
-			(isTimeout(err) || body.clientFailed.Load() || errors.Is(err, errInvalidRequest)) {
+		switch {
+		case err == nil && p.rhTimeout:
+			pc.headTimer = time.AfterFunc(p.rhTimeoutDur, func() {
+				if pc.head.state.CompareAndSwap(headAwaited, headTimedOut) {
+					pc.nc.Close()
+				}
+			})
+		case err != nil && (isTimeout(err) || body.clientFailed.Load() || errors.Is(err, errInvalidRequest)) &&
+			pc.head.state.CompareAndSwap(headAwaited, headAbandoned):
 			// No answer is coming: the upstream stopped reading, or the
 			// request could not be sent whole. Closing wakes the reader.
 			pc.nc.Close()
@@ -170,13 +208,18 @@ func (p *Proxy) roundTripH1Body(pc *h1Conn, r *http.Request, body *requestBody, 
 	}()
 	pc.stopWatch = context.AfterFunc(r.Context(), func() { pc.nc.Close() })
 	anyRead, err := pc.readHead(r.Method == http.MethodHead)
-	if err == nil {
-		pc.headSeen.Store(true)
+	if err == nil && pc.head.state.CompareAndSwap(headAwaited, headArrived) {
 		return false, nil
 	}
 	pc.nc.Close()
 	werr := <-pc.wrote
 	pc.stopWatch()
+	if pc.headTimer != nil {
+		pc.headTimer.Stop()
+	}
+	if pc.head.state.Load() == headTimedOut {
+		return false, fmt.Errorf("read response head: %w", os.ErrDeadlineExceeded)
+	}
 	if werr != nil && (isTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
 		// The writer gave up and closed the connection under the read.
 		return false, werr
@@ -187,8 +230,19 @@ func (p *Proxy) roundTripH1Body(pc *h1Conn, r *http.Request, body *requestBody, 
 	if pc.out.written.Load() == before {
 		return true, err
 	}
-	return !anyRead && !isTimeout(err) && idempotent(r), err
+	return !anyRead && idempotent(r), err
 }
+
+// The states of a request-with-body's response head, between the reader,
+// the writer and the response-header timer: whichever moves it first from
+// headAwaited decides, so the timer never closes a connection whose head
+// arrived, and the reader never relays a head the timer gave up on.
+const (
+	headAwaited int32 = iota
+	headArrived
+	headTimedOut
+	headAbandoned // the writer gave up
+)
 
 // endWrite waits for the writer of a request body once its response has
 // been relayed, and reports whether the whole request was sent. A writer
@@ -212,6 +266,12 @@ func (pc *h1Conn) endWrite() (complete bool) {
 			<-pc.wrote
 		}
 		t.Stop()
+	}
+	if pc.headTimer != nil && !pc.headTimer.Stop() {
+		// It ran (finding the head arrived, so closing nothing) or is
+		// about to: not stopped in time, it must not find a later
+		// exchange on this connection.
+		complete = false
 	}
 	// A watch that fired (the client left) is closing the connection.
 	return pc.stopWatch() && complete
@@ -421,6 +481,11 @@ type h1Head struct {
 	keepAlive bool
 	body      bodyKind
 	length    int64 // for bodyFixed
+	// declaredUnsent: a response without a body (HEAD, 204, 304) that
+	// declared a non-zero length or chunked framing anyway.
+	declaredUnsent bool
+	// state is the head's, for a request with a body (headAwaited…).
+	state atomic.Int32
 
 	// raw holds the canonical keys and the values of the header lines
 	// back to back; fields index it. Once the head is read it is copied
@@ -481,7 +546,7 @@ func (pc *h1Conn) readHead(headRequest bool) (anyRead bool, err error) {
 }
 
 func (h *h1Head) reset() {
-	h.status, h.keepAlive, h.body, h.length = 0, false, bodyNone, 0
+	h.status, h.keepAlive, h.body, h.length, h.declaredUnsent = 0, false, bodyNone, 0, false
 	if cap(h.raw) > 64<<10 {
 		h.raw = nil // a huge head once should not stay with the connection
 	}
@@ -665,6 +730,7 @@ func (h *h1Head) finish(http10, headRequest bool) error {
 	switch {
 	case headRequest || h.status == http.StatusNoContent || h.status == http.StatusNotModified:
 		h.body = bodyNone
+		h.declaredUnsent = chunked || n > 0
 	case chunked:
 		h.body = bodyChunked
 	case nLength > 0:
@@ -736,6 +802,7 @@ func (p *Proxy) respondH1(w http.ResponseWriter, r *http.Request, pc *h1Conn, re
 	head := &pc.head
 	hdr := w.Header()
 	head.copyHeader(hdr)
+	noSniff(hdr)
 	body := pc.bodyReader()
 	if head.body == bodyChunked {
 		// Trailers the upstream announced are announced to the client
@@ -771,10 +838,9 @@ func (p *Proxy) respondH1(w http.ResponseWriter, r *http.Request, pc *h1Conn, re
 	case werr != nil || r.Context().Err() != nil:
 		return false, clientGone(errors.Join(werr, r.Context().Err()))
 	case rerr != nil:
-		// The upstream broke off mid-body; closing the client's
-		// connection is what shows the truncation.
-		abort(w)
-		return false, fmt.Errorf("read response body from %s: %w", res.Address, rerr)
+		// The upstream broke off mid-body; tryH1 closes the client's
+		// connection to show the truncation, once this one is released.
+		return false, &cutShortError{fmt.Errorf("read response body from %s: %w", res.Address, rerr)}
 	}
 	if head.body == bodyChunked {
 		for _, t := range pc.chunks.trailer {
@@ -923,10 +989,12 @@ func (c *chunkedBody) readSize() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if i := bytes.IndexByte(line, ';'); i >= 0 {
-		line = line[:i] // chunk extensions are not passed on
-	}
+	// As Go reads it: trailing whitespace goes, then the extension (not
+	// passed on); what is left is the size, hex digits only.
 	line = bytes.TrimRight(line, " \t")
+	if i := bytes.IndexByte(line, ';'); i >= 0 {
+		line = line[:i]
+	}
 	if len(line) == 0 || len(line) > 16 {
 		return 0, fmt.Errorf("%w: chunk size %q", errMalformedResponse, truncate(line))
 	}

@@ -219,6 +219,7 @@ func TestMalformedResponsesAreA502OnBothPaths(t *testing.T) {
 		{name: "informational responses past the 1 MiB head bound", raw: strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: "+strings.Repeat("l", 1000)+"\r\n\r\n", 1100)},
 		{name: "a header line without a colon", raw: "HTTP/1.1 200 OK\r\nNo colon here\r\nContent-Length: 0\r\n\r\n"},
 		{name: "a folded header line (RFC 7230 3.2.4)", raw: "HTTP/1.1 200 OK\r\nX-A: 1\r\n 2\r\nContent-Length: 0\r\n\r\n", pooled: true},
+		{name: "a status below 100, which Go's server would panic writing", raw: "HTTP/1.1 099 Low\r\nContent-Length: 5\r\n\r\nhello"},
 	}
 	for _, path := range paths {
 		for _, tt := range tests {
@@ -647,5 +648,96 @@ func TestAClientLeavingDuringASmallUploadNeverReachesTheUpstream(t *testing.T) {
 	checkClientGone(t, p, up, c)
 	if n := hits.Load(); n != 0 {
 		t.Errorf("upstream got %d requests, want 0: the body never arrived whole", n)
+	}
+}
+
+// The response-header timeout counts from the request's last byte: an
+// upload that takes longer to send than the timeout is not cut off
+// (issue 13 review: streamed uploads got a 504 mid-body).
+func TestAnUploadSlowerThanTheResponseHeaderTimeoutIsAnswered(t *testing.T) {
+	for _, path := range paths {
+		t.Run(path.name, func(t *testing.T) {
+			up := upstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
+				n, _ := io.Copy(io.Discard, r.Body)
+				fmt.Fprintf(w, "%d", n)
+			})
+			e := startEdge(t, newPathProxy(t, Options{ResponseHeaderTimeout: 200 * time.Millisecond}, path.h1Off), up)
+			conn, err := net.Dial("tcp", e.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			const pieces, size = 5, 100 << 10 // streamed: more than maxBufferedBody
+			fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", pieces*size)
+			piece := strings.Repeat("x", size)
+			// Each piece waits for the timeout to pass once more: the
+			// upload takes several timeouts to send.
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for i := 0; i < pieces; i++ {
+				<-tick.C
+				if _, err := io.WriteString(conn, piece); err != nil {
+					t.Fatalf("write piece %d: %v", i, err)
+				}
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if want := fmt.Sprint(pieces * size); resp.StatusCode != 200 || string(body) != want {
+				t.Errorf("got %d %q, want 200 %q", resp.StatusCode, body, want)
+			}
+			e.next(t)
+		})
+	}
+}
+
+// An upstream that breaks off a body under an HTTP/2 client, where the
+// edge aborts the stream with a panic, still has its connection closed
+// (issue 13 review: the connection leaked until a GC).
+func TestAResponseCutShortReleasesTheUpstreamConnectionUnderAPanic(t *testing.T) {
+	closed := make(chan struct{})
+	up := rawListener(t, func(c net.Conn) {
+		if _, _, err := readRequestHead(c); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX")
+		io.Copy(io.Discard, c) // until the edge closes its end
+		close(closed)
+	})
+	p := newProxy(t, Options{})
+	r := httptest.NewRequest("GET", "http://a/", nil)
+	r.ProtoMajor, r.ProtoMinor = 2, 0
+	func() {
+		defer func() {
+			if v := recover(); v != http.ErrAbortHandler {
+				t.Errorf("Forward panicked with %v, want http.ErrAbortHandler", v)
+			}
+		}()
+		p.Forward(httptest.NewRecorder(), r, []node.Upstream{{Node: "a", Address: up}}) // an unhijackable writer, as HTTP/2's
+	}()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream connection is still open after the aborted response")
+	}
+}
+
+// A proxy passes the upstream's answer: no Content-Type the upstream did
+// not send (Go's server would sniff one from the body).
+func TestNoContentTypeIsAddedOnBothPaths(t *testing.T) {
+	for _, path := range paths {
+		t.Run(path.name, func(t *testing.T) {
+			up := rawKeepAlive(t, nil, func(*http.Request, int) (string, bool) {
+				return "HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\n<html></html>\n", false
+			})
+			e := startEdge(t, newPathProxy(t, Options{}, path.h1Off), node.Upstream{Node: "a", Address: up})
+			resp, _ := rawDo(t, e.addr, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+			e.next(t)
+			if ct, ok := resp.Header["Content-Type"]; ok {
+				t.Errorf("Content-Type = %q, want none", ct)
+			}
+		})
 	}
 }

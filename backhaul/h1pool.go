@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -23,10 +22,10 @@ type h1Conn struct {
 	peek peeker       // on nc, before reuse
 
 	// For a request with a body, written by another goroutine (h1.go):
-	// its result, whether the response head has arrived, and the stop of
-	// the watch that closes nc when the client leaves.
+	// its result, the response-header timer it starts once done, and the
+	// stop of the watch that closes nc when the client leaves.
 	wrote     chan error
-	headSeen  atomic.Bool
+	headTimer *time.Timer // the response-header timeout, from the body's end
 	stopWatch func() bool
 	br        *bufio.Reader
 	bw        *bufio.Writer

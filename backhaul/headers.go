@@ -35,14 +35,21 @@ func forbiddenTrailer(key string) bool {
 	return false
 }
 
-// aliasesProtected reports whether a header name with an underscore names
-// a hop-by-hop, framing or forwarding header once '_' is read as '-'.
-// CGI-style origins (PHP, WSGI, Rack) map both to the same variable, so
-// "X_Forwarded_For" would let a client choose the address the edge
-// vouches for; such names are dropped (nginx drops every name with an
-// underscore by default).
+// aliasesProtected reports whether a header name with a byte other than a
+// letter, digit or '-' names a hop-by-hop, framing or forwarding header once
+// every such byte is read as '-'. CGI-style origins (PHP, WSGI, Rack) map
+// '-' and '_' (PHP '.' too) to the same variable, so "X_Forwarded_For"
+// would let a client choose the address the edge vouches for; such names
+// are dropped (nginx drops every name with an underscore by default).
 func aliasesProtected(key string) bool {
-	if strings.IndexByte(key, '_') < 0 {
+	plain := true
+	for i := 0; i < len(key); i++ {
+		if !isAlnum(key[i]) && key[i] != '-' {
+			plain = false
+			break
+		}
+	}
+	if plain {
 		return false
 	}
 	if foldedPrefix(key, "x-forwarded-") {
@@ -57,12 +64,13 @@ func aliasesProtected(key string) bool {
 }
 
 // dashedProtected lists the protected names that contain a '-', the only
-// ones an underscore can alias.
+// ones another byte in its place can alias.
 var dashedProtected = [...]string{"x-real-ip", "content-length", "transfer-encoding",
 	"proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate"}
 
 // foldedPrefix reports whether key starts with prefix (lower case),
-// comparing letters case-insensitively and '_' as '-'.
+// comparing letters case-insensitively and reading any byte but a letter
+// or digit as '-'.
 func foldedPrefix(key, prefix string) bool {
 	if len(key) < len(prefix) {
 		return false
@@ -70,16 +78,20 @@ func foldedPrefix(key, prefix string) bool {
 	for i := 0; i < len(prefix); i++ {
 		c := key[i]
 		switch {
-		case c == '_':
-			c = '-'
 		case 'A' <= c && c <= 'Z':
 			c += 'a' - 'A'
+		case !isAlnum(c):
+			c = '-'
 		}
 		if c != prefix[i] {
 			return false
 		}
 	}
 	return true
+}
+
+func isAlnum(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
 }
 
 // namedByConnection reports whether key is listed in h's Connection header,

@@ -181,3 +181,34 @@ func TestHopByHopResponseHeadersAreRemoved(t *testing.T) {
 		t.Errorf("client X-App = %q, want kept", v)
 	}
 }
+
+func TestAliasesOfProtectedHeadersAreRecognised(t *testing.T) {
+	tests := []struct {
+		key  string
+		want bool
+	}{
+		{"X_Forwarded_For", true},
+		{"X-Forwarded_For", true},
+		{"X_forwarded_for", true},
+		{"X.Forwarded.For", true}, // PHP reads '.' as '_'
+		{"X-Forwarded_Host", true},
+		{"X_Forwarded_Anything", true},
+		{"X-Real_Ip", true},
+		{"X.Real.Ip", true},
+		{"Proxy_Connection", true},
+		{"Transfer_Encoding", true},
+		{"Content_Length", true},
+		{"Keep_Alive", true},
+		{"Proxy_Authorization", true},
+		{"X-Forwarded-For", false}, // the real name: the trust rules decide
+		{"X_Custom_Thing", false},
+		{"X_Real_Ip_Extra", false},
+		{"Content_Type", false},
+		{"Accept", false},
+	}
+	for _, tt := range tests {
+		if got := aliasesProtected(tt.key); got != tt.want {
+			t.Errorf("aliasesProtected(%q) = %t, want %t", tt.key, got, tt.want)
+		}
+	}
+}

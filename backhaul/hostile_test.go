@@ -613,6 +613,28 @@ func lateBytes(name string, req hostileReq, first string) hostileCase {
 	}
 }
 
+// bodyOnNextRequest is a case where the origin answers req with first, a
+// response that declares a body it does not carry (HEAD, 304), and sends
+// that body only once the next request has arrived on the connection,
+// where no peek before reuse can see it: the next request must go on a
+// new connection.
+func bodyOnNextRequest(name string, req hostileReq, first string) hostileCase {
+	firstStep := request()
+	if req.method == "HEAD" {
+		firstStep = head()
+	}
+	v := "/echo?victim"
+	return hostileCase{
+		name: name,
+		scripts: [][]step{
+			{firstStep, write(first), request(), write(evil), echo()},
+			echoes(),
+		},
+		reqs:     []hostileReq{req, {method: "GET", target: v, wantBody: "GET " + v, fresh: true}},
+		wantSeen: map[string]int{req.method + " " + req.target: 1, "GET " + v: 1},
+	}
+}
+
 // malformed is a case where the origin answers with a response whose
 // framing is invalid: a 502, the request sent once.
 func malformed(name, raw string) hostileCase {
@@ -652,6 +674,11 @@ func hostileCases() []hostileCase {
 			hostileReq{method: "GET", target: "/x", wantStatus: []int{204}}, "HTTP/1.1 204 No Content\r\n\r\n"),
 		lateBytes("late bytes after a 304 are never read as the next response",
 			hostileReq{method: "GET", target: "/x", wantStatus: []int{304}}, "HTTP/1.1 304 Not Modified\r\nEtag: \"v1\"\r\n\r\n"),
+		bodyOnNextRequest("a body a HEAD response declared, sent once the next request arrived, never reaches it",
+			hostileReq{method: "HEAD", target: "/x", wantHeader: map[string][]string{"Content-Length": {"44"}}},
+			"HTTP/1.1 200 OK\r\nContent-Length: 44\r\n\r\n"),
+		bodyOnNextRequest("a body a 304 declared, sent once the next request arrived, never reaches it",
+			hostileReq{method: "GET", target: "/x", wantStatus: []int{304}}, "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"),
 
 		// Bug 2: a POST delivered twice.
 		{

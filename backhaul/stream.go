@@ -51,6 +51,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, resp *http.Respo
 
 	h := w.Header()
 	copyResponseHeader(h, resp.Header)
+	noSniff(h)
 	// Trailers the upstream announced are announced to the client too, so
 	// that the body is chunked and they can follow it.
 	for k := range resp.Trailer {
@@ -137,6 +138,15 @@ func isEventStream(h http.Header) bool {
 	}
 	mt, _, _ := mime.ParseMediaType(ct[0])
 	return mt == "text/event-stream"
+}
+
+// noSniff keeps the server from adding a Content-Type the upstream did
+// not send: it would guess one from the body's first bytes, and a proxy
+// passes the upstream's answer, not its own reading of it.
+func noSniff(h http.Header) {
+	if _, ok := h["Content-Type"]; !ok {
+		h["Content-Type"] = nil
+	}
 }
 
 // abort closes the client's connection under a response already started,

@@ -41,22 +41,35 @@
 //     exactly at its framing and nothing unasked arrived after it: it is
 //     checked at reuse whatever the idle time, and bytes that arrive after
 //     a response close the connection; they are never read as the next
-//     response.
+//     response. A response that declared a body it does not carry (HEAD,
+//     204, 304 with a length or chunked) is not followed by another on its
+//     connection. What no HTTP/1.1 client can tell apart remains: bytes an
+//     upstream sends after the check, once the next request is written,
+//     are that request's answer as far as the wire says (an upstream that
+//     answers without reading a request's body, then takes the body for a
+//     request, can be made to answer out of turn this way; net/http's
+//     client and nginx read the wire the same).
 //   - A request is sent again on another connection only when provably
 //     none of its bytes were written, or, for idempotent requests only,
 //     when the connection failed before any response byte and no timeout
-//     fired. A response-header timeout is final (504).
+//     fired; with a body, only if the body can be sent again whole. A
+//     response-header timeout is final (504); it counts from the request's
+//     last byte.
 //   - An upstream's early answer to an upload is relayed to the client and
 //     the upload is not sent again.
 //   - A write to an upstream that makes no progress for SendTimeout fails
-//     the attempt, and a client that leaves ends it.
+//     the attempt. A client that leaves ends it at once over HTTP/2 and
+//     HTTP/3, and over HTTP/1 once the server notices (it reads a client's
+//     connection only after its request body), within SendTimeout when an
+//     upstream has stopped reading an upload.
 //   - Framing is at least as strict as net/http's (FuzzResponseFraming):
 //     Content-Length is digits only and repeated identical values pass on
 //     as one; Transfer-Encoding on an HTTP/1.0 response, or beside a
 //     Content-Length, closes the connection after the response; trailers
 //     never carry framing, routing or hop-by-hop fields.
-//   - Request header names that alias a forwarding or hop-by-hop header
-//     once '_' is read as '-' (X_Forwarded_For, X-Real_Ip) are dropped.
+//   - Request header names that alias a forwarding, framing or hop-by-hop
+//     header once '_' or '.' is read as '-' (X_Forwarded_For, X-Real_Ip,
+//     X.Forwarded.For) are dropped, from headers and from trailers.
 package backhaul
 
 import (
