@@ -97,8 +97,7 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 	} else {
 		pc.nc.Close()
 	}
-	var cut *cutShortError
-	if errors.As(err, &cut) {
+	if _, cut := err.(*cutShortError); cut {
 		// Closing the client's connection is what shows it the
 		// truncation; over HTTP/2 this panics, so it comes last.
 		abort(w)
