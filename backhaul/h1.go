@@ -59,13 +59,24 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 		// connected socket.
 		headBy = start.Add(p.rhTimeoutDur)
 	}
+	var ctl *http.ResponseController
+	if body != nil {
+		ctl = http.NewResponseController(w)
+		if body.buffered == nil {
+			// The body is read while the response may already be
+			// written: without this, Go's HTTP/1 server discards the rest
+			// of the body when the response head goes out, and the
+			// upstream waits for bytes that never come.
+			ctl.EnableFullDuplex()
+		}
+	}
 	pc, reused, err := p.pool.get(ctx, u.Address, start)
 	if err != nil {
 		return p.failed(r, body, u, s, err)
 	}
 	for {
 		var resend bool
-		if resend, err = p.roundTripH1(pc, r, body, start, headBy); err == nil {
+		if resend, err = p.roundTripH1(pc, ctl, r, body, start, headBy); err == nil {
 			break
 		}
 		pc.nc.Close()
@@ -85,7 +96,7 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 	p.connected(u, s)
 	clean, err := p.respondH1(w, r, pc, res)
 	if body != nil {
-		clean = pc.endWrite() && clean
+		clean = pc.endWrite(ctl) && clean
 		res.BytesIn = body.sent()
 	}
 	pc.rd.end()
@@ -138,14 +149,14 @@ func (pc *h1Conn) reusable() bool {
 // request, slowly. A write that failed part way is not "nothing was sent":
 // the upstream may have read the request's start and answered early (a 413
 // before closing), and that answer is read and relayed.
-func (p *Proxy) roundTripH1(pc *h1Conn, r *http.Request, body *requestBody, now, headBy time.Time) (resend bool, err error) {
+func (p *Proxy) roundTripH1(pc *h1Conn, ctl *http.ResponseController, r *http.Request, body *requestBody, now, headBy time.Time) (resend bool, err error) {
 	before := pc.out.written.Load()
 	if body != nil {
 		// The response-header timeout counts from the body's last byte
 		// (roundTripH1Body), as the transport counts it: an upload takes
 		// as long as the client takes to send it.
 		pc.rd.begin(r.Context(), now, time.Time{})
-		return p.roundTripH1Body(pc, r, body, before)
+		return p.roundTripH1Body(pc, ctl, r, body, before)
 	}
 	pc.rd.begin(r.Context(), now, headBy)
 	werr := p.writeRequest(pc.bw, r, pc.addr, nil)
@@ -174,8 +185,10 @@ func (p *Proxy) roundTripH1(pc *h1Conn, r *http.Request, body *requestBody, now,
 // close), and that answer must reach the client while the body is still
 // being sent, or after sending it failed. A client that leaves ends the
 // exchange at once. When a response head arrives, the writer may still be
-// running; endWrite waits for it once the response has been relayed.
-func (p *Proxy) roundTripH1Body(pc *h1Conn, r *http.Request, body *requestBody, before int64) (resend bool, err error) {
+// running; endWrite waits for it once the response has been relayed. ctl
+// is the client's response's controller, through which a writer blocked
+// reading the client's body is woken.
+func (p *Proxy) roundTripH1Body(pc *h1Conn, ctl *http.ResponseController, r *http.Request, body *requestBody, before int64) (resend bool, err error) {
 	if pc.wrote == nil {
 		pc.wrote = make(chan error, 1)
 	}
@@ -190,10 +203,12 @@ func (p *Proxy) roundTripH1Body(pc *h1Conn, r *http.Request, body *requestBody, 
 					pc.nc.Close()
 				}
 			})
-		case err != nil && (isTimeout(err) || body.clientFailed.Load() || errors.Is(err, errInvalidRequest)) &&
-			pc.head.state.CompareAndSwap(headAwaited, headAbandoned):
-			// No answer is coming: the upstream stopped reading, or the
-			// request could not be sent whole. Closing wakes the reader.
+		case err != nil && (isTimeout(err) || body.clientFailed.Load() || errors.Is(err, errInvalidRequest)):
+			// The request cannot be sent whole: the upstream stopped
+			// reading, or the client's body broke off. The upstream
+			// waits in vain for the rest, before its answer or while
+			// sending it; closing ends the exchange for the reader too.
+			pc.head.state.CompareAndSwap(headAwaited, headAbandoned)
 			pc.nc.Close()
 		}
 		pc.wrote <- err
@@ -204,16 +219,17 @@ func (p *Proxy) roundTripH1Body(pc *h1Conn, r *http.Request, body *requestBody, 
 		return false, nil
 	}
 	pc.nc.Close()
-	werr := <-pc.wrote
+	werr := pc.awaitWriter(ctl)
 	pc.stopWatch()
 	if pc.headTimer != nil {
 		pc.headTimer.Stop()
 	}
-	if pc.head.state.Load() == headTimedOut {
+	switch pc.head.state.Load() {
+	case headTimedOut:
 		return false, fmt.Errorf("read response head: %w", os.ErrDeadlineExceeded)
-	}
-	if werr != nil && (isTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
-		// The writer gave up and closed the connection under the read.
+	case headAbandoned:
+		// The writer gave up (and closed the connection under the
+		// read, which may have had a head by then): its error decides.
 		return false, werr
 	}
 	if isTimeout(err) || !body.replayable() {
@@ -241,7 +257,7 @@ const (
 // still running means the upstream answered without reading the whole
 // body: the connection is closed to stop it, and cannot carry another
 // request.
-func (pc *h1Conn) endWrite() (complete bool) {
+func (pc *h1Conn) endWrite(ctl *http.ResponseController) (complete bool) {
 	select {
 	case err := <-pc.wrote:
 		complete = err == nil
@@ -255,7 +271,7 @@ func (pc *h1Conn) endWrite() (complete bool) {
 			complete = err == nil
 		case <-t.C:
 			pc.nc.Close()
-			<-pc.wrote
+			pc.awaitWriter(ctl)
 		}
 		t.Stop()
 	}
@@ -267,6 +283,22 @@ func (pc *h1Conn) endWrite() (complete bool) {
 	}
 	// A watch that fired (the client left) is closing the connection.
 	return pc.stopWatch() && complete
+}
+
+// awaitWriter returns the writer's result once nc is closed. A writer
+// blocked writing to the upstream has failed already; one blocked reading
+// the client's body (a client pausing its upload) is woken by a read
+// deadline on the client's side, so that an answer is never held back for
+// as long as the client pauses. The client cannot then send another
+// request on its connection: its body was not read to the end.
+func (pc *h1Conn) awaitWriter(ctl *http.ResponseController) error {
+	select {
+	case err := <-pc.wrote:
+		return err
+	default:
+	}
+	ctl.SetReadDeadline(time.Now())
+	return <-pc.wrote
 }
 
 // maxWriteWait is how long a relayed response waits for its request's

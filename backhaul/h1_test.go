@@ -741,3 +741,101 @@ func TestNoContentTypeIsAddedOnBothPaths(t *testing.T) {
 		})
 	}
 }
+
+// Uploads over HTTP/1 and an upstream that answers before it has read
+// them (issue 13, second review): the whole body still reaches it when it
+// goes on reading, an answer is not held back while the client pauses, and
+// a client that gives up leaves no handler waiting.
+func TestStreamedUploadsAndEarlyAnswers(t *testing.T) {
+	const total = 300_000 // streamed: more than maxBufferedBody
+
+	t.Run("an upstream streaming its answer while it reads the upload gets the whole body", func(t *testing.T) {
+		up := rawListener(t, func(c net.Conn) {
+			req, br, err := readRequestHead(c)
+			if err != nil {
+				return
+			}
+			io.CopyN(io.Discard, br, 50_000)
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nstart \r\n")
+			n, _ := io.Copy(io.Discard, io.LimitReader(br, req.ContentLength-50_000))
+			end := fmt.Sprint(50_000 + n)
+			fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(end), end)
+		})
+		e := startEdge(t, newProxy(t, Options{}), node.Upstream{Node: "a", Address: up})
+		conn, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s", total, strings.Repeat("u", 60_000))
+		// The rest goes only once the answer has begun: the edge is then
+		// reading the body while writing the response.
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := make([]byte, 6)
+		if _, err := io.ReadFull(resp.Body, start); err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(conn, strings.Repeat("u", total-60_000))
+		rest, _ := io.ReadAll(resp.Body)
+		if want := fmt.Sprintf("start %d", total); resp.StatusCode != 200 || string(start)+string(rest) != want {
+			t.Errorf("got %d %q, want 200 %q: the upstream must read every byte of the upload", resp.StatusCode, string(start)+string(rest), want)
+		}
+		e.next(t)
+	})
+
+	t.Run("an early answer reaches a client that pauses its upload", func(t *testing.T) {
+		up := rawListener(t, func(c net.Conn) {
+			_, br, err := readRequestHead(c)
+			if err != nil {
+				return
+			}
+			io.CopyN(io.Discard, br, 100_000)
+			io.WriteString(c, "HTTP/1.1 413 Content Too Large\r\nConnection: close\r\nContent-Length: 8\r\n\r\ntoo big\n")
+			c.Close()
+		})
+		e := startEdge(t, newProxy(t, Options{}), node.Upstream{Node: "a", Address: up})
+		conn, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s", 1<<20, strings.Repeat("u", 100_000))
+		// The rest of the body is never sent: the answer must come anyway.
+		conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("no answer while the client paused its upload: %v", err)
+		}
+		if resp.StatusCode != 413 {
+			t.Errorf("status = %d, want 413", resp.StatusCode)
+		}
+		e.next(t)
+	})
+
+	t.Run("clients that give up on an upload answered early leave no handler waiting", func(t *testing.T) {
+		up := rawListener(t, func(c net.Conn) {
+			if _, _, err := readRequestHead(c); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
+			io.Copy(io.Discard, c)
+		})
+		e := startEdge(t, newProxy(t, Options{}), node.Upstream{Node: "a", Address: up})
+		for i := 0; i < 200; i++ {
+			conn, err := net.Dial("tcp", e.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n%s", strings.Repeat("u", i%40*1500))
+			if i%2 == 0 {
+				conn.(*net.TCPConn).SetLinger(0) // a reset rather than a close
+			}
+			conn.Close()
+			e.next(t) // fails the test if Forward never returns
+		}
+	})
+}

@@ -42,10 +42,13 @@ const (
 	// (leaving a page whose subresources are all still waiting on the
 	// upstream), which is at most http2MaxStreams; beyond that it cancels
 	// an abandoned fetch, a lazy image scrolled past, a video seek: a few a
-	// second, never ten a second for long. A rapid-reset loop spends the
-	// burst within about its first hundred streams.
+	// second. A CDN or another proxy in front of the edge multiplexes many
+	// users on one connection and cancels for all of them: a second review
+	// saw one cancel 35 a second, so the refill leaves it room. A rapid-
+	// reset loop sends thousands a second and spends the burst within
+	// about its first hundred streams.
 	resetBurst  = http2MaxStreams
-	resetRefill = 10 // per second
+	resetRefill = 100 // per second
 )
 
 // resetGuard is the per-connection budget of requests cancelled before an
