@@ -96,7 +96,7 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 	p.connected(u, s)
 	clean, err := p.respondH1(w, r, pc, res)
 	if body != nil {
-		clean = pc.endWrite(ctl) && clean
+		clean = pc.endWrite(ctl, body) && clean
 		res.BytesIn = body.sent()
 	}
 	pc.rd.end()
@@ -219,7 +219,7 @@ func (p *Proxy) roundTripH1Body(pc *h1Conn, ctl *http.ResponseController, r *htt
 		return false, nil
 	}
 	pc.nc.Close()
-	werr := pc.awaitWriter(ctl)
+	werr := pc.awaitWriter(ctl, body)
 	pc.stopWatch()
 	if pc.headTimer != nil {
 		pc.headTimer.Stop()
@@ -257,7 +257,7 @@ const (
 // still running means the upstream answered without reading the whole
 // body: the connection is closed to stop it, and cannot carry another
 // request.
-func (pc *h1Conn) endWrite(ctl *http.ResponseController) (complete bool) {
+func (pc *h1Conn) endWrite(ctl *http.ResponseController, body *requestBody) (complete bool) {
 	select {
 	case err := <-pc.wrote:
 		complete = err == nil
@@ -271,7 +271,7 @@ func (pc *h1Conn) endWrite(ctl *http.ResponseController) (complete bool) {
 			complete = err == nil
 		case <-t.C:
 			pc.nc.Close()
-			pc.awaitWriter(ctl)
+			pc.awaitWriter(ctl, body)
 		}
 		t.Stop()
 	}
@@ -291,7 +291,11 @@ func (pc *h1Conn) endWrite(ctl *http.ResponseController) (complete bool) {
 // deadline on the client's side, so that an answer is never held back for
 // as long as the client pauses. The client cannot then send another
 // request on its connection: its body was not read to the end.
-func (pc *h1Conn) awaitWriter(ctl *http.ResponseController) error {
+func (pc *h1Conn) awaitWriter(ctl *http.ResponseController, body *requestBody) error {
+	if body.buffered != nil {
+		// Sent from memory: the writer never waits on the client.
+		return <-pc.wrote
+	}
 	select {
 	case err := <-pc.wrote:
 		return err
