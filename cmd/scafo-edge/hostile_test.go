@@ -1118,6 +1118,22 @@ func (p *h2Probe) finish() {
 	p.tr.CloseIdleConnections()
 }
 
+// startHTTP2Edge starts an edge with --tls internal whose one route,
+// a.example, goes to a recording upstream, and warms it with one HTTPS
+// request; it returns the upstream, the edge and its state directory.
+func startHTTP2Edge(t *testing.T) (*recordingUpstream, *runningEdge, string) {
+	t.Helper()
+	recA := newRecordingUpstream(t, "A")
+	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
+		{Host: "a.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: recA.addr}}},
+	}})
+	state := t.TempDir()
+	e := startEdge(t, "--routes-file", routes, "--tls", "internal", "--state-dir", state)
+	waitEdgeReady(t, e)
+	httpsGetInternal(t, e, state, "a.example", "/warm")
+	return recA, e, state
+}
+
 // TestHTTP2Floods: an HTTP/2 client that opens and at once resets streams
 // by the thousand (rapid reset, CVE-2023-44487), and one that sends a
 // header block as an endless run of CONTINUATION frames (CVE-2023-45288),
@@ -1127,14 +1143,7 @@ func (p *h2Probe) finish() {
 // and the CONTINUATION flood is cut off once the header limit is passed
 // rather than buffered.
 func TestHTTP2Floods(t *testing.T) {
-	recA := newRecordingUpstream(t, "A")
-	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
-		{Host: "a.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: recA.addr}}},
-	}})
-	state := t.TempDir()
-	e := startEdge(t, "--routes-file", routes, "--tls", "internal", "--state-dir", state)
-	waitEdgeReady(t, e)
-	httpsGetInternal(t, e, state, "a.example", "/warm")
+	recA, e, state := startHTTP2Edge(t)
 	baseG, baseFD, baseConns := metricValue(t, e, "go_goroutines"), metricValue(t, e, "process_open_fds"), recA.open.Load()
 
 	probe := startH2Probe(t, e, state)
@@ -1207,14 +1216,7 @@ func TestHTTP2Floods(t *testing.T) {
 // in five to eight reached the origin, however many were sent. A normal
 // HTTP/2 client on a connection of its own is served throughout.
 func TestHTTP2RapidResetCostsTheOriginAFixedAmount(t *testing.T) {
-	recA := newRecordingUpstream(t, "A")
-	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
-		{Host: "a.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: recA.addr}}},
-	}})
-	state := t.TempDir()
-	e := startEdge(t, "--routes-file", routes, "--tls", "internal", "--state-dir", state)
-	waitEdgeReady(t, e)
-	httpsGetInternal(t, e, state, "a.example", "/warm")
+	recA, e, state := startHTTP2Edge(t)
 	probe := startH2Probe(t, e, state)
 	select {
 	case <-probe.started:
