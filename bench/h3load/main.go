@@ -1,0 +1,459 @@
+// Command h3load is the HTTP/3 load generator of the benchmark (bench/run.sh,
+// issue 14). It opens N separate QUIC connections to one URL, keeps M GET
+// requests in flight on each of them for a fixed duration, and reports the
+// requests completed, the request rate, the response body bytes, the errors
+// (transport errors and non-2xx responses counted separately) and the
+// latency percentiles p50/p90/p99/max.
+//
+// scafo-edge and Caddy both serve HTTP/3 with quic-go, and the general
+// purpose load tools either lack HTTP/3 or bring their own QUIC stack, whose
+// flow control, congestion control and packet handling would then be part
+// of what is measured. One client, built on the same quic-go http3 package
+// as both servers, applied unchanged to both proxies, makes the difference
+// between two rows a difference between the proxies and not between
+// clients.
+//
+// Each connection is a separate http3.Transport, and every Transport dials
+// its own UDP socket, so N really is the number of QUIC connections; the M
+// workers of a connection share its Transport and so multiplex their
+// requests as streams of that one connection. Latencies go into a bounded
+// log-linear histogram (about 1.6% relative precision, exact maximum), so
+// memory does not grow with the length of the run.
+//
+// Usage:
+//
+//	go run ./bench/h3load -url https://host:port/path -c N -m M -d 10s \
+//	    [-warmup 3s] [-insecure] [-cacert file] [-sni name] [-json]
+//
+// "requests" counts responses read to their end within the measured window,
+// whatever their status; "non2xx" is the part of them whose status was not
+// 2xx; "errors" counts requests that got no complete response (dial, TLS,
+// stream or timeout errors) and is not part of "requests". "bytes" counts
+// response body bytes. Requests still in flight when the window closes are
+// cancelled and not counted. The program exits with status 1 when no
+// connection can be set up at all.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/bits"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+)
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.URL, "url", "", "target `URL` (https://host:port/path)")
+	flag.IntVar(&cfg.Conns, "c", 1, "number of QUIC connections")
+	flag.IntVar(&cfg.PerConn, "m", 1, "concurrent requests per connection")
+	flag.DurationVar(&cfg.Duration, "d", 10*time.Second, "measured duration")
+	flag.DurationVar(&cfg.Warmup, "warmup", 0, "load applied before the measured duration, not reported")
+	flag.DurationVar(&cfg.Timeout, "timeout", 10*time.Second, "per-request timeout")
+	flag.BoolVar(&cfg.Insecure, "insecure", false, "do not verify the server certificate")
+	flag.StringVar(&cfg.CACert, "cacert", "", "PEM `file` of root certificates to trust instead of the system roots")
+	flag.StringVar(&cfg.SNI, "sni", "", "TLS server `name` and request authority, when they differ from the URL host (the URL host is still dialled)")
+	jsonOut := flag.Bool("json", false, "also print the result as one JSON object on the last line")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "h3load: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
+
+	ctx, stop := signalContext()
+	defer stop()
+	res, err := run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "h3load:", err)
+		os.Exit(1)
+	}
+	fmt.Println(res.human(cfg))
+	if *jsonOut {
+		b, _ := json.Marshal(res)
+		fmt.Println(string(b))
+	}
+}
+
+// config is one run's parameters, as given on the command line.
+type config struct {
+	URL      string
+	Conns    int
+	PerConn  int
+	Duration time.Duration
+	Warmup   time.Duration
+	Timeout  time.Duration
+	Insecure bool
+	CACert   string
+	SNI      string
+
+	// roots, when set, replaces CACert (for tests).
+	roots *x509.CertPool
+}
+
+// result is what a run reports; its JSON form is what bench/run.sh parses.
+type result struct {
+	Requests uint64  `json:"requests"`
+	Errors   uint64  `json:"errors"`
+	Non2xx   uint64  `json:"non2xx"`
+	Seconds  float64 `json:"seconds"`
+	RPS      float64 `json:"rps"`
+	Bytes    uint64  `json:"bytes"`
+	P50      float64 `json:"p50_ms"`
+	P90      float64 `json:"p90_ms"`
+	P99      float64 `json:"p99_ms"`
+	Max      float64 `json:"max_ms"`
+
+	// firstError is one transport error seen during the run, for the human
+	// line.
+	firstError string
+}
+
+func (r result) human(cfg config) string {
+	s := fmt.Sprintf("h3load %s c=%d m=%d: %d requests in %.2fs, %.1f req/s, %.2f MB/s, %d bytes, errors %d, non-2xx %d, latency p50 %.3fms p90 %.3fms p99 %.3fms max %.3fms",
+		cfg.URL, cfg.Conns, cfg.PerConn, r.Requests, r.Seconds, r.RPS, float64(r.Bytes)/r.Seconds/1e6, r.Bytes,
+		r.Errors, r.Non2xx, r.P50, r.P90, r.P99, r.Max)
+	if r.firstError != "" {
+		s += " (first error: " + r.firstError + ")"
+	}
+	return s
+}
+
+// target is what every worker needs to build and send its requests.
+type target struct {
+	url       string
+	authority string // request Host, empty for the URL's
+	dialAddr  *net.UDPAddr
+	tlsConf   *tls.Config
+	timeout   time.Duration
+}
+
+// run sets up cfg.Conns connections, applies the load for cfg.Warmup plus
+// cfg.Duration, and returns the measured window's numbers. It fails only
+// when the configuration is unusable or no connection can be set up.
+func run(ctx context.Context, cfg config) (result, error) {
+	tg, err := newTarget(cfg)
+	if err != nil {
+		return result{}, err
+	}
+	if cfg.Conns < 1 || cfg.PerConn < 1 {
+		return result{}, errors.New("-c and -m must be at least 1")
+	}
+	if cfg.Duration <= 0 || cfg.Warmup < 0 {
+		return result{}, errors.New("-d must be positive and -warmup not negative")
+	}
+
+	// Set every connection up with one request before the clock starts, so
+	// that handshakes are not part of the measured window and a target that
+	// cannot be reached at all is reported as such.
+	conns := make([]*conn, cfg.Conns)
+	setupErrs := make([]error, cfg.Conns)
+	var wg sync.WaitGroup
+	for i := range conns {
+		conns[i] = newConn(tg)
+		wg.Go(func() { setupErrs[i] = conns[i].prime(ctx) })
+	}
+	wg.Wait()
+	defer func() {
+		for _, c := range conns {
+			c.tr.Close()
+		}
+	}()
+	failed := 0
+	for _, err := range setupErrs {
+		if err != nil {
+			failed++
+		}
+	}
+	if failed == cfg.Conns {
+		return result{}, fmt.Errorf("no connection to %s could be set up: %w", tg.dialAddr, setupErrs[0])
+	}
+	if failed > 0 {
+		fmt.Fprintf(os.Stderr, "h3load: %d of %d connections failed to set up (first: %v); their workers keep retrying and count errors\n",
+			failed, cfg.Conns, firstNonNil(setupErrs))
+	}
+
+	start := time.Now()
+	ph := &phases{measureFrom: start.Add(cfg.Warmup)}
+	ph.measureTo = ph.measureFrom.Add(cfg.Duration)
+	loadCtx, cancel := context.WithDeadline(ctx, ph.measureTo)
+	defer cancel()
+	for _, c := range conns {
+		for range cfg.PerConn {
+			wg.Go(func() { c.work(loadCtx, ph) })
+		}
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return result{}, fmt.Errorf("interrupted: %w", err)
+	}
+
+	var res result
+	h := new(histogram)
+	for _, c := range conns {
+		res.Requests += c.requests.Load()
+		res.Errors += c.errors.Load()
+		res.Non2xx += c.non2xx.Load()
+		res.Bytes += c.bytes.Load()
+		h.merge(&c.hist)
+		if e, _ := c.firstErr.Load().(string); e != "" && res.firstError == "" {
+			res.firstError = e
+		}
+	}
+	res.Seconds = cfg.Duration.Seconds()
+	res.RPS = float64(res.Requests) / res.Seconds
+	res.P50 = h.quantile(0.50)
+	res.P90 = h.quantile(0.90)
+	res.P99 = h.quantile(0.99)
+	res.Max = float64(h.max.Load()) / 1e6
+	return res, nil
+}
+
+func newTarget(cfg config) (*target, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("-url: %w", err)
+	}
+	if u.Scheme != "https" || u.Host == "" {
+		return nil, fmt.Errorf("-url %q: want https://host[:port]/path", cfg.URL)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "443"
+	}
+	addr, err := net.ResolveUDPAddr("udp", net.JoinHostPort(u.Hostname(), port))
+	if err != nil && isLocalhost(u.Hostname()) {
+		// RFC 6761: *.localhost is loopback, though not every resolver says so.
+		addr, err = net.ResolveUDPAddr("udp", net.JoinHostPort("127.0.0.1", port))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("resolving %s: %w", u.Host, err)
+	}
+	tlsConf := &tls.Config{InsecureSkipVerify: cfg.Insecure, RootCAs: cfg.roots}
+	if cfg.CACert != "" && cfg.roots == nil {
+		pem, err := os.ReadFile(cfg.CACert)
+		if err != nil {
+			return nil, fmt.Errorf("-cacert: %w", err)
+		}
+		tlsConf.RootCAs = x509.NewCertPool()
+		if !tlsConf.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("-cacert %s: no PEM certificate found", cfg.CACert)
+		}
+	}
+	tg := &target{url: u.String(), dialAddr: addr, tlsConf: tlsConf, timeout: cfg.Timeout}
+	if cfg.SNI != "" {
+		tlsConf.ServerName = cfg.SNI
+		tg.authority = cfg.SNI
+		if u.Port() != "" {
+			tg.authority = net.JoinHostPort(cfg.SNI, u.Port())
+		}
+	}
+	return tg, nil
+}
+
+func isLocalhost(host string) bool {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	return host == "localhost" || strings.HasSuffix(host, ".localhost")
+}
+
+// phases tells a worker whether a request belongs to the measured window.
+type phases struct {
+	measureFrom, measureTo time.Time
+}
+
+// conn is one QUIC connection: its own http3.Transport, which holds a single
+// connection to the one host it is used for, and that connection's counters.
+type conn struct {
+	tg *target
+	tr *http3.Transport
+
+	requests, errors, non2xx, bytes atomic.Uint64
+	hist                            histogram
+	firstErr                        atomic.Value // string
+}
+
+func newConn(tg *target) *conn {
+	c := &conn{tg: tg}
+	c.tr = &http3.Transport{
+		TLSClientConfig: tg.tlsConf,
+		// Compare bodies as the servers send them.
+		DisableCompression: true,
+		// quic.DialAddr opens a UDP socket per call: connections share no
+		// socket, as N separate clients would not.
+		Dial: func(ctx context.Context, _ string, tlsCfg *tls.Config, qcfg *quic.Config) (*quic.Conn, error) {
+			return quic.DialAddr(ctx, tg.dialAddr.String(), tlsCfg, qcfg)
+		},
+	}
+	return c
+}
+
+// prime sends one request, dialling the connection.
+func (c *conn) prime(ctx context.Context) error {
+	_, status, err := c.do(ctx)
+	if err == nil && status/100 != 2 {
+		fmt.Fprintf(os.Stderr, "h3load: warning: %s answered %d\n", c.tg.url, status)
+	}
+	return err
+}
+
+// do sends one GET and reads the body to its end, returning the body length.
+func (c *conn) do(ctx context.Context) (int64, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.tg.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.tg.url, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	if c.tg.authority != "" {
+		req.Host = c.tg.authority
+	}
+	resp, err := c.tr.RoundTrip(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return n, resp.StatusCode, err
+}
+
+// work sends requests back to back until ctx ends, recording those that
+// start and end inside the measured window.
+func (c *conn) work(ctx context.Context, ph *phases) {
+	for ctx.Err() == nil {
+		t0 := time.Now()
+		n, status, err := c.do(ctx)
+		t1 := time.Now()
+		if ctx.Err() != nil || t0.Before(ph.measureFrom) || t1.After(ph.measureTo) {
+			// Warm-up, or cut by the end of the window.
+			continue
+		}
+		if err != nil {
+			c.errors.Add(1)
+			c.firstErr.CompareAndSwap(nil, err.Error())
+			continue
+		}
+		c.requests.Add(1)
+		c.bytes.Add(uint64(n))
+		if status/100 != 2 {
+			c.non2xx.Add(1)
+		}
+		c.hist.record(t1.Sub(t0))
+	}
+}
+
+// signalContext is cancelled by SIGINT or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func firstNonNil(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// histogram is a log-linear latency histogram in microseconds: values below
+// subBuckets are exact, above them every power of two is split in
+// subBuckets equal buckets, so a bucket is at most 1/subBuckets of its value
+// wide. Its size is fixed whatever the number of samples. Safe for
+// concurrent use.
+type histogram struct {
+	counts [histBuckets]atomic.Uint64
+	max    atomic.Int64 // nanoseconds, exact
+}
+
+const (
+	subBits     = 6
+	subBuckets  = 1 << subBits
+	maxExp      = 32 // 2^(32+6) µs, days: far beyond any request timeout
+	histBuckets = subBuckets * (maxExp + 2)
+)
+
+func bucketOf(us uint64) int {
+	if us < subBuckets {
+		return int(us)
+	}
+	e := bits.Len64(us) - subBits - 1 // us>>e is in [subBuckets, 2*subBuckets)
+	if e > maxExp {
+		return histBuckets - 1
+	}
+	return subBuckets + e*subBuckets + int(us>>e) - subBuckets
+}
+
+// bucketMid is the middle of bucket i's range, in microseconds.
+func bucketMid(i int) float64 {
+	if i < subBuckets {
+		return float64(i) + 0.5
+	}
+	e := (i - subBuckets) / subBuckets
+	lo := uint64(subBuckets+(i-subBuckets)%subBuckets) << e
+	return float64(lo) + float64(uint64(1)<<e)/2
+}
+
+func (h *histogram) record(d time.Duration) {
+	if d < 0 {
+		d = 0
+	}
+	h.counts[bucketOf(uint64(d/time.Microsecond))].Add(1)
+	for {
+		m := h.max.Load()
+		if int64(d) <= m || h.max.CompareAndSwap(m, int64(d)) {
+			return
+		}
+	}
+}
+
+func (h *histogram) merge(o *histogram) {
+	for i := range o.counts {
+		if n := o.counts[i].Load(); n > 0 {
+			h.counts[i].Add(n)
+		}
+	}
+	if m := o.max.Load(); m > h.max.Load() {
+		h.max.Store(m)
+	}
+}
+
+// quantile returns the q-quantile in milliseconds, never above the exact
+// maximum, or 0 without samples.
+func (h *histogram) quantile(q float64) float64 {
+	var total uint64
+	for i := range h.counts {
+		total += h.counts[i].Load()
+	}
+	if total == 0 {
+		return 0
+	}
+	rank := uint64(math.Ceil(q * float64(total)))
+	if rank < 1 {
+		rank = 1
+	}
+	var seen uint64
+	for i := range h.counts {
+		seen += h.counts[i].Load()
+		if seen >= rank {
+			return math.Min(bucketMid(i)/1e3, float64(h.max.Load())/1e6)
+		}
+	}
+	return float64(h.max.Load()) / 1e6
+}
