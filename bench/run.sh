@@ -15,9 +15,12 @@ Usage: bench/run.sh [flags]
   --rounds N           run every cell N times, report medians (default 1)
   --proxies LIST       comma list of: direct,scafo-edge,caddy,traefik,nginx,haproxy
                        (default: all; direct is always run, it is the ceiling)
-  --cells LIST         comma list of: http-1k,http-1m,https-1k,https-close
-                       (default: all)
-  --connections N      wrk connections (default 64)
+  --cells LIST         comma list of: http-1k,http-1m,https-1k,https-close,
+                       h2-1k,h2-1k-1s,h2-1m; "all" for every one
+                       (default: the four HTTP/1.1 cells; the h2 cells, h2load
+                       over TLS, are opt-in: with them a default run passes
+                       ten minutes)
+  --connections N      wrk connections (default 64; the h2 cells set their own)
   --threads N          wrk threads (default 2)
   --workers N          GOMAXPROCS = nginx workers = HAProxy threads
                        (default: the number of CPUs)
@@ -62,8 +65,8 @@ BASELINE_REV=
 KEEP=0
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench
 CADDY_VERSION=v2.11.9
-TRAEFIK_MODULE=github.com/traefik/traefik/v3/cmd/traefik
-TRAEFIK_VERSION=latest
+TRAEFIK_MODULE=github.com/traefik/traefik/v3
+TRAEFIK_VERSION=v3.7.9
 
 while (($#)); do
 	case $1 in
@@ -91,6 +94,7 @@ while (($#)); do
 	esac
 	shift
 done
+[[ $CELLS == all ]] && CELLS=http-1k,http-1m,https-1k,https-close,h2-1k,h2-1k-1s,h2-1m
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CLK_TCK=$(getconf CLK_TCK)
@@ -297,12 +301,67 @@ go_mod_version() {
 	go version -m "$1" 2>/dev/null | awk '$1 == "mod" && !v { v = $3 } END { print v }'
 }
 
+# traefik_build: Traefik TRAEFIK_VERSION built into CACHE/traefik-VERSION/bin,
+# once, with the same failed.log rule as go_install. go install refuses
+# Traefik (its go.mod has replace directives: forked dependencies), but the
+# module downloads, and a go build inside its own source tree honours them.
+# One replace points at a nested module, ./pkg/config/dynamic/ext, which the
+# module zip leaves out (a zip holds one module): it is two empty extension
+# types, written here. Every other dependency comes from the module proxy.
+traefik_build() {
+	local dir=$CACHE/traefik-$TRAEFIK_VERSION spec=$TRAEFIK_MODULE@$TRAEFIK_VERSION
+	if [[ -x $dir/bin/traefik ]]; then echo "$dir/bin/traefik"; return 0; fi
+	if [[ -f $dir/failed.log ]] && ((!RETRY_BUILDS)); then
+		log "traefik: skipped: building $spec failed earlier (see $dir/failed.log; --retry-builds to try again):"
+		grep -v '^go: downloading' "$dir/failed.log" | tail -5 | sed 's/^/    /' >&2
+		return 1
+	fi
+	((INSTALL)) || { log "traefik: not built and --no-install given"; return 1; }
+	mkdir -p "$dir"
+	log "traefik: building $spec into $dir (first run only; several minutes)"
+	local src=$WORK/traefik-src
+	# Each step || exit: set -e does not hold inside an if's condition.
+	if (
+		# Outside the repository, so its go.mod plays no part.
+		cd "$dir" || exit
+		mod=$(GOFLAGS='' go mod download -json "$spec") || { printf '%s\n' "$mod"; exit 1; }
+		moddir=$(printf '%s\n' "$mod" | awk -F'"' '$2 == "Dir" { print $4 }')
+		[[ -d $moddir ]] || { printf '%s\n' "$mod"; exit 1; }
+		# The module cache is read-only: build in a writable copy.
+		cp -r "$moddir" "$src" && chmod -R u+w "$src" || exit
+		mkdir -p "$src/pkg/config/dynamic/ext" || exit
+		printf 'module github.com/traefik/traefik/dynamic/ext\n\ngo 1.24\n' >"$src/pkg/config/dynamic/ext/go.mod" || exit
+		printf '%s\n' '// Package ext: the empty extension points of the dynamic configuration.' \
+			'package ext' '' 'type HTTP struct{}' '' 'type Router struct{}' >"$src/pkg/config/dynamic/ext/ext.go" || exit
+		cd "$src" && mkdir -p "$dir/bin" || exit
+		# Beside, then renamed: an interrupted build leaves nothing the next
+		# run would take as built.
+		CGO_ENABLED=0 GOFLAGS='' go build -trimpath -o "$dir/bin/traefik.tmp" \
+			-ldflags "-X github.com/traefik/traefik/v3/pkg/version.Version=$TRAEFIK_VERSION" ./cmd/traefik || exit
+		mv "$dir/bin/traefik.tmp" "$dir/bin/traefik"
+	) >"$dir/build.log" 2>&1; then
+		rm -rf "$src" "$dir/failed.log"
+		echo "$dir/bin/traefik"
+		return 0
+	fi
+	rm -rf "$src"
+	mv "$dir/build.log" "$dir/failed.log"
+	log "traefik: skipped: building $spec failed:"
+	grep -v '^go: downloading' "$dir/failed.log" | tail -5 | sed 's/^/    /' >&2
+	return 1
+}
+
 # ------------------------------------------------------------- the tools
 
 command -v go >/dev/null || die "Go is needed (the version go.mod names) to build scafo-edge and the upstream"
 WRK=$(need wrk) || die "wrk is needed (Debian package wrk)"
 CURL=$(need curl) || die "curl is needed (Debian package curl)"
 OPENSSL=$(need openssl) || die "openssl is needed (Debian package openssl)"
+# h2load (nghttp2's load generator) only for the h2 cells: wrk speaks no h2.
+H2LOAD=
+if [[ ,$CELLS, == *,h2-* ]] && [[ -z $PROFILE_DIR ]]; then
+	H2LOAD=$(need h2load nghttp2-client) || die "h2load is needed for the h2 cells (Debian package nghttp2-client)"
+fi
 mkdir -p "$CACHE"
 
 log "building the upstream"
@@ -453,11 +512,16 @@ EOF
 }
 
 write_traefik_config() {
+	# The file provider's dynamic configuration (the static one is the
+	# command line, in start_proxy): a router for any host on each entry
+	# point, the bench certificate as the default one, so the TLS entry
+	# point serves it (and h2, which Traefik offers by ALPN by default).
+	# No access log is configured, so none is written.
 	cat >"$WORK/traefik.yml" <<EOF
 http:
   routers:
-    plain: {rule: "Host(\`$HOST\`)", entryPoints: [plain], service: up}
-    tls: {rule: "Host(\`$HOST\`)", entryPoints: [tls], service: up, tls: {}}
+    plain: {rule: "PathPrefix(\`/\`)", entryPoints: [plain], service: up}
+    tls: {rule: "PathPrefix(\`/\`)", entryPoints: [tls], service: up, tls: {}}
   services:
     up:
       loadBalancer:
@@ -472,14 +536,18 @@ tls:
 EOF
 }
 
+# write_nginx_config [h2]: nginx.conf, or with h2, nginx-h2.conf, whose TLS
+# listener also offers h2 by ALPN (the h2 cells). Two files, so the HTTP/1.1
+# cells run the configuration they always have.
 write_nginx_config() {
 	mkdir -p "$WORK/nginx/tmp"
-	local user=
+	local user= conf=nginx.conf http2=
+	[[ ${1:-} == h2 ]] && conf=nginx-h2.conf http2=' http2'
 	((EUID == 0)) && user='user root;'
 	# reuseport: otherwise one worker accepts every connection. Buffering
 	# off: bodies stream through a 32 KiB buffer, as the Go proxies copy
 	# them, instead of spooling a 1 MiB body to a temporary file.
-	cat >"$WORK/nginx/nginx.conf" <<EOF
+	cat >"$WORK/nginx/$conf" <<EOF
 $user
 worker_processes $WORKERS;
 daemon off;
@@ -503,7 +571,7 @@ http {
   }
   server {
     listen 127.0.0.1:$PX_PORT reuseport;
-    listen 127.0.0.1:$PX_TLS_PORT ssl reuseport;
+    listen 127.0.0.1:$PX_TLS_PORT ssl$http2 reuseport;
     server_name $HOST;
     ssl_certificate $WORK/cert.pem;
     ssl_certificate_key $WORK/key.pem;
@@ -524,8 +592,12 @@ http {
 EOF
 }
 
+# write_haproxy_config [h2]: haproxy.cfg, or with h2, haproxy-h2.cfg, whose
+# TLS bind offers h2 before http/1.1 by ALPN (the h2 cells).
 write_haproxy_config() {
-	cat >"$WORK/haproxy.cfg" <<EOF
+	local conf=haproxy.cfg alpn=http/1.1
+	[[ ${1:-} == h2 ]] && conf=haproxy-h2.cfg alpn=h2,http/1.1
+	cat >"$WORK/$conf" <<EOF
 global
   nbthread $WORKERS
   maxconn 4096
@@ -540,7 +612,7 @@ defaults
   http-reuse always
 frontend bench
   bind 127.0.0.1:$PX_PORT
-  bind 127.0.0.1:$PX_TLS_PORT ssl crt $WORK/bundle.pem alpn http/1.1
+  bind 127.0.0.1:$PX_TLS_PORT ssl crt $WORK/bundle.pem alpn $alpn
   http-request set-header X-Forwarded-Proto https if { ssl_fc }
   http-request set-header X-Forwarded-Proto http if !{ ssl_fc }
   default_backend up
@@ -555,6 +627,7 @@ CADDY_BIN='' TRAEFIK_BIN='' NGINX_BIN='' HAPROXY_BIN=''
 declare -A SKIP=()   # proxy -> why it is not run
 declare -A VERSION=()
 VERSION[wrk]=$("$WRK" -v 2>&1 | head -1 | awk '{print $2}') || true
+[[ -n $H2LOAD ]] && VERSION[h2load]=$("$H2LOAD" --version 2>&1 | head -1 | sed 's/.*nghttp2\///')
 VERSION[direct]="bench/upstream (Go $(go env GOVERSION | sed 's/^go//'))"
 
 # Profile mode needs none of the other proxies.
@@ -580,21 +653,19 @@ if [[ -z $PROFILE_DIR ]]; then
 		fi
 	fi
 	if has "$PROXIES" traefik; then
-		if TRAEFIK_BIN=$(go_install traefik-v3 traefik "$TRAEFIK_MODULE@$TRAEFIK_VERSION"); then
-			VERSION[traefik]=$(go_mod_version "$TRAEFIK_BIN")
+		if TRAEFIK_BIN=$(traefik_build); then
+			VERSION[traefik]=$TRAEFIK_VERSION
 			write_traefik_config
 		else
-			why=$(grep -v '^go: downloading' "$CACHE/traefik-v3/failed.log" 2>/dev/null | tr -s ' \t\n' ' ' | cut -c1-200) || true
-			if grep -q 'replace directives' "$CACHE/traefik-v3/failed.log" 2>/dev/null; then
-				why="its go.mod has replace directives (forked dependencies), which go install refuses"
-			fi
-			SKIP[traefik]="Traefik v3 ($TRAEFIK_VERSION) does not build from the Go module proxy: $why; see $CACHE/traefik-v3/failed.log"
+			why=$(grep -v '^go: downloading' "$CACHE/traefik-$TRAEFIK_VERSION/failed.log" 2>/dev/null | tail -3 | tr -s ' \t\n' ' ' | cut -c1-200) || true
+			SKIP[traefik]="Traefik $TRAEFIK_VERSION did not build: $why; see $CACHE/traefik-$TRAEFIK_VERSION/failed.log"
 		fi
 	fi
 	if has "$PROXIES" nginx; then
 		if NGINX_BIN=$(need nginx); then
 			VERSION[nginx]=$("$NGINX_BIN" -v 2>&1 | sed 's/.*nginx\///')
 			write_nginx_config
+			write_nginx_config h2
 		else
 			SKIP[nginx]="nginx is not installed and could not be"
 		fi
@@ -603,6 +674,7 @@ if [[ -z $PROFILE_DIR ]]; then
 		if HAPROXY_BIN=$(need haproxy); then
 			VERSION[haproxy]=$("$HAPROXY_BIN" -v 2>&1 | awk 'NR==1 {print $3}')
 			write_haproxy_config
+			write_haproxy_config h2
 		else
 			SKIP[haproxy]="HAProxy is not installed and could not be"
 		fi
@@ -610,10 +682,11 @@ if [[ -z $PROFILE_DIR ]]; then
 fi
 for p in "${!SKIP[@]}"; do log "$p: skipped: ${SKIP[$p]}"; done
 
-# start_proxy NAME TLS: starts NAME (TLS=1: with its HTTPS listener) and
-# sets PID.
+# start_proxy NAME TLS [H2]: starts NAME (TLS=1: with its HTTPS listener;
+# H2=1: offering h2 on it) and sets PID. scafo-edge, Caddy and Traefik offer
+# h2 on TLS in every cell; nginx and HAProxy only in the h2 cells.
 start_proxy() {
-	local name=$1 tls=$2 logf=$WORK/$1.log state
+	local name=$1 tls=$2 h2=${3:-0} logf=$WORK/$1.log state
 	case $name in
 	scafo-edge | scafo-edge@*)
 		# The --baseline-rev row: the same command, another build.
@@ -638,10 +711,14 @@ start_proxy() {
 			--global.checkNewVersion=false --global.sendAnonymousUsage=false
 		;;
 	nginx)
-		start "$logf" "$NGINX_BIN" -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf"
+		local conf=nginx.conf
+		((h2)) && conf=nginx-h2.conf
+		start "$logf" "$NGINX_BIN" -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/$conf"
 		;;
 	haproxy)
-		start "$logf" "$HAPROXY_BIN" -db -f "$WORK/haproxy.cfg"
+		local conf=haproxy.cfg
+		((h2)) && conf=haproxy-h2.cfg
+		start "$logf" "$HAPROXY_BIN" -db -f "$WORK/$conf"
 		;;
 	esac
 	return 0
@@ -649,14 +726,24 @@ start_proxy() {
 
 # ---------------------------------------------------------------- one cell
 
-# cell_spec CELL sets SCHEME, PATH_, SIZE, CLOSE.
+# cell_spec CELL sets SCHEME, PATH_, SIZE, CLOSE, and for the h2 cells
+# (h2load over TLS) H2=1 with H2_CLIENTS connections of H2_STREAMS
+# concurrent streams each.
 cell_spec() {
+	H2=0 H2_CLIENTS='' H2_STREAMS=''
 	case $1 in
 	http-1k) SCHEME=http PATH_=/1k SIZE=1024 CLOSE=0 ;;
 	http-1m) SCHEME=http PATH_=/1m SIZE=1048576 CLOSE=0 ;;
 	https-1k) SCHEME=https PATH_=/1k SIZE=1024 CLOSE=0 ;;
 	https-close) SCHEME=https PATH_=/1k SIZE=1024 CLOSE=1 ;;
-	*) die "unknown cell $1 (want http-1k, http-1m, https-1k or https-close)" ;;
+	# Many streams on few connections: h2's multiplexing.
+	h2-1k) SCHEME=https PATH_=/1k SIZE=1024 CLOSE=0 H2=1 H2_CLIENTS=16 H2_STREAMS=16 ;;
+	# One stream per connection, as many connections as the wrk cells: the
+	# cost of h2 framing alone, against https-1k.
+	h2-1k-1s) SCHEME=https PATH_=/1k SIZE=1024 CLOSE=0 H2=1 H2_CLIENTS=64 H2_STREAMS=1 ;;
+	# Large bodies through h2 flow control.
+	h2-1m) SCHEME=https PATH_=/1m SIZE=1048576 CLOSE=0 H2=1 H2_CLIENTS=16 H2_STREAMS=4 ;;
+	*) die "unknown cell $1 (want http-1k, http-1m, https-1k, https-close, h2-1k, h2-1k-1s or h2-1m)" ;;
 	esac
 }
 
@@ -684,12 +771,18 @@ run_cell() {
 		row "$proxy" "$cell" skipped "" "" "" "" "" "" "" "" "" "" "" "${SKIP[$proxy]}"
 		return
 	fi
+	if ((H2)) && [[ $proxy == direct ]]; then
+		# No ceiling to invent: the origin speaks HTTP/1.1 only, so the h2
+		# cells have no direct row, and no "× direct".
+		row "$proxy" "$cell" n/a "" "" "" "" "" "" "" "" "" "" "" "no h2 row: the upstream speaks HTTP/1.1 only, so the h2 cells have no ceiling and no × direct"
+		return
+	fi
 	log "$proxy $cell"
 	if [[ $proxy == direct ]]; then
 		pid=$UP_PID
 		if ((tls)); then url=https://$HOST:$UP_TLS_PORT$PATH_; else url=http://$HOST:$UP_PORT$PATH_; fi
 	else
-		start_proxy "$proxy" "$tls"
+		start_proxy "$proxy" "$tls" "$H2"
 		pid=$PID
 		if ((tls)); then url=https://$HOST:$PX_TLS_PORT$PATH_; else url=http://$HOST:$PX_PORT$PATH_; fi
 	fi
@@ -710,8 +803,18 @@ run_cell() {
 
 	local wrkargs=(-t "$THREADS" -c "$CONNS" --latency --timeout 10s)
 	((CLOSE)) && wrkargs+=(-H 'Connection: close')
+	# h2load: h2 only (no http/1.1 fallback, so a proxy that does not
+	# offer h2 fails the cell rather than measuring HTTP/1.1). Its own
+	# --warm-up-time would fall inside the CPU window, so the warm-up is a
+	# run of its own, as with wrk. --log-file: per-request times, for the
+	# percentiles h2load does not print.
+	local h2args=(-t "$THREADS" -c "$H2_CLIENTS" -m "$H2_STREAMS" --npn-list=h2)
 	if [[ $WARMUP != 0 && $WARMUP != 0s ]]; then
-		"$WRK" "${wrkargs[@]}" -d "$WARMUP" "$url" >/dev/null 2>&1 || true
+		if ((H2)); then
+			"$H2LOAD" "${h2args[@]}" -D "$WARMUP" "$url" >/dev/null 2>&1 || true
+		else
+			"$WRK" "${wrkargs[@]}" -d "$WARMUP" "$url" >/dev/null 2>&1 || true
+		fi
 	fi
 
 	local stats0=
@@ -722,8 +825,13 @@ run_cell() {
 	c0=$(cpu_ticks $pids); u0=$(cpu_ticks $up_pids)
 	s0=$(ctx_switches $pids); r0=$(rw_syscalls $pids)
 	wrkout=$WORK/wrk-$proxy-$cell.txt
-	"$WRK" "${wrkargs[@]}" -d "$DURATION" "$url" >"$wrkout" 2>&1 || true
-	if grep -q '^ *0 requests in' "$wrkout"; then
+	if ((H2)); then
+		wrkout=$WORK/h2load-$proxy-$cell.txt
+		"$H2LOAD" "${h2args[@]}" -D "$DURATION" --log-file="$WORK/h2load-$proxy-$cell.log" "$url" >"$wrkout" 2>&1 || true
+	else
+		"$WRK" "${wrkargs[@]}" -d "$DURATION" "$url" >"$wrkout" 2>&1 || true
+	fi
+	if ((!H2)) && grep -q '^ *0 requests in' "$wrkout"; then
 		# wrk 4.1 now and then stalls every connection of a TLS
 		# Connection: close run; a second run has always gone through.
 		log "$proxy $cell: wrk measured no request; running it once more"
@@ -746,6 +854,25 @@ run_cell() {
 			END { if (t > 0) printf "%.0f%% of the new TLS connections resumed a session (so the handshakes measured are mostly resumptions)", 100 * r / t }')
 	fi
 	local rps reqs p50 p99 errors
+	if ((H2)); then
+		# "finished in 3.00s, 15000.00 req/s, ..." and "requests: N total,
+		# N started, N done, N succeeded, N failed, N errored, N timeout":
+		# failed counts the errored (connection-level) ones and non-2xx/3xx.
+		# Latencies: the 3rd column of the log, µs from a request's start to
+		# the end of its response, sorted, read at 50% and 99%.
+		read -r rps reqs errors < <(awk '
+			/^finished in/ { rps = $4 }
+			/^requests:/ { for (i = 2; i < NF; i++) { if ($(i + 1) ~ /^done/) done = $i; if ($(i + 1) ~ /^failed/) failed = $i } }
+			END { printf "%s %s %d\n", rps ? rps : "0", done ? done : "0", failed }' "$wrkout")
+		read -r p50 p99 < <(cut -f3 "$WORK/h2load-$proxy-$cell.log" 2>/dev/null | sort -n | awk '
+			{ t[NR] = $1 }
+			END { if (NR) printf "%.3f %.3f\n", t[int((NR - 1) * 0.50) + 1] / 1000, t[int((NR - 1) * 0.99) + 1] / 1000; else print "- -" }')
+		rm -f "$WORK/h2load-$proxy-$cell.log"
+		if ((reqs == 0)); then
+			row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "h2load measured no request: $(grep -v '^\s*$' "$wrkout" | grep -iv '^progress' | tail -1 | tr '\t"\\' '   ' | cut -c1-200)"
+			return
+		fi
+	else
 	read -r rps reqs p50 p99 errors < <(awk '
 		/Requests\/sec:/ { rps = $2 }
 		/ requests in / { reqs = $1 }
@@ -757,6 +884,7 @@ run_cell() {
 	if ((reqs == 0)); then
 		row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "wrk measured no request: $(tail -1 "$wrkout" | tr '\t"\\' '   ')"
 		return
+	fi
 	fi
 	awk -v proxy="$proxy" -v cell="$cell" -v rps="$rps" -v reqs="$reqs" \
 		-v p50="$(to_ms "$p50")" -v p99="$(to_ms "$p99")" -v tck="$CLK_TCK" \
@@ -824,13 +952,17 @@ report_markdown() {
 	printf '%s CPUs shared by wrk, proxy and upstream; wrk %s: %s threads, %s connections, %s per cell after %s warm-up%s; workers %s (GOMAXPROCS = nginx workers = HAProxy threads).\n' \
 		"$(nproc)" "${VERSION[wrk]:-?}" "$THREADS" "$CONNS" "$DURATION" "$WARMUP" \
 		"$( ((ROUNDS > 1)) && echo "; medians of $ROUNDS rounds")" "$WORKERS"
+	if [[ -n $H2LOAD ]]; then
+		printf 'h2 cells: h2load %s, %s threads, h2 only (ALPN), connections × streams as each cell says, same duration and warm-up; p50/p99 from its per-request log; errors are its failed requests.\n' \
+			"${VERSION[h2load]:-?}" "$THREADS"
+	fi
 	local v='' p
 	for p in scafo-edge $BASELINE caddy traefik nginx haproxy; do
 		[[ -n ${VERSION[$p]:-} ]] && v+="${v:+, }$p ${VERSION[$p]}"
 	done
 	printf 'Versions: %s. Ratios within this run are what count; absolute figures move with the machine'"'"'s other load.\n\n' "${v:-none}"
 	awk -F'\t' '
-		function cellname(c) { return c == "http-1k" ? "HTTP keep-alive 1 KiB" : c == "http-1m" ? "HTTP keep-alive 1 MiB" : c == "https-1k" ? "HTTPS keep-alive 1 KiB" : c == "https-close" ? "HTTPS new connection per request 1 KiB" : c }
+		function cellname(c) { return c == "http-1k" ? "HTTP keep-alive 1 KiB" : c == "http-1m" ? "HTTP keep-alive 1 MiB" : c == "https-1k" ? "HTTPS keep-alive 1 KiB" : c == "https-close" ? "HTTPS new connection per request 1 KiB" : c == "h2-1k" ? "h2 (TLS) 1 KiB, 16 conns × 16 streams" : c == "h2-1k-1s" ? "h2 (TLS) 1 KiB, 64 conns × 1 stream" : c == "h2-1m" ? "h2 (TLS) 1 MiB, 16 conns × 4 streams" : c }
 		function orDash(v, fmt) { return v == "" ? "—" : sprintf(fmt, v) }
 		BEGIN {
 			print "| cell | proxy | req/s | × direct | p50 ms | p99 ms | CPU µs/req | ctx switches/req | peak RSS MiB | idle RSS MiB | errors |"
@@ -838,6 +970,7 @@ report_markdown() {
 		}
 		{
 			if ($15 != "") notes[++nn] = $1 ": " ($3 == "ok" ? "" : $3 ": ") $15
+			if ($3 == "n/a") { printf "| %s | %s | — | — | — | — | — | — | — | — | — |\n", cellname($2), $1; next }
 			if ($3 != "ok") { printf "| %s | %s | %s | | | | | | | | |\n", cellname($2), $1, $3; next }
 			printf "| %s | %s | %.0f | %s | %.2f | %.2f | %s | %s | %s | %s | %s |\n", cellname($2), $1, $4, orDash($16, "%.2f"),
 				$5, $6, orDash($7, "%.1f"), orDash($11, "%.2f"), orDash($8, "%.1f"), orDash($9, "%.1f"), $10
