@@ -16,11 +16,13 @@ Usage: bench/run.sh [flags]
   --proxies LIST       comma list of: direct,scafo-edge,caddy,traefik,nginx,haproxy
                        (default: all; direct is always run, it is the ceiling)
   --cells LIST         comma list of: http-1k,http-1m,https-1k,https-close,
-                       h2-1k,h2-1k-1s,h2-1m; "all" for every one
+                       h2-1k,h2-1k-1s,h2-1m,h3-1k; "all" for every one
                        (default: the four HTTP/1.1 cells; the h2 cells, h2load
                        over TLS, are opt-in: with them a default run passes
-                       ten minutes)
-  --connections N      wrk connections (default 64; the h2 cells set their own)
+                       ten minutes; so is h3-1k, HTTP/3 with bench/h3load,
+                       scafo-edge and Caddy only)
+  --connections N      wrk connections (default 64; the h2 and h3 cells set
+                       their own)
   --threads N          wrk threads (default 2)
   --workers N          GOMAXPROCS = nginx workers = HAProxy threads
                        (default: the number of CPUs)
@@ -94,7 +96,7 @@ while (($#)); do
 	esac
 	shift
 done
-[[ $CELLS == all ]] && CELLS=http-1k,http-1m,https-1k,https-close,h2-1k,h2-1k-1s,h2-1m
+[[ $CELLS == all ]] && CELLS=http-1k,http-1m,https-1k,https-close,h2-1k,h2-1k-1s,h2-1m,h3-1k
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CLK_TCK=$(getconf CLK_TCK)
@@ -386,6 +388,15 @@ export_rev() {
 }
 build_edge() { (cd "$SRC" && go build -o "$EDGE_OUT" "$EDGE_PKG") 2>"$WORK/edge-build.log"; }
 
+# bench/h3load (HTTP/3 over quic-go, the stack scafo-edge and Caddy serve it
+# with) only for the h3 cells: built from this checkout, once per run.
+H3LOAD=
+if [[ ,$CELLS, == *,h3-* ]] && [[ -z $PROFILE_DIR ]]; then
+	log "building bench/h3load"
+	(cd "$REPO" && go build -o "$WORK/h3load" ./bench/h3load) || die "build bench/h3load failed"
+	H3LOAD=$WORK/h3load
+fi
+
 if [[ -n $EDGE_REV ]]; then
 	export_rev "$EDGE_REV" || die "--edge-rev $EDGE_REV: git archive failed"
 	EDGE_VERSION=$(cd "$REPO" && git rev-parse --short "$EDGE_REV")
@@ -481,7 +492,13 @@ write_edge_routes() {
 EOF
 }
 
+# write_caddy_config [h3]: caddy.json, or with h3, caddy-h3.json, whose TLS
+# server also lists h3 (Caddy then serves HTTP/3 on the UDP side of its
+# HTTPS port). Two files, so the other cells run the configuration they
+# always have.
 write_caddy_config() {
+	local conf=caddy.json protos='"h1", "h2"'
+	[[ ${1:-} == h3 ]] && conf=caddy-h3.json protos='"h1", "h2", "h3"'
 	# Two servers: Caddy makes every listener of a server TLS once it has a
 	# connection policy. Admin API and automatic HTTPS off; logs at ERROR
 	# (no access log is configured); idle pool sized for the load.
@@ -489,7 +506,7 @@ write_caddy_config() {
 	rp='{"handler": "reverse_proxy", "upstreams": [{"dial": "127.0.0.1:'$UP_PORT'"}],
 	     "transport": {"protocol": "http", "keep_alive": {"enabled": true,
 	       "max_idle_conns": 256, "max_idle_conns_per_host": 256}}}'
-	cat >"$WORK/caddy.json" <<EOF
+	cat >"$WORK/$conf" <<EOF
 {
   "admin": {"disabled": true},
   "logging": {"logs": {"default": {"level": "ERROR"}}},
@@ -501,7 +518,7 @@ write_caddy_config() {
       "plain": {"listen": ["127.0.0.1:$PX_PORT"], "protocols": ["h1"],
         "automatic_https": {"disable": true},
         "routes": [{"match": [{"host": ["$HOST"]}], "handle": [$rp], "terminal": true}]},
-      "tls": {"listen": ["127.0.0.1:$PX_TLS_PORT"], "protocols": ["h1", "h2"],
+      "tls": {"listen": ["127.0.0.1:$PX_TLS_PORT"], "protocols": [$protos],
         "automatic_https": {"disable": true},
         "tls_connection_policies": [{"certificate_selection": {"any_tag": ["bench"]}}],
         "routes": [{"match": [{"host": ["$HOST"]}], "handle": [$rp], "terminal": true}]}
@@ -628,6 +645,7 @@ declare -A SKIP=()   # proxy -> why it is not run
 declare -A VERSION=()
 VERSION[wrk]=$("$WRK" -v 2>&1 | head -1 | awk '{print $2}') || true
 [[ -n $H2LOAD ]] && VERSION[h2load]=$("$H2LOAD" --version 2>&1 | head -1 | sed 's/.*nghttp2\///')
+[[ -n $H3LOAD ]] && VERSION[h3load]="quic-go $(go version -m "$H3LOAD" 2>/dev/null | awk '$1 == "dep" && $2 == "github.com/quic-go/quic-go" && !v { v = $3 } END { print v }')"
 VERSION[direct]="bench/upstream (Go $(go env GOVERSION | sed 's/^go//'))"
 
 # Profile mode needs none of the other proxies.
@@ -648,6 +666,7 @@ if [[ -z $PROFILE_DIR ]]; then
 		if CADDY_BIN=$(go_install "caddy-$CADDY_VERSION" caddy "github.com/caddyserver/caddy/v2/cmd/caddy@$CADDY_VERSION"); then
 			VERSION[caddy]=$(go_mod_version "$CADDY_BIN")
 			write_caddy_config
+			write_caddy_config h3
 		else
 			SKIP[caddy]="Caddy $CADDY_VERSION did not build from the Go module proxy"
 		fi
@@ -682,11 +701,13 @@ if [[ -z $PROFILE_DIR ]]; then
 fi
 for p in "${!SKIP[@]}"; do log "$p: skipped: ${SKIP[$p]}"; done
 
-# start_proxy NAME TLS [H2]: starts NAME (TLS=1: with its HTTPS listener;
-# H2=1: offering h2 on it) and sets PID. scafo-edge, Caddy and Traefik offer
-# h2 on TLS in every cell; nginx and HAProxy only in the h2 cells.
+# start_proxy NAME TLS [H2 [H3]]: starts NAME (TLS=1: with its HTTPS
+# listener; H2=1: offering h2 on it; H3=1: serving HTTP/3 on its UDP side)
+# and sets PID. scafo-edge, Caddy and Traefik offer h2 on TLS in every cell;
+# nginx and HAProxy only in the h2 cells. scafo-edge's --http3 is on by
+# default; the h3 cells name it, Caddy gets h3 only in them.
 start_proxy() {
-	local name=$1 tls=$2 h2=${3:-0} logf=$WORK/$1.log state
+	local name=$1 tls=$2 h2=${3:-0} h3=${4:-0} logf=$WORK/$1.log state
 	case $name in
 	scafo-edge | scafo-edge@*)
 		# The --baseline-rev row: the same command, another build.
@@ -695,13 +716,16 @@ start_proxy() {
 		state=$(mktemp -d "$WORK/edge-state.XXXXXX")
 		local mode=(--tls off)
 		((tls)) && mode=(--tls internal --https-addr "127.0.0.1:$PX_TLS_PORT")
+		((h3)) && mode+=(--http3)
 		start "$logf" env GOMAXPROCS="$WORKERS" "$bin" serve --routes-file "$WORK/routes.json" \
 			"${mode[@]}" --http-addr "127.0.0.1:$PX_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" \
 			--state-dir "$state" --access-log=false
 		;;
 	caddy)
+		local conf=caddy.json
+		((h3)) && conf=caddy-h3.json
 		start "$logf" env GOMAXPROCS="$WORKERS" XDG_DATA_HOME="$WORK/caddy-data" \
-			XDG_CONFIG_HOME="$WORK/caddy-config" "$CADDY_BIN" run --config "$WORK/caddy.json"
+			XDG_CONFIG_HOME="$WORK/caddy-config" "$CADDY_BIN" run --config "$WORK/$conf"
 		;;
 	traefik)
 		start "$logf" env GOMAXPROCS="$WORKERS" "$TRAEFIK_BIN" \
@@ -728,9 +752,10 @@ start_proxy() {
 
 # cell_spec CELL sets SCHEME, PATH_, SIZE, CLOSE, and for the h2 cells
 # (h2load over TLS) H2=1 with H2_CLIENTS connections of H2_STREAMS
-# concurrent streams each.
+# concurrent streams each; for the h3 cells (bench/h3load over QUIC) H3=1,
+# with H2_CLIENTS and H2_STREAMS as h3load's -c and -m.
 cell_spec() {
-	H2=0 H2_CLIENTS='' H2_STREAMS=''
+	H2=0 H3=0 H2_CLIENTS='' H2_STREAMS=''
 	case $1 in
 	http-1k) SCHEME=http PATH_=/1k SIZE=1024 CLOSE=0 ;;
 	http-1m) SCHEME=http PATH_=/1m SIZE=1048576 CLOSE=0 ;;
@@ -743,7 +768,9 @@ cell_spec() {
 	h2-1k-1s) SCHEME=https PATH_=/1k SIZE=1024 CLOSE=0 H2=1 H2_CLIENTS=64 H2_STREAMS=1 ;;
 	# Large bodies through h2 flow control.
 	h2-1m) SCHEME=https PATH_=/1m SIZE=1048576 CLOSE=0 H2=1 H2_CLIENTS=16 H2_STREAMS=4 ;;
-	*) die "unknown cell $1 (want http-1k, http-1m, https-1k, https-close, h2-1k, h2-1k-1s or h2-1m)" ;;
+	# HTTP/3, h2-1k's shape: 16 QUIC connections × 16 streams.
+	h3-1k) SCHEME=https PATH_=/1k SIZE=1024 CLOSE=0 H3=1 H2_CLIENTS=16 H2_STREAMS=16 ;;
+	*) die "unknown cell $1 (want http-1k, http-1m, https-1k, https-close, h2-1k, h2-1k-1s, h2-1m or h3-1k)" ;;
 	esac
 }
 
@@ -777,12 +804,32 @@ run_cell() {
 		row "$proxy" "$cell" n/a "" "" "" "" "" "" "" "" "" "" "" "no h2 row: the upstream speaks HTTP/1.1 only, so the h2 cells have no ceiling and no × direct"
 		return
 	fi
+	if ((H3)); then
+		# Only scafo-edge and Caddy serve HTTP/3 here (both on quic-go);
+		# the other rows stay in the table and say why they are empty.
+		case $proxy in
+		direct)
+			row "$proxy" "$cell" n/a "" "" "" "" "" "" "" "" "" "" "" "no h3 row: the upstream speaks HTTP/1.1 over TCP only, so the h3 cells have no ceiling and no × direct"
+			return ;;
+		nginx)
+			row "$proxy" "$cell" "no HTTP/3 in this build" "" "" "" "" "" "" "" "" "" "" "" "Debian's nginx ${VERSION[nginx]:-} has no http_v3_module"
+			return ;;
+		haproxy)
+			row "$proxy" "$cell" "no HTTP/3 in this build" "" "" "" "" "" "" "" "" "" "" "" "Debian's HAProxy ${VERSION[haproxy]:-} is built without QUIC (-QUIC)"
+			return ;;
+		traefik)
+			# Not "no HTTP/3 in this build": Traefik v3 has it (quic-go,
+			# --entryPoints.<name>.http3), but this bench does not turn it on.
+			row "$proxy" "$cell" "HTTP/3 not enabled here" "" "" "" "" "" "" "" "" "" "" "" "this build has HTTP/3 (--entryPoints.<name>.http3), but the bench does not turn it on yet"
+			return ;;
+		esac
+	fi
 	log "$proxy $cell"
 	if [[ $proxy == direct ]]; then
 		pid=$UP_PID
 		if ((tls)); then url=https://$HOST:$UP_TLS_PORT$PATH_; else url=http://$HOST:$UP_PORT$PATH_; fi
 	else
-		start_proxy "$proxy" "$tls" "$H2"
+		start_proxy "$proxy" "$tls" "$H2" "$H3"
 		pid=$PID
 		if ((tls)); then url=https://$HOST:$PX_TLS_PORT$PATH_; else url=http://$HOST:$PX_PORT$PATH_; fi
 	fi
@@ -796,6 +843,28 @@ run_cell() {
 		row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "$why"
 		[[ $proxy != direct ]] && stop_tree "$pid"
 		return
+	fi
+	# h3load: -insecure, as curl -k and wrk (scafo-edge's certificate comes
+	# from its internal CA). wait_ok asked over TCP; wait for the UDP side too.
+	local h3args=(-c "$H2_CLIENTS" -m "$H2_STREAMS" -insecure -timeout 10s -json)
+	if ((H3)); then
+		local h3ok=0 i
+		for ((i = 0; i < 50; i++)); do
+			if "$H3LOAD" -url "$url" -c 1 -m 1 -d 200ms -insecure -timeout 2s -json 2>/dev/null |
+				tail -1 | grep -q '"requests":[1-9].*"errors":0,"non2xx":0'; then
+				h3ok=1; break
+			fi
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.2
+		done
+		if ((!h3ok)); then
+			local why
+			why=$("$H3LOAD" -url "$url" -c 1 -m 1 -d 1s -insecure -timeout 2s 2>&1 | grep -v '^\s*$' | tail -1 | tr '\t"\\' '   ' | cut -c1-200)
+			log "$proxy $cell: no HTTP/3 answer: $why"
+			row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "no HTTP/3 answer on UDP $PX_TLS_PORT: $why"
+			stop_tree "$pid"
+			return
+		fi
 	fi
 	pids=$(proc_tree "$pid")
 	local idle_kib
@@ -812,6 +881,10 @@ run_cell() {
 	if [[ $WARMUP != 0 && $WARMUP != 0s ]]; then
 		if ((H2)); then
 			"$H2LOAD" "${h2args[@]}" -D "$WARMUP" "$url" >/dev/null 2>&1 || true
+		elif ((H3)); then
+			# A run of its own, as for h2load: h3load's -warmup would fall
+			# inside the CPU window.
+			"$H3LOAD" -url "$url" "${h3args[@]}" -d "$WARMUP" >/dev/null 2>&1 || true
 		else
 			"$WRK" "${wrkargs[@]}" -d "$WARMUP" "$url" >/dev/null 2>&1 || true
 		fi
@@ -828,10 +901,13 @@ run_cell() {
 	if ((H2)); then
 		wrkout=$WORK/h2load-$proxy-$cell.txt
 		"$H2LOAD" "${h2args[@]}" -D "$DURATION" --log-file="$WORK/h2load-$proxy-$cell.log" "$url" >"$wrkout" 2>&1 || true
+	elif ((H3)); then
+		wrkout=$WORK/h3load-$proxy-$cell.txt
+		"$H3LOAD" -url "$url" "${h3args[@]}" -d "$DURATION" >"$wrkout" 2>&1 || true
 	else
 		"$WRK" "${wrkargs[@]}" -d "$DURATION" "$url" >"$wrkout" 2>&1 || true
 	fi
-	if ((!H2)) && grep -q '^ *0 requests in' "$wrkout"; then
+	if ((!H2 && !H3)) && grep -q '^ *0 requests in' "$wrkout"; then
 		# wrk 4.1 now and then stalls every connection of a TLS
 		# Connection: close run; a second run has always gone through.
 		log "$proxy $cell: wrk measured no request; running it once more"
@@ -870,6 +946,19 @@ run_cell() {
 		rm -f "$WORK/h2load-$proxy-$cell.log"
 		if ((reqs == 0)); then
 			row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "h2load measured no request: $(grep -v '^\s*$' "$wrkout" | grep -iv '^progress' | tail -1 | tr '\t"\\' '   ' | cut -c1-200)"
+			return
+		fi
+	elif ((H3)); then
+		# h3load -json: its last line is one JSON object (requests, errors,
+		# non2xx, rps, p50_ms, p99_ms, ...). "requests" counts complete
+		# responses whatever their status; errors = errors + non2xx. Its
+		# latencies are already in ms (to_ms leaves a bare number alone).
+		read -r rps reqs p50 p99 errors < <(tail -1 "$wrkout" | awk '
+			function field(k,   m) { if (match($0, "\"" k "\":[-0-9.eE+]+")) { m = substr($0, RSTART + length(k) + 3, RLENGTH - length(k) - 3); return m } return "" }
+			/^\{/ { rps = field("rps"); reqs = field("requests"); p50 = field("p50_ms"); p99 = field("p99_ms"); err = field("errors") + field("non2xx") }
+			END { printf "%s %s %s %s %d\n", rps != "" ? rps : "0", reqs != "" ? reqs : "0", p50 != "" ? p50 : "-", p99 != "" ? p99 : "-", err }')
+		if ((reqs == 0)); then
+			row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "h3load measured no request: $(grep -v '^\s*$' "$wrkout" | tail -1 | tr '\t"\\' '   ' | cut -c1-200)"
 			return
 		fi
 	else
@@ -956,13 +1045,17 @@ report_markdown() {
 		printf 'h2 cells: h2load %s, %s threads, h2 only (ALPN), connections × streams as each cell says, same duration and warm-up; p50/p99 from its per-request log; errors are its failed requests.\n' \
 			"${VERSION[h2load]:-?}" "$THREADS"
 	fi
+	if [[ -n $H3LOAD ]]; then
+		printf 'h3 cells: bench/h3load (%s), QUIC connections × streams as the cell says, same duration and a separate warm-up run; p50/p99 from its histogram; errors are its errors plus non-2xx responses.\n' \
+			"${VERSION[h3load]:-?}"
+	fi
 	local v='' p
 	for p in scafo-edge $BASELINE caddy traefik nginx haproxy; do
 		[[ -n ${VERSION[$p]:-} ]] && v+="${v:+, }$p ${VERSION[$p]}"
 	done
 	printf 'Versions: %s. Ratios within this run are what count; absolute figures move with the machine'"'"'s other load.\n\n' "${v:-none}"
 	awk -F'\t' '
-		function cellname(c) { return c == "http-1k" ? "HTTP keep-alive 1 KiB" : c == "http-1m" ? "HTTP keep-alive 1 MiB" : c == "https-1k" ? "HTTPS keep-alive 1 KiB" : c == "https-close" ? "HTTPS new connection per request 1 KiB" : c == "h2-1k" ? "h2 (TLS) 1 KiB, 16 conns × 16 streams" : c == "h2-1k-1s" ? "h2 (TLS) 1 KiB, 64 conns × 1 stream" : c == "h2-1m" ? "h2 (TLS) 1 MiB, 16 conns × 4 streams" : c }
+		function cellname(c) { return c == "http-1k" ? "HTTP keep-alive 1 KiB" : c == "http-1m" ? "HTTP keep-alive 1 MiB" : c == "https-1k" ? "HTTPS keep-alive 1 KiB" : c == "https-close" ? "HTTPS new connection per request 1 KiB" : c == "h2-1k" ? "h2 (TLS) 1 KiB, 16 conns × 16 streams" : c == "h2-1k-1s" ? "h2 (TLS) 1 KiB, 64 conns × 1 stream" : c == "h2-1m" ? "h2 (TLS) 1 MiB, 16 conns × 4 streams" : c == "h3-1k" ? "HTTP/3 1 KiB, 16 conns × 16 streams" : c }
 		function orDash(v, fmt) { return v == "" ? "—" : sprintf(fmt, v) }
 		BEGIN {
 			print "| cell | proxy | req/s | × direct | p50 ms | p99 ms | CPU µs/req | ctx switches/req | peak RSS MiB | idle RSS MiB | errors |"
