@@ -116,16 +116,28 @@ func rawListener(t *testing.T, serve func(net.Conn)) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serveEach(t, ln, nil, func(_ int, c net.Conn) { serve(c) })
+	return ln.Addr().String()
+}
+
+// serveEach accepts ln's connections and hands each, with its number from
+// 0, to serve on a goroutine of its own, calling accepted (when not nil)
+// first, on the accepting goroutine; at the end of the test it closes ln
+// and every connection and waits for those goroutines.
+func serveEach(t *testing.T, ln net.Listener, accepted func(n int), serve func(n int, c net.Conn)) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for {
+		for n := 0; ; n++ {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if accepted != nil {
+				accepted(n)
 			}
 			mu.Lock()
 			conns = append(conns, c)
@@ -134,7 +146,7 @@ func rawListener(t *testing.T, serve func(net.Conn)) string {
 			go func() {
 				defer wg.Done()
 				defer c.Close()
-				serve(c)
+				serve(n, c)
 			}()
 		}
 	}()
@@ -147,7 +159,6 @@ func rawListener(t *testing.T, serve func(net.Conn)) string {
 		mu.Unlock()
 		wg.Wait()
 	})
-	return ln.Addr().String()
 }
 
 // readRequestHead reads one request's head from c.

@@ -98,42 +98,17 @@ func newHostileOrigin(t *testing.T, rcvBuf int, scripts ...[]step) *hostileOrigi
 		t.Fatal(err)
 	}
 	h.addr = ln.Addr().String()
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for n := 0; ; n++ {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			h.accepted.Add(1)
-			h.active.Add(1)
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer h.active.Add(-1)
-				defer c.Close()
-				o := &originConn{h: h, c: c, n: n, br: bufio.NewReader(c)}
-				o.run(h.scripts[min(n, len(h.scripts)-1)])
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		close(h.stop)
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
+	// Counted as accepted, so that ended never misses a connection whose
+	// script has not started yet.
+	accepted := func(int) { h.accepted.Add(1); h.active.Add(1) }
+	serveEach(t, ln, accepted, func(n int, c net.Conn) {
+		defer h.active.Add(-1)
+		o := &originConn{h: h, c: c, n: n, br: bufio.NewReader(c)}
+		o.run(h.scripts[min(n, len(h.scripts)-1)])
 	})
+	// Registered after serveEach's, so it runs first: scripts waiting on
+	// a signal or a delay end before their connections are closed.
+	t.Cleanup(func() { close(h.stop) })
 	return h
 }
 
