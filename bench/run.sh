@@ -269,30 +269,41 @@ need() {
 	find_bin "$1"
 }
 
-# go_install DIR BINARY MODULE/CMD@VERSION: builds a Go command into
-# CACHE/DIR/bin, once. On failure the reason is kept beside it, and not tried
+# cached_build NAME BINARY DIR SPEC STEP: DIR/bin/BINARY, built once by
+# STEP DIR SPEC (run in a subshell, its output kept in DIR/build.log). A
+# failed build is remembered in DIR/failed.log with its reason and not tried
 # again unless --retry-builds.
-go_install() {
-	local name=$1 bin=$2 spec=$3 dir=$CACHE/$1
+cached_build() {
+	local name=$1 bin=$2 dir=$3 spec=$4 step=$5
 	if [[ -x $dir/bin/$bin ]]; then echo "$dir/bin/$bin"; return 0; fi
 	if [[ -f $dir/failed.log ]] && ((!RETRY_BUILDS)); then
 		log "$name: skipped: building $spec failed earlier (see $dir/failed.log; --retry-builds to try again):"
-		grep -v '^go: downloading' "$dir/failed.log" | head -5 | sed 's/^/    /' >&2
+		grep -v '^go: downloading' "$dir/failed.log" | tail -5 | sed 's/^/    /' >&2
 		return 1
 	fi
 	((INSTALL)) || { log "$name: not built and --no-install given"; return 1; }
 	mkdir -p "$dir"
-	log "$name: building $spec into $dir (first run only; a few minutes)"
-	# Run outside the repository so its go.mod plays no part.
-	if (cd "$dir" && GOBIN=$dir/bin GOFLAGS='' go install "$spec") >"$dir/build.log" 2>&1; then
+	log "$name: building $spec into $dir (first run only; several minutes)"
+	if ("$step" "$dir" "$spec") >"$dir/build.log" 2>&1; then
 		rm -f "$dir/failed.log"
 		echo "$dir/bin/$bin"
 		return 0
 	fi
 	mv "$dir/build.log" "$dir/failed.log"
 	log "$name: skipped: building $spec failed:"
-	grep -v '^go: downloading' "$dir/failed.log" | head -5 | sed 's/^/    /' >&2
+	grep -v '^go: downloading' "$dir/failed.log" | tail -5 | sed 's/^/    /' >&2
 	return 1
+}
+
+# go_install DIR BINARY MODULE/CMD@VERSION: a Go command built into
+# CACHE/DIR/bin by go install, once (cached_build).
+go_install() {
+	cached_build "$1" "$2" "$CACHE/$1" "$3" go_install_step
+}
+
+go_install_step() {
+	# Run outside the repository so its go.mod plays no part.
+	cd "$1" && GOBIN=$1/bin GOFLAGS='' go install "$2"
 }
 
 # go_mod_version BINARY: the main module version a Go binary was built from
@@ -304,53 +315,37 @@ go_mod_version() {
 }
 
 # traefik_build: Traefik TRAEFIK_VERSION built into CACHE/traefik-VERSION/bin,
-# once, with the same failed.log rule as go_install. go install refuses
-# Traefik (its go.mod has replace directives: forked dependencies), but the
-# module downloads, and a go build inside its own source tree honours them.
-# One replace points at a nested module, ./pkg/config/dynamic/ext, which the
-# module zip leaves out (a zip holds one module): it is two empty extension
-# types, written here. Every other dependency comes from the module proxy.
+# once (cached_build). go install refuses Traefik (its go.mod has replace
+# directives: forked dependencies), but the module downloads, and a go build
+# inside its own source tree honours them. One replace points at a nested
+# module, ./pkg/config/dynamic/ext, which the module zip leaves out (a zip
+# holds one module): it is two empty extension types, written here. Every
+# other dependency comes from the module proxy.
 traefik_build() {
-	local dir=$CACHE/traefik-$TRAEFIK_VERSION spec=$TRAEFIK_MODULE@$TRAEFIK_VERSION
-	if [[ -x $dir/bin/traefik ]]; then echo "$dir/bin/traefik"; return 0; fi
-	if [[ -f $dir/failed.log ]] && ((!RETRY_BUILDS)); then
-		log "traefik: skipped: building $spec failed earlier (see $dir/failed.log; --retry-builds to try again):"
-		grep -v '^go: downloading' "$dir/failed.log" | tail -5 | sed 's/^/    /' >&2
-		return 1
-	fi
-	((INSTALL)) || { log "traefik: not built and --no-install given"; return 1; }
-	mkdir -p "$dir"
-	log "traefik: building $spec into $dir (first run only; several minutes)"
-	local src=$WORK/traefik-src
+	cached_build traefik traefik "$CACHE/traefik-$TRAEFIK_VERSION" "$TRAEFIK_MODULE@$TRAEFIK_VERSION" traefik_build_step
+}
+
+traefik_build_step() {
+	local dir=$1 spec=$2 src=$WORK/traefik-src
+	trap 'rm -rf "$src"' EXIT
 	# Each step || exit: set -e does not hold inside an if's condition.
-	if (
-		# Outside the repository, so its go.mod plays no part.
-		cd "$dir" || exit
-		mod=$(GOFLAGS='' go mod download -json "$spec") || { printf '%s\n' "$mod"; exit 1; }
-		moddir=$(printf '%s\n' "$mod" | awk -F'"' '$2 == "Dir" { print $4 }')
-		[[ -d $moddir ]] || { printf '%s\n' "$mod"; exit 1; }
-		# The module cache is read-only: build in a writable copy.
-		cp -r "$moddir" "$src" && chmod -R u+w "$src" || exit
-		mkdir -p "$src/pkg/config/dynamic/ext" || exit
-		printf 'module github.com/traefik/traefik/dynamic/ext\n\ngo 1.24\n' >"$src/pkg/config/dynamic/ext/go.mod" || exit
-		printf '%s\n' '// Package ext: the empty extension points of the dynamic configuration.' \
-			'package ext' '' 'type HTTP struct{}' '' 'type Router struct{}' >"$src/pkg/config/dynamic/ext/ext.go" || exit
-		cd "$src" && mkdir -p "$dir/bin" || exit
-		# Beside, then renamed: an interrupted build leaves nothing the next
-		# run would take as built.
-		CGO_ENABLED=0 GOFLAGS='' go build -trimpath -o "$dir/bin/traefik.tmp" \
-			-ldflags "-X github.com/traefik/traefik/v3/pkg/version.Version=$TRAEFIK_VERSION" ./cmd/traefik || exit
-		mv "$dir/bin/traefik.tmp" "$dir/bin/traefik"
-	) >"$dir/build.log" 2>&1; then
-		rm -rf "$src" "$dir/failed.log"
-		echo "$dir/bin/traefik"
-		return 0
-	fi
-	rm -rf "$src"
-	mv "$dir/build.log" "$dir/failed.log"
-	log "traefik: skipped: building $spec failed:"
-	grep -v '^go: downloading' "$dir/failed.log" | tail -5 | sed 's/^/    /' >&2
-	return 1
+	# Outside the repository, so its go.mod plays no part.
+	cd "$dir" || exit
+	mod=$(GOFLAGS='' go mod download -json "$spec") || { printf '%s\n' "$mod"; exit 1; }
+	moddir=$(printf '%s\n' "$mod" | awk -F'"' '$2 == "Dir" { print $4 }')
+	[[ -d $moddir ]] || { printf '%s\n' "$mod"; exit 1; }
+	# The module cache is read-only: build in a writable copy.
+	cp -r "$moddir" "$src" && chmod -R u+w "$src" || exit
+	mkdir -p "$src/pkg/config/dynamic/ext" || exit
+	printf 'module github.com/traefik/traefik/dynamic/ext\n\ngo 1.24\n' >"$src/pkg/config/dynamic/ext/go.mod" || exit
+	printf '%s\n' '// Package ext: the empty extension points of the dynamic configuration.' \
+		'package ext' '' 'type HTTP struct{}' '' 'type Router struct{}' >"$src/pkg/config/dynamic/ext/ext.go" || exit
+	cd "$src" && mkdir -p "$dir/bin" || exit
+	# Beside, then renamed: an interrupted build leaves nothing the next
+	# run would take as built.
+	CGO_ENABLED=0 GOFLAGS='' go build -trimpath -o "$dir/bin/traefik.tmp" \
+		-ldflags "-X github.com/traefik/traefik/v3/pkg/version.Version=$TRAEFIK_VERSION" ./cmd/traefik || exit
+	mv "$dir/bin/traefik.tmp" "$dir/bin/traefik"
 }
 
 # ------------------------------------------------------------- the tools
