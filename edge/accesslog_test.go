@@ -10,22 +10,18 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
 // droppedTotal reads scafo_edge_access_log_dropped_total from reg.
 func droppedTotal(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	v, ok := testsupport.MetricValue(t, reg, "scafo_edge_access_log_dropped_total", nil)
+	if !ok {
+		t.Fatal("scafo_edge_access_log_dropped_total not registered")
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == "scafo_edge_access_log_dropped_total" {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatal("scafo_edge_access_log_dropped_total not registered")
-	return 0
+	return v
 }
 
 // lines decodes the JSON lines written to buf.
@@ -109,7 +105,7 @@ func TestAccessLogRateLimit(t *testing.T) {
 	})
 
 	t.Run("concurrent requests never write more than the limit in a second", func(t *testing.T) {
-		var buf syncBuffer
+		var buf testsupport.SyncBuffer
 		reg := prometheus.NewRegistry()
 		a := NewAccessLog(zerolog.New(&buf), 10, reg)
 		var wg sync.WaitGroup
@@ -131,22 +127,4 @@ func TestAccessLogRateLimit(t *testing.T) {
 			t.Errorf("dropped_total = %v, want %d", d, 800-written)
 		}
 	})
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -7,9 +7,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -37,15 +40,15 @@ func mustJSON(t *testing.T, d *node.Document) []byte {
 func TestFileSource(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "routes.json")
 	writeFile(t, path, mustJSON(t, testDoc("a.example")))
-	logs := &logBuffer{}
+	logs := &testsupport.SyncBuffer{}
 	reg := prometheus.NewPedanticRegistry()
-	fs, err := node.NewFileSource(path, interval, logs.logger(), reg)
+	fs, err := node.NewFileSource(path, interval, zerolog.New(logs), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	updates := run(t, fs, nil)
 	polls := func() int {
-		v, _ := metric(t, reg, "scafo_edge_routing_polls_total", "result", "unchanged")
+		v, _ := testsupport.MetricValue(t, reg, "scafo_edge_routing_polls_total", testsupport.Labels{"result": "unchanged"})
 		return int(v)
 	}
 
@@ -58,7 +61,7 @@ func TestFileSource(t *testing.T) {
 	}
 
 	t.Run("an unchanged file is not applied again", func(t *testing.T) {
-		waitFor(t, "unchanged polls", func() bool { return polls() >= 3 })
+		testsupport.WaitFor(t, 10*time.Second, "unchanged polls", func() bool { return polls() >= 3 })
 		none(t, updates)
 	})
 	t.Run("a changed file is applied", func(t *testing.T) {
@@ -79,25 +82,23 @@ func TestFileSource(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.fail()
-			waitFor(t, "failed polls", func() bool { return fs.Status().ConsecutiveFailures >= 3 })
+			testsupport.WaitFor(t, 10*time.Second, "failed polls", func() bool { return fs.Status().ConsecutiveFailures >= 3 })
 			none(t, updates)
 			st := fs.Status()
 			if st.Fingerprint != good || !strings.Contains(st.LastError, tc.errContain) {
 				t.Errorf("status = %+v, want fingerprint %.12s kept and an error containing %q", st, good, tc.errContain)
 			}
-			if n := len(logs.lines("poll failed")); n != 1 {
+			if n := len(logs.LogEntries("poll failed")); n != 1 {
 				t.Errorf("%d failure lines, want 1:\n%s", n, logs)
 			}
 
 			writeFile(t, path, mustJSON(t, testDoc("a.example", "b.example")))
-			waitFor(t, "recovery", func() bool { return fs.Status().ConsecutiveFailures == 0 })
+			testsupport.WaitFor(t, 10*time.Second, "recovery", func() bool { return fs.Status().ConsecutiveFailures == 0 })
 			none(t, updates) // the same document as before the failure: nothing to apply
-			if n := len(logs.lines("recovered")); n != 1 {
+			if n := len(logs.LogEntries("recovered")); n != 1 {
 				t.Errorf("%d recovery lines, want 1:\n%s", n, logs)
 			}
-			logs.mu.Lock()
-			logs.buf.Reset()
-			logs.mu.Unlock()
+			logs.Reset()
 		})
 	}
 }
@@ -109,7 +110,7 @@ func TestFileSourceStartsWithoutTheFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	updates := run(t, fs, nil)
-	waitFor(t, "failed polls", func() bool { return fs.Status().ConsecutiveFailures >= 2 })
+	testsupport.WaitFor(t, 10*time.Second, "failed polls", func() bool { return fs.Status().ConsecutiveFailures >= 2 })
 	none(t, updates)
 	writeFile(t, path, mustJSON(t, testDoc("a.example")))
 	next(t, updates)

@@ -1,16 +1,11 @@
 package node_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
@@ -18,55 +13,6 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// logBuffer captures zerolog JSON lines for assertions.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// lines returns the logged entries whose message contains msg.
-func (b *logBuffer) lines(msg string) []map[string]any {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []map[string]any
-	for l := range strings.SplitSeq(b.buf.String(), "\n") {
-		if l == "" {
-			continue
-		}
-		var e map[string]any
-		if json.Unmarshal([]byte(l), &e) == nil && strings.Contains(e["message"].(string), msg) {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) logger() zerolog.Logger { return zerolog.New(b) }
-
-// waitFor polls cond until it holds, failing the test after 10s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond) // polling a condition, not synchronising on time
-	}
-}
 
 // run starts src.Run in a goroutine and returns the channel apply feeds;
 // the test's cleanup stops it and waits for Run to return.
@@ -117,45 +63,6 @@ func none(t *testing.T, updates <-chan node.Update) {
 		t.Fatalf("a document was applied (fingerprint %.12s), want none", u.Fingerprint)
 	default:
 	}
-}
-
-// metric returns the value of the named metric with the given label value
-// (or no labels), and whether it exists.
-func metric(t *testing.T, g prometheus.Gatherer, name string, labels ...string) (float64, bool) {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if !labelsMatch(m, labels) {
-				continue
-			}
-			switch {
-			case m.Counter != nil:
-				return m.Counter.GetValue(), true
-			case m.Gauge != nil:
-				return m.Gauge.GetValue(), true
-			}
-		}
-	}
-	return 0, false
-}
-
-func labelsMatch(m *dto.Metric, want []string) bool {
-	if len(want) == 0 {
-		return true
-	}
-	for _, lp := range m.GetLabel() {
-		if lp.GetName() == want[0] && lp.GetValue() == want[1] {
-			return true
-		}
-	}
-	return false
 }
 
 func testDoc(hosts ...string) *node.Document {

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 	"github.com/scafo/scafo-edge/node/nodetest"
 )
@@ -20,7 +22,7 @@ const interval = 20 * time.Millisecond
 type pollerSetup struct {
 	n    *nodetest.Node
 	p    *node.Poller
-	logs *logBuffer
+	logs *testsupport.SyncBuffer
 	reg  *prometheus.Registry
 }
 
@@ -30,7 +32,7 @@ func newPoller(t *testing.T, doc *node.Document, edit func(*node.PollerOptions))
 	t.Helper()
 	s := pollerSetup{
 		n:    nodetest.New(t, nodetest.Options{Token: "tok", ID: "vps-b"}),
-		logs: &logBuffer{},
+		logs: &testsupport.SyncBuffer{},
 		reg:  prometheus.NewPedanticRegistry(),
 	}
 	if doc != nil {
@@ -41,7 +43,7 @@ func newPoller(t *testing.T, doc *node.Document, edit func(*node.PollerOptions))
 		Token:      "tok",
 		Interval:   interval,
 		Timeout:    2 * time.Second,
-		Log:        s.logs.logger(),
+		Log:        zerolog.New(s.logs),
 		Registerer: s.reg,
 	}
 	if edit != nil {
@@ -109,7 +111,7 @@ func TestPollerSendsIfNoneMatchAndAccepts304(t *testing.T) {
 	if got, want := s.n.LastRequest().Header.Get("If-None-Match"), `"`+u.Fingerprint+`"`; got != want {
 		t.Errorf("If-None-Match = %q, want %q", got, want)
 	}
-	if v, _ := metric(t, s.reg, "scafo_edge_routing_polls_total", "result", "not_modified"); v < 2 {
+	if v, _ := testsupport.MetricValue(t, s.reg, "scafo_edge_routing_polls_total", testsupport.Labels{"result": "not_modified"}); v < 2 {
 		t.Errorf("not_modified polls = %v, want at least 2", v)
 	}
 	if st := s.p.Status(); st.ConsecutiveFailures != 0 || st.LastError != "" || st.Fingerprint != u.Fingerprint {
@@ -124,10 +126,10 @@ func TestPollerDoesNotApplyAnUnchangedBody(t *testing.T) {
 	next(t, updates)
 	s.n.WaitRequests(t, 4)
 	none(t, updates)
-	if v, _ := metric(t, s.reg, "scafo_edge_routing_polls_total", "result", "unchanged"); v < 2 {
+	if v, _ := testsupport.MetricValue(t, s.reg, "scafo_edge_routing_polls_total", testsupport.Labels{"result": "unchanged"}); v < 2 {
 		t.Errorf("unchanged polls = %v, want at least 2", v)
 	}
-	if v, _ := metric(t, s.reg, "scafo_edge_routing_document_changes_total"); v != 1 {
+	if v, _ := testsupport.MetricValue(t, s.reg, "scafo_edge_routing_document_changes_total", nil); v != 1 {
 		t.Errorf("document changes = %v, want 1", v)
 	}
 }
@@ -247,7 +249,7 @@ func TestPollerKeepsTheLastGoodDocument(t *testing.T) {
 			good := next(t, updates)
 
 			tc.fail(s)
-			waitFor(t, "three failed polls", func() bool { return s.p.Status().ConsecutiveFailures >= 3 })
+			testsupport.WaitFor(t, 10*time.Second, "three failed polls", func() bool { return s.p.Status().ConsecutiveFailures >= 3 })
 			none(t, updates)
 			st := s.p.Status()
 			if st.Fingerprint != good.Fingerprint {
@@ -256,13 +258,13 @@ func TestPollerKeepsTheLastGoodDocument(t *testing.T) {
 			if !strings.Contains(st.LastError, tc.errContain) {
 				t.Errorf("last error = %q, want it to contain %q", st.LastError, tc.errContain)
 			}
-			if v, _ := metric(t, s.reg, "scafo_edge_routing_polls_total", "result", tc.result); v < 3 {
+			if v, _ := testsupport.MetricValue(t, s.reg, "scafo_edge_routing_polls_total", testsupport.Labels{"result": tc.result}); v < 3 {
 				t.Errorf("polls_total{result=%q} = %v, want at least 3", tc.result, v)
 			}
-			if v, _ := metric(t, s.reg, "scafo_edge_routing_consecutive_failures"); v < 3 {
+			if v, _ := testsupport.MetricValue(t, s.reg, "scafo_edge_routing_consecutive_failures", nil); v < 3 {
 				t.Errorf("consecutive failures gauge = %v, want at least 3", v)
 			}
-			fails := s.logs.lines("poll failed")
+			fails := s.logs.LogEntries("poll failed")
 			if len(fails) != 1 {
 				t.Fatalf("%d failure log lines over %d failed polls, want 1:\n%s", len(fails), st.ConsecutiveFailures, s.logs)
 			}
@@ -278,7 +280,7 @@ func TestPollerKeepsTheLastGoodDocument(t *testing.T) {
 			}
 			at := s.n.Requests()
 			s.n.WaitRequests(t, at+2)
-			if got := s.logs.lines("recovered"); len(got) != 1 {
+			if got := s.logs.LogEntries("recovered"); len(got) != 1 {
 				t.Errorf("%d recovery log lines, want 1:\n%s", len(got), s.logs)
 			}
 			if st := s.p.Status(); st.ConsecutiveFailures != 0 || st.LastError != "" {
@@ -294,16 +296,16 @@ func TestPollerLogsAgainWhenTheCauseChanges(t *testing.T) {
 	next(t, updates)
 
 	s.n.SetStatus(500)
-	waitFor(t, "failures", func() bool { return s.p.Status().ConsecutiveFailures >= 2 })
+	testsupport.WaitFor(t, 10*time.Second, "failures", func() bool { return s.p.Status().ConsecutiveFailures >= 2 })
 	s.n.SetStatus(0)
 	s.n.SetBody([]byte(`{"v":1}`))
-	waitFor(t, "an invalid document", func() bool { return strings.Contains(s.p.Status().LastError, "routes is missing") })
+	testsupport.WaitFor(t, 10*time.Second, "an invalid document", func() bool { return strings.Contains(s.p.Status().LastError, "routes is missing") })
 	n := s.p.Status().ConsecutiveFailures
-	waitFor(t, "more failures", func() bool { return s.p.Status().ConsecutiveFailures >= n+2 })
+	testsupport.WaitFor(t, 10*time.Second, "more failures", func() bool { return s.p.Status().ConsecutiveFailures >= n+2 })
 	s.n.SetBody([]byte(`{"v":1,"routes":null}`)) // another broken document
-	waitFor(t, "another failure", func() bool { return s.p.Status().ConsecutiveFailures >= n+4 })
+	testsupport.WaitFor(t, 10*time.Second, "another failure", func() bool { return s.p.Status().ConsecutiveFailures >= n+4 })
 
-	if got := s.logs.lines("poll failed"); len(got) != 3 {
+	if got := s.logs.LogEntries("poll failed"); len(got) != 3 {
 		t.Errorf("%d failure lines, want 3 (500, one broken document, another):\n%s", len(got), s.logs)
 	}
 	none(t, updates)
@@ -312,20 +314,20 @@ func TestPollerLogsAgainWhenTheCauseChanges(t *testing.T) {
 func TestPollerBeforeTheFirstDocument(t *testing.T) {
 	s := newPoller(t, nil, nil) // a node before its first pass answers 503
 	updates := run(t, s.p, nil)
-	waitFor(t, "failed polls", func() bool { return s.p.Status().ConsecutiveFailures >= 3 })
+	testsupport.WaitFor(t, 10*time.Second, "failed polls", func() bool { return s.p.Status().ConsecutiveFailures >= 3 })
 	none(t, updates)
 	if st := s.p.Status(); st.Fingerprint != "" || !st.LastSuccess.IsZero() {
 		t.Errorf("status = %+v, want no document and no success", st)
 	}
-	if got := s.logs.lines("no document yet"); len(got) != 1 {
+	if got := s.logs.LogEntries("no document yet"); len(got) != 1 {
 		t.Errorf("%d 'no document yet' lines, want 1:\n%s", len(got), s.logs)
 	}
-	if v, ok := metric(t, s.reg, "scafo_edge_routing_seconds_since_last_good"); !ok || v != -1 {
+	if v, ok := testsupport.MetricValue(t, s.reg, "scafo_edge_routing_seconds_since_last_good", nil); !ok || v != -1 {
 		t.Errorf("seconds since last good = %v (present %v), want -1 with no document", v, ok)
 	}
 	s.n.SetDocument(testDoc("a.example"))
 	u := next(t, updates)
-	if got, _ := metric(t, s.reg, "scafo_edge_routing_document_info", "fingerprint", u.Fingerprint); got != 1 {
+	if got, _ := testsupport.MetricValue(t, s.reg, "scafo_edge_routing_document_info", testsupport.Labels{"fingerprint": u.Fingerprint}); got != 1 {
 		t.Errorf("document_info{fingerprint=%.12s} = %v, want 1", u.Fingerprint, got)
 	}
 }
@@ -345,7 +347,7 @@ func TestPollerWithASeed(t *testing.T) {
 		if got, want := s.n.LastRequest().Header.Get("If-None-Match"), `"`+seed.Fingerprint+`"`; got != want {
 			t.Errorf("first If-None-Match = %q, want the seed's %q", got, want)
 		}
-		waitFor(t, "the seed confirmed", func() bool { return !s.p.Status().Stale })
+		testsupport.WaitFor(t, 10*time.Second, "the seed confirmed", func() bool { return !s.p.Status().Stale })
 		s.n.WaitRequests(t, 3)
 		none(t, updates)
 	})
@@ -355,16 +357,16 @@ func TestPollerWithASeed(t *testing.T) {
 		seed := &node.Update{Doc: doc, Body: []byte(`{"v":1,"routes":[]}`), Fingerprint: node.Fingerprint([]byte(`{"v":1,"routes":[]}`)),
 			FetchedAt: time.Now().Add(-time.Hour), Stale: true}
 		updates := run(t, s.p, seed)
-		waitFor(t, "failures", func() bool { return s.p.Status().ConsecutiveFailures >= 2 })
+		testsupport.WaitFor(t, 10*time.Second, "failures", func() bool { return s.p.Status().ConsecutiveFailures >= 2 })
 		none(t, updates)
 		st := s.p.Status()
 		if !st.Stale || st.Fingerprint != seed.Fingerprint {
 			t.Errorf("status = %+v, want the seed, stale", st)
 		}
-		if v, _ := metric(t, s.reg, "scafo_edge_routing_stale"); v != 1 {
+		if v, _ := testsupport.MetricValue(t, s.reg, "scafo_edge_routing_stale", nil); v != 1 {
 			t.Errorf("stale gauge = %v, want 1", v)
 		}
-		if v, _ := metric(t, s.reg, "scafo_edge_routing_seconds_since_last_good"); v < 3600 {
+		if v, _ := testsupport.MetricValue(t, s.reg, "scafo_edge_routing_seconds_since_last_good", nil); v < 3600 {
 			t.Errorf("seconds since last good = %v, want the seed's age (over 3600)", v)
 		}
 	})

@@ -13,6 +13,9 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -48,8 +51,8 @@ func TestOpenStateTightensALooseStateFile(t *testing.T) {
 	if err := os.Chmod(path, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logs := &logBuffer{}
-	db2, err := node.OpenState(dir, logs.logger())
+	logs := &testsupport.SyncBuffer{}
+	db2, err := node.OpenState(dir, zerolog.New(logs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +60,7 @@ func TestOpenStateTightensALooseStateFile(t *testing.T) {
 	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {
 		t.Errorf("state file mode = %04o, want 0600", fi.Mode().Perm())
 	}
-	if len(logs.lines("readable by group or others")) != 1 {
+	if len(logs.LogEntries("readable by group or others")) != 1 {
 		t.Errorf("no warning about the loose mode:\n%s", logs)
 	}
 }
@@ -138,8 +141,8 @@ func TestOpenStateMovesACorruptFileAside(t *testing.T) {
 			tc.corrupt(t, path)
 			damaged, _ := os.ReadFile(path)
 
-			logs := &logBuffer{}
-			db, err := node.OpenState(dir, logs.logger())
+			logs := &testsupport.SyncBuffer{}
+			db, err := node.OpenState(dir, zerolog.New(logs))
 			if err == nil {
 				db.Close()
 				t.Fatal("OpenState on a corrupt file succeeded")
@@ -158,7 +161,7 @@ func TestOpenStateMovesACorruptFileAside(t *testing.T) {
 			if _, err := os.Stat(path); !os.IsNotExist(err) {
 				t.Errorf("state file still at %s after moving it aside (%v)", path, err)
 			}
-			if len(logs.lines("corrupt")) != 1 {
+			if len(logs.LogEntries("corrupt")) != 1 {
 				t.Errorf("no log line about the corrupt file:\n%s", logs)
 			}
 
@@ -295,7 +298,7 @@ func TestDocumentPersistsAcrossARestart(t *testing.T) {
 	s2 := newPoller(t, nil, nil)
 	s2.n.Stop()
 	updates := run(t, s2.p, seed)
-	waitFor(t, "failed polls", func() bool { return s2.p.Status().ConsecutiveFailures >= 2 })
+	testsupport.WaitFor(t, 10*time.Second, "failed polls", func() bool { return s2.p.Status().ConsecutiveFailures >= 2 })
 	none(t, updates)
 	if st := s2.p.Status(); !st.Stale || st.Fingerprint != seed.Fingerprint {
 		t.Errorf("status = %+v, want the persisted document, stale", st)
