@@ -27,7 +27,7 @@ func BenchmarkResolve(b *testing.B) {
 	}
 }
 
-// bigDocument is the scale case of issue 2: 100,000 routes, one of which
+// bigDocument is the largest fleet the table is sized for: 100,000 routes, one of which
 // carries 10,000 prefixes.
 func bigDocument() *node.Document {
 	doc := &node.Document{V: 1, Routes: make([]node.Route, 0, 100000)}

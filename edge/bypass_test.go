@@ -23,7 +23,7 @@ import (
 	"github.com/scafo/scafo-edge/node"
 )
 
-// The bypass corpus (issue 9): attacker-shaped request paths, sent as raw
+// The bypass corpus: attacker-shaped request paths, sent as raw
 // bytes through the real Handler to loopback upstreams, each checked against
 // the two invariants of DESIGN.md rules 4 and 6 and path-routing-design.md §6:
 //

@@ -30,7 +30,8 @@ type Metrics struct {
 
 	// series caches the children a request updates, by application and
 	// label classes, so that Observe does not hash and look up label values
-	// in four vectors per request (issue 8). It grows with the label sets
+	// in four vectors per request: each lookup hashes and allocates, and the
+	// request path allocates nothing of its own. It grows with the label sets
 	// the vectors hold, which are bounded by the documents' applications.
 	series sync.Map // seriesKey → *appSeries
 }
