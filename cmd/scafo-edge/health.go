@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"time"
+
+	"github.com/scafo/scafo-edge/admin"
 )
 
 // healthCommand probes the admin listener's /healthz and exits non-zero when
@@ -23,7 +24,7 @@ func healthCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := fs.parse(args, getenv); err != nil {
 		return err
 	}
-	u, err := adminURL(addr, "/healthz")
+	u, err := admin.URL(addr, "/healthz")
 	if err != nil {
 		return err
 	}
@@ -43,17 +44,4 @@ func healthCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	fmt.Fprintln(stdout, "ok")
 	return nil
-}
-
-// adminURL turns a listen address into a URL on loopback: ":9180" and
-// "0.0.0.0:9180" are probed at 127.0.0.1:9180.
-func adminURL(addr, path string) (string, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", fmt.Errorf("admin address %q: %w", addr, err)
-	}
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		host = "127.0.0.1"
-	}
-	return "http://" + net.JoinHostPort(host, port) + path, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/admin"
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/node"
@@ -498,7 +499,7 @@ func TestMonitoringAssetsMatchARunningEdge(t *testing.T) {
 		if code != 200 {
 			t.Fatalf("/status.json = %d", code)
 		}
-		var v statusView
+		var v admin.Status
 		if err := json.Unmarshal([]byte(body), &v); err != nil {
 			t.Fatal(err)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/admin"
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/node"
@@ -211,8 +212,9 @@ func serve(ctx context.Context, c *config, log zerolog.Logger) error {
 	if httpsLn != nil {
 		httpsLn = withProxyProtocol(withSendTimeout(httpsLn, c.sendTimeout), proxyFrom, c.readHeaderTimout)
 	}
-	admin := &adminServer{live: live, source: source, reg: reg, proxy: proxy, token: token, certs: tlsSetup.certificates, started: time.Now()}
-	adminSrv := newServer(admin.handler(), nil, "admin")
+	status := &admin.Server{Live: live, Source: source, Registry: reg, Proxy: proxy, Token: token,
+		Certificates: tlsSetup.certificates, Version: version, Started: time.Now()}
+	adminSrv := newServer(status.Handler(), nil, "admin")
 
 	ev := log.Info().Str("version", version).Str("source", sourceName).Str("state_dir", c.stateDir).
 		Str("tls", c.tlsMode).Str("http_addr", httpLn.Addr().String()).Str("admin_addr", adminLn.Addr().String())

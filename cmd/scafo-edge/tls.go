@@ -28,11 +28,9 @@ type tlsSetup struct {
 	config       *tls.Config                     // nil: no HTTPS listener
 	wrapHTTP     func(http.Handler) http.Handler // nil: the plain handler as is
 	covers       func(sni, host string) bool     // the 421 rule's coverage test
-	certificates func() []certSummary            // for the status page; nil: none
+	certificates func() []certs.CertInfo         // for the status page; nil: none
 	stop         func()
 }
-
-type certSummary = certs.CertInfo
 
 func (t tlsSetup) httpHandler(h http.Handler) http.Handler {
 	if t.wrapHTTP == nil {

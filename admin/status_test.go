@@ -1,4 +1,4 @@
-package main
+package admin
 
 import (
 	"bytes"
@@ -16,12 +16,12 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/certs"
 	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/node"
 )
@@ -43,7 +43,7 @@ const statusToken = "s3cret-ingress-token"
 // first upstream refuses connections (so backhaul has ejected it), a
 // wildcard, a path-routed host, its targets, and an API apex.
 type statusFixture struct {
-	admin    *adminServer
+	admin    *Server
 	deadAddr string // first upstream of shop.example.test, refusing
 	liveAddr string // second upstream, a real server
 }
@@ -96,9 +96,9 @@ func newStatusFixture(t *testing.T, extra ...node.Route) *statusFixture {
 	}
 
 	return &statusFixture{
-		admin: &adminServer{
-			live: live0,
-			source: &fakeSource{st: node.PollStatus{
+		admin: &Server{
+			Live: live0,
+			Source: &fakeSource{st: node.PollStatus{
 				Source:              "node http://127.0.0.1:7400",
 				LastAttempt:         statusT0.Add(-2 * time.Second),
 				LastSuccess:         statusT0.Add(-7 * time.Second),
@@ -106,11 +106,11 @@ func newStatusFixture(t *testing.T, extra ...node.Route) *statusFixture {
 				LastError:           "poll: connection refused",
 				ConsecutiveFailures: 1,
 			}},
-			reg:     prometheus.NewRegistry(),
-			proxy:   proxy,
-			token:   statusToken,
-			started: statusT0.Add(-time.Hour),
-			now:     func() time.Time { return statusT0 },
+			Registry: prometheus.NewRegistry(),
+			Proxy:    proxy,
+			Token:    statusToken,
+			Started:  statusT0.Add(-time.Hour),
+			Now:      func() time.Time { return statusT0 },
 		},
 		deadAddr: dead,
 		liveAddr: live,
@@ -142,7 +142,7 @@ func serveAdmin(h http.Handler, path, remote, token string) *httptest.ResponseRe
 
 func TestAdminSurfacesThatRevealAddressesArePrivileged(t *testing.T) {
 	f := newStatusFixture(t)
-	h := f.admin.handler()
+	h := f.admin.Handler()
 	private := []string{"/", "/status.json", "/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/goroutine?debug=1"}
 	cases := []struct {
 		name   string
@@ -171,8 +171,8 @@ func TestAdminSurfacesThatRevealAddressesArePrivileged(t *testing.T) {
 	}
 	t.Run("without a configured token a remote client is refused whatever it sends", func(t *testing.T) {
 		a := *f.admin
-		a.token = ""
-		h := a.handler()
+		a.Token = ""
+		h := a.Handler()
 		for _, tok := range []string{"", "anything"} {
 			if rec := serveAdmin(h, "/status.json", "203.0.113.9:50000", tok); rec.Code != 403 {
 				t.Errorf("GET /status.json with token %q = %d, want 403", tok, rec.Code)
@@ -200,16 +200,16 @@ func TestAdminSurfacesThatRevealAddressesArePrivileged(t *testing.T) {
 	})
 }
 
-func fetchStatusJSON(t *testing.T, a *adminServer) statusView {
+func fetchStatusJSON(t *testing.T, a *Server) Status {
 	t.Helper()
-	rec := serveAdmin(a.handler(), "/status.json", "127.0.0.1:1", "")
+	rec := serveAdmin(a.Handler(), "/status.json", "127.0.0.1:1", "")
 	if rec.Code != 200 {
 		t.Fatalf("GET /status.json = %d: %s", rec.Code, rec.Body)
 	}
 	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
 		t.Errorf("Content-Type = %q, want application/json", ct)
 	}
-	var v statusView
+	var v Status
 	if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
 		t.Fatalf("decode status.json: %v\n%s", err, rec.Body)
 	}
@@ -264,7 +264,7 @@ func TestStatusJSONDescribesTheLiveTable(t *testing.T) {
 	})
 	t.Run("path prefixes sorted under their host with the target's application", func(t *testing.T) {
 		c := v.Routes[2]
-		want := []pathView{{"beta", "shop.example.test", "shop"}, {"paulca", "go.example.test", "tito-go"}}
+		want := []PathStatus{{"beta", "shop.example.test", "shop"}, {"paulca", "go.example.test", "tito-go"}}
 		if c.PathCount != 2 || fmt.Sprint(c.Paths) != fmt.Sprint(want) {
 			t.Errorf("paths = %d %+v, want %+v", c.PathCount, c.Paths, want)
 		}
@@ -290,8 +290,8 @@ func TestStatusJSONDescribesTheLiveTable(t *testing.T) {
 	})
 	t.Run("certificates with expiry when the manager reports them", func(t *testing.T) {
 		a := *f.admin
-		a.certs = func() []certSummary {
-			return []certSummary{
+		a.Certificates = func() []certs.CertInfo {
+			return []certs.CertInfo{
 				{Names: []string{"shop.example.test"}, Issuer: "Scafo internal CA", NotAfter: statusT0.Add(60 * 24 * time.Hour)},
 				{Names: []string{"go.example.test"}, Issuer: "Scafo internal CA", NotAfter: statusT0.Add(3 * 24 * time.Hour)},
 			}
@@ -303,7 +303,7 @@ func TestStatusJSONDescribesTheLiveTable(t *testing.T) {
 	})
 	t.Run("before the first document the document is null and routes empty", func(t *testing.T) {
 		a := *f.admin
-		a.live = &edge.Live{}
+		a.Live = &edge.Live{}
 		v := fetchStatusJSON(t, &a)
 		if v.Document != nil || v.Routes == nil || len(v.Routes) != 0 || v.API != nil {
 			t.Errorf("status = %+v", v)
@@ -325,7 +325,7 @@ var pathRow = regexp.MustCompile(`<tr class="path"><td class="prefix">/([^<]*)</
 
 func TestStatusPage(t *testing.T) {
 	f := newStatusFixture(t)
-	rec, page := fetchPage(t, f.admin.handler(), "/")
+	rec, page := fetchPage(t, f.admin.Handler(), "/")
 
 	t.Run("is self-contained HTML without scripts or external assets", func(t *testing.T) {
 		if ct := rec.Header().Get("Content-Type"); ct != "text/html; charset=utf-8" {
@@ -369,7 +369,7 @@ func TestStatusPage(t *testing.T) {
 		}
 	})
 	t.Run("is refused to a remote client without the token", func(t *testing.T) {
-		rec := serveAdmin(f.admin.handler(), "/", "198.51.100.1:4000", "")
+		rec := serveAdmin(f.admin.Handler(), "/", "198.51.100.1:4000", "")
 		if rec.Code != 403 || strings.Contains(rec.Body.String(), "example.test") {
 			t.Errorf("GET / from a remote client = %d %q", rec.Code, rec.Body)
 		}
@@ -380,8 +380,8 @@ func TestStatusPage(t *testing.T) {
 		edge.NewUpdater(live, zerolog.Nop(), nil).Apply(node.Update{Doc: &node.Document{V: 1, Routes: []node.Route{
 			{Host: "x.example.test", Application: "<script>alert(1)</script>", Upstreams: []node.Upstream{{Node: "n", Address: "10.0.0.1:1"}}},
 		}}, Fingerprint: "f", FetchedAt: statusT0})
-		a.live = live
-		_, page := fetchPage(t, a.handler(), "/")
+		a.Live = live
+		_, page := fetchPage(t, a.Handler(), "/")
 		if strings.Contains(page, "<script>") {
 			t.Error("an application name was rendered as markup")
 		}
@@ -395,7 +395,7 @@ func TestStatusPageStaysUsableWithTenThousandPrefixes(t *testing.T) {
 	}
 	f := newStatusFixture(t, node.Route{Host: "big.example.test", Application: "big",
 		Upstreams: []node.Upstream{{Node: "box-a", Address: "10.1.0.5:8080"}}, Paths: paths})
-	h := f.admin.handler()
+	h := f.admin.Handler()
 
 	_, page := fetchPage(t, h, "/")
 	rows := pathRow.FindAllStringSubmatch(page, -1)
@@ -424,178 +424,6 @@ func TestStatusPageStaysUsableWithTenThousandPrefixes(t *testing.T) {
 	}
 }
 
-// runRoutes runs the routes command with args and returns its output.
-func runRoutes(t *testing.T, args ...string) (string, error) {
-	t.Helper()
-	var out, errOut bytes.Buffer
-	err := routesCommand(context.Background(), args, &out, &errOut)
-	if errOut.Len() > 0 {
-		t.Logf("routes stderr: %s", errOut.String())
-	}
-	return out.String(), err
-}
-
-func TestRoutesCommand(t *testing.T) {
-	long := "a-rather-long-application-host-name.customers.example.test"
-	f := newStatusFixture(t, node.Route{Host: long, Application: "a-long-application-name",
-		Upstreams: []node.Upstream{{Node: "node-with-a-long-name-17", Address: "[2001:db8:1234::17]:31000"}}})
-	// The admin server as a remote client sees it: the handler is told
-	// the request came from off loopback, so the token matters.
-	remote := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.RemoteAddr = "203.0.113.9:40000"
-		f.admin.handler().ServeHTTP(w, r)
-	}))
-	t.Cleanup(remote.Close)
-	local := httptest.NewServer(f.admin.handler())
-	t.Cleanup(local.Close)
-
-	out, err := runRoutes(t, "--admin", local.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("routes output:\n%s", out)
-	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-
-	t.Run("every line fits 80 columns", func(t *testing.T) {
-		for _, l := range lines {
-			if n := utf8.RuneCountInString(l); n > 80 {
-				t.Errorf("line of %d columns: %q", n, l)
-			}
-		}
-	})
-	t.Run("path rows are indented under their host", func(t *testing.T) {
-		idx := func(prefix string) int {
-			for i, l := range lines {
-				if strings.HasPrefix(l, prefix) {
-					return i
-				}
-			}
-			return -1
-		}
-		host, beta, paulca, next := idx("classic.example.test "), idx("  /beta "), idx("  /paulca "), idx("go.example.test ")
-		if host < 0 || !(host < beta && beta < paulca && paulca < next) {
-			t.Errorf("line numbers host=%d /beta=%d /paulca=%d next=%d, want increasing", host, beta, paulca, next)
-		}
-		if l := lines[paulca]; !strings.Contains(l, "tito-go") || !strings.Contains(l, "-> go.example.test") {
-			t.Errorf("path row %q lacks the target and its application", l)
-		}
-	})
-	t.Run("upstreams are numbered in priority order with health, aligned in one column", func(t *testing.T) {
-		var first, second string
-		for i, l := range lines {
-			if strings.HasPrefix(l, "shop.example.test ") {
-				first, second = l, lines[i+1]
-			}
-		}
-		c1, c2 := strings.Index(first, "1 box-down "+f.deadAddr), strings.Index(second, "2 box-a "+f.liveAddr)
-		if c1 < 0 || c1 != c2 {
-			t.Errorf("upstream rows not aligned in priority order:\n%s\n%s", first, second)
-		}
-		if !strings.HasSuffix(first, "ejected") || !strings.HasSuffix(second, "ok") {
-			t.Errorf("health missing:\n%s\n%s", first, second)
-		}
-	})
-	t.Run("the header gives document, source and poll state", func(t *testing.T) {
-		for _, want := range []string{"document    9f86d081884c  fresh", "(1m30s ago)", "5 routes, 2 path prefixes, 2 API hosts",
-			"source      node http://127.0.0.1:7400", "success 7s ago, 1 consecutive failure", "last error  poll: connection refused"} {
-			if !strings.Contains(out, want) {
-				t.Errorf("output lacks %q", want)
-			}
-		}
-	})
-	t.Run("API hosts list their denied prefixes", func(t *testing.T) {
-		for _, want := range []string{"api.example.test", "platform.example.test", "  denied /v1/storage", "  denied /v1/secrets"} {
-			if !strings.Contains(out, "\n"+want) {
-				t.Errorf("output lacks a line starting %q", want)
-			}
-		}
-	})
-	t.Run("a long host keeps its row readable", func(t *testing.T) {
-		if !strings.Contains(out, "\n"+long+"\n") {
-			t.Errorf("the long host is not on a line of its own")
-		}
-	})
-	t.Run("--max-paths limits the prefix rows and says how many are left", func(t *testing.T) {
-		out, err := runRoutes(t, "--admin", local.URL, "--max-paths", "1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(out, "  /beta ") || strings.Contains(out, "  /paulca ") || !strings.Contains(out, "  ... 1 more prefix") {
-			t.Errorf("--max-paths 1 output:\n%s", out)
-		}
-	})
-	t.Run("--json prints status.json for scripts", func(t *testing.T) {
-		out, err := runRoutes(t, "--admin", local.URL, "--json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var v statusView
-		if err := json.Unmarshal([]byte(out), &v); err != nil {
-			t.Fatalf("--json output is not JSON: %v", err)
-		}
-		if len(v.Routes) != 5 || v.Routes[2].Paths[1].Prefix != "paulca" {
-			t.Errorf("--json routes = %+v", v.Routes)
-		}
-	})
-	t.Run("off loopback without a token it fails saying a token is needed", func(t *testing.T) {
-		_, err := runRoutes(t, "--admin", remote.URL)
-		if err == nil || !strings.Contains(err.Error(), "403") || !strings.Contains(err.Error(), "token") {
-			t.Errorf("err = %v, want a 403 that mentions the token", err)
-		}
-	})
-	t.Run("off loopback --token is sent as a bearer token", func(t *testing.T) {
-		if _, err := runRoutes(t, "--admin", remote.URL, "--token", statusToken); err != nil {
-			t.Error(err)
-		}
-	})
-	t.Run("the token and the address also come from the environment", func(t *testing.T) {
-		t.Setenv("SCAFO_INGRESS_TOKEN", statusToken)
-		t.Setenv("SCAFO_EDGE_ADMIN_ADDR", strings.TrimPrefix(remote.URL, "http://"))
-		if _, err := runRoutes(t); err != nil {
-			t.Error(err)
-		}
-	})
-	t.Run("an edge that is not there is an error naming the URL", func(t *testing.T) {
-		addr := closedPort(t)
-		_, err := runRoutes(t, "--admin", addr)
-		if err == nil || !strings.Contains(err.Error(), "http://"+addr+"/status.json") {
-			t.Errorf("err = %v", err)
-		}
-	})
-}
-
-func TestRoutesTableWrapsCellsThatDoNotFit(t *testing.T) {
-	cases := []struct {
-		name string
-		rows [][]string
-		want string
-	}{
-		{
-			"short cells align in columns",
-			[][]string{{"H", "APP", "UP"}, {"a.test", "x", "1 n 10.0.0.1:1"}},
-			"H       APP  UP\na.test  x    1 n 10.0.0.1:1\n",
-		},
-		{
-			"a cell longer than its cap pushes the rest of the row to the next line",
-			[][]string{{"H", "APP", "UP"}, {"a-very-long-host.test", "x", "u"}},
-			"H           APP  UP\na-very-long-host.test\n            x    u\n",
-		},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			tt := &textTable{caps: []int{10, 5, 20}}
-			for _, r := range tc.rows {
-				tt.row(r...)
-			}
-			var b strings.Builder
-			tt.write(&b)
-			if b.String() != tc.want {
-				t.Errorf("got:\n%s\nwant:\n%s", b.String(), tc.want)
-			}
-		})
-	}
-}
-
 // TestStatusPageInABrowser loads the page in headless Chromium from a
 // loopback listener and checks the rendered DOM. CI installs chromium
 // (.ci/run); a machine without it fails here rather than skipping, because a
@@ -606,7 +434,7 @@ func TestStatusPageInABrowser(t *testing.T) {
 		t.Fatalf("headless Chromium is needed to test the status page: install it (Debian: apt-get install -y chromium): %v", err)
 	}
 	f := newStatusFixture(t)
-	srv := httptest.NewServer(f.admin.handler()) // 127.0.0.1: privileged
+	srv := httptest.NewServer(f.admin.Handler()) // 127.0.0.1: privileged
 	t.Cleanup(srv.Close)
 
 	dir := t.TempDir()

@@ -1,0 +1,143 @@
+// Package admin serves the edge's admin listener: /healthz, /readyz,
+// /metrics, and the status surfaces (the HTML status page, status.json and
+// pprof) that reveal upstream addresses and so answer only loopback clients
+// or a request bearing the ingress token (DESIGN.md rule 10). It also lays
+// out status.json as the text table of the routes command.
+//
+// status.json's field names are a contract with scripts: add fields, never
+// rename them.
+package admin
+
+import (
+	"crypto/subtle"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/certs"
+	"github.com/scafo/scafo-edge/edge"
+	"github.com/scafo/scafo-edge/node"
+)
+
+// Server is the admin listener's handler: health, readiness, metrics, and
+// the surfaces that reveal upstream addresses (only to loopback clients or
+// to a request bearing the ingress token, DESIGN.md rule 10). Live, Source
+// and Registry are required; the other fields may be zero.
+type Server struct {
+	Live     *edge.Live
+	Source   node.Source
+	Registry *prometheus.Registry
+	// Proxy reports upstream health; nil: every upstream is "untried".
+	Proxy *backhaul.Proxy
+	// Token is the ingress token that opens the private surfaces to a
+	// client off loopback; empty: loopback only.
+	Token string
+	// Certificates lists the managed certificates; nil: TLS is off or not
+	// managed by this edge, and the page says so.
+	Certificates func() []certs.CertInfo
+	// Version is the build's version, reported in status.json.
+	Version string
+	// Started is when the process started, shown as uptime on the status
+	// page; zero: not shown.
+	Started time.Time
+	// Now is the clock of the status surfaces; nil: time.Now.
+	Now func() time.Time
+}
+
+// Handler returns the admin listener's routes: /healthz, /readyz and
+// /metrics open to any client, the status page, status.json and pprof only
+// to a privileged one.
+func (a *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", a.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
+	a.registerStatus(mux)
+	return mux
+}
+
+// readyz answers 200 once a document is loaded. The body says whether the
+// table is stale (loaded from the state file, source not yet confirmed) and
+// how the source fares, so an operator sees it without the logs.
+func (a *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	t := a.Live.Load()
+	st := a.Source.Status()
+	if t == nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: no routing document yet\nsource: %s\n", st.Source)
+		if st.LastError != "" {
+			fmt.Fprintf(w, "last error: %s\n", st.LastError)
+		}
+		return
+	}
+	state := "fresh"
+	if st.Stale {
+		state = "stale (persisted document; source not confirmed since start-up)"
+	}
+	fmt.Fprintf(w, "ready: %s\nfingerprint: %s\nsource: %s\n", state, t.Fingerprint(), st.Source)
+	if !st.LastSuccess.IsZero() {
+		fmt.Fprintf(w, "last good poll: %s ago\n", time.Since(st.LastSuccess).Round(time.Second))
+	}
+	if st.LastError != "" {
+		fmt.Fprintf(w, "last error: %s (%d consecutive failures)\n", st.LastError, st.ConsecutiveFailures)
+	}
+}
+
+// privileged reports whether r may see upstream addresses: it comes from
+// loopback, or it carries the ingress token.
+func (a *Server) privileged(r *http.Request) bool {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+			return true
+		}
+	}
+	if a.Token == "" {
+		return false
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(a.Token)) == 1
+}
+
+// private serves h only to a privileged request (loopback, or the ingress
+// token): the status surfaces and pprof reveal upstream addresses and
+// internals (DESIGN.md rule 10).
+func (a *Server) private(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !a.privileged(r) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(http.StatusForbidden)
+			w.Write([]byte("scafo-edge: forbidden: this page reveals upstream addresses; ask from loopback or send Authorization: Bearer <ingress token>\n"))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// registerStatus adds the status page, status.json and pprof to mux, all
+// behind private.
+func (a *Server) registerStatus(mux *http.ServeMux) {
+	mux.Handle("GET /{$}", a.private(http.HandlerFunc(a.statusPage)))
+	mux.Handle("GET /status.json", a.private(http.HandlerFunc(a.statusJSON)))
+
+	// Registered here by hand: importing net/http/pprof also adds these to
+	// http.DefaultServeMux, but no listener of the edge serves that mux
+	// (every http.Server has its own Handler), so only this one answers.
+	mux.Handle("GET /debug/pprof/", a.private(http.HandlerFunc(pprof.Index)))
+	mux.Handle("GET /debug/pprof/cmdline", a.private(http.HandlerFunc(pprof.Cmdline)))
+	mux.Handle("GET /debug/pprof/profile", a.private(http.HandlerFunc(pprof.Profile)))
+	mux.Handle("GET /debug/pprof/symbol", a.private(http.HandlerFunc(pprof.Symbol)))
+	mux.Handle("POST /debug/pprof/symbol", a.private(http.HandlerFunc(pprof.Symbol)))
+	mux.Handle("GET /debug/pprof/trace", a.private(http.HandlerFunc(pprof.Trace)))
+}

@@ -1,0 +1,244 @@
+package admin
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/node"
+)
+
+// Upstream health words, shared by the page, status.json and the routes
+// command. Health is passive (backhaul sees connect failures), so an upstream
+// no request has used yet is "untried", not "ok".
+const (
+	healthOK      = "ok"
+	healthFailing = "failing" // connect failures, ejection over: next request retries it first
+	healthEjected = "ejected" // skipped until ejected_until unless nothing else is left
+	healthUntried = "untried"
+)
+
+// Status is everything the status page shows, and the body of
+// /status.json, which the routes command reads. Field names are the JSON
+// contract with scripts: add fields, never rename them.
+type Status struct {
+	Version     string           `json:"version"`
+	GeneratedAt time.Time        `json:"generated_at"`
+	Started     *time.Time       `json:"started,omitempty"`
+	Document    *DocumentStatus  `json:"document"` // null before the first document
+	Poll        PollStatus       `json:"poll"`
+	Routes      []RouteStatus    `json:"routes"`
+	API         *APIStatus       `json:"api,omitempty"`
+	Upstreams   []UpstreamStatus `json:"upstream_health"` // every upstream backhaul has seen, by address
+	Certs       []CertStatus     `json:"certificates"`
+	CertsNote   string           `json:"certificates_note,omitempty"`
+	pathLimit   int              // page only: prefixes listed per host
+	routeIndex  map[string]bool  // page only: hosts that are routes, for links
+}
+
+type DocumentStatus struct {
+	Fingerprint  string    `json:"fingerprint"`
+	FetchedAt    time.Time `json:"fetched_at"`
+	AgeSeconds   float64   `json:"age_seconds"`
+	Stale        bool      `json:"stale"`
+	Routes       int       `json:"routes"`
+	PathPrefixes int       `json:"path_prefixes"`
+	APIHosts     int       `json:"api_hosts"`
+}
+
+type PollStatus struct {
+	Source              string     `json:"source"`
+	LastAttempt         *time.Time `json:"last_attempt,omitempty"`
+	LastSuccess         *time.Time `json:"last_success,omitempty"`
+	LastChange          *time.Time `json:"last_change,omitempty"`
+	LastError           string     `json:"last_error,omitempty"`
+	ConsecutiveFailures int        `json:"consecutive_failures"`
+	Stale               bool       `json:"stale"`
+}
+
+type RouteStatus struct {
+	Host        string           `json:"host"`
+	Application string           `json:"application"`
+	Wildcard    bool             `json:"wildcard"`
+	Upstreams   []UpstreamStatus `json:"upstreams"` // priority order
+	PathCount   int              `json:"path_count"`
+	Paths       []PathStatus     `json:"paths,omitempty"` // sorted by prefix
+}
+
+type PathStatus struct {
+	Prefix      string `json:"prefix"` // bare first segment, as in the document
+	Target      string `json:"target"`
+	Application string `json:"application"`
+}
+
+type UpstreamStatus struct {
+	Node         string     `json:"node"`
+	Address      string     `json:"address"`
+	Health       string     `json:"health"`
+	Failures     int        `json:"consecutive_failures"`
+	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
+}
+
+type APIStatus struct {
+	Hosts     []string         `json:"hosts"`
+	Upstreams []UpstreamStatus `json:"upstreams"`
+	Denied    []string         `json:"denied"`
+}
+
+type CertStatus struct {
+	Names     []string  `json:"names"`
+	Issuer    string    `json:"issuer"`
+	NotAfter  time.Time `json:"not_after"`
+	ExpiresIn string    `json:"expires_in"` // rounded, for humans
+	Expiring  bool      `json:"expiring"`   // within certExpiryWarning
+}
+
+// certExpiryWarning is when the page flags a certificate: the same 14 days
+// as the ScafoEdgeCertificateExpiring alert in deploy/prometheus/alerts.yaml.
+const certExpiryWarning = 14 * 24 * time.Hour
+
+func (a *Server) clock() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
+}
+
+// snapshot gathers the status view. It reads the live table once, so the page
+// describes one document even if a swap lands meanwhile.
+func (a *Server) snapshot() *Status {
+	now := a.clock()
+	v := &Status{Version: a.Version, GeneratedAt: now.UTC(), Routes: []RouteStatus{}, Certs: []CertStatus{}, Upstreams: []UpstreamStatus{}}
+	if !a.Started.IsZero() {
+		s := a.Started.UTC()
+		v.Started = &s
+	}
+	if a.Source != nil {
+		st := a.Source.Status()
+		v.Poll = PollStatus{
+			Source:              st.Source,
+			LastAttempt:         optTime(st.LastAttempt),
+			LastSuccess:         optTime(st.LastSuccess),
+			LastChange:          optTime(st.LastChange),
+			LastError:           st.LastError,
+			ConsecutiveFailures: st.ConsecutiveFailures,
+			Stale:               st.Stale,
+		}
+	}
+
+	health := map[node.Upstream]backhaul.UpstreamHealth{}
+	if a.Proxy != nil {
+		for _, h := range a.Proxy.Health() {
+			u := node.Upstream{Node: h.Node, Address: h.Address}
+			health[u] = h
+			v.Upstreams = append(v.Upstreams, upstreamFrom(u, health, now))
+		}
+	}
+	ups := func(list []node.Upstream) []UpstreamStatus {
+		out := make([]UpstreamStatus, 0, len(list))
+		for _, u := range list {
+			out = append(out, upstreamFrom(u, health, now))
+		}
+		return out
+	}
+
+	if t := a.Live.Load(); t != nil {
+		v.Document = &DocumentStatus{
+			Fingerprint: t.Fingerprint(),
+			FetchedAt:   t.FetchedAt().UTC(),
+			AgeSeconds:  now.Sub(t.FetchedAt()).Seconds(),
+			// The source knows whether it confirmed the document since
+			// start-up; the table only knows where it was built from.
+			Stale:        v.Poll.Stale,
+			Routes:       len(t.Routes()),
+			PathPrefixes: t.PrefixCount(),
+			APIHosts:     len(t.APIHosts()),
+		}
+		for _, r := range t.Routes() {
+			rv := RouteStatus{Host: r.Host, Application: r.Application, Wildcard: r.Wildcard(), Upstreams: ups(r.Upstreams)}
+			for _, p := range r.Paths() {
+				rv.Paths = append(rv.Paths, PathStatus{Prefix: p.Prefix, Target: p.Target.Host, Application: p.Target.Application})
+			}
+			rv.PathCount = len(rv.Paths)
+			v.Routes = append(v.Routes, rv)
+		}
+		if api := t.APIRoute(); api != nil {
+			v.API = &APIStatus{Hosts: t.APIHosts(), Upstreams: ups(api.Upstreams), Denied: t.Denied()}
+		}
+	}
+
+	if a.Certificates == nil {
+		v.CertsNote = "none: TLS is off or certificates are not managed by this edge"
+	} else {
+		for _, c := range a.Certificates() {
+			left := c.NotAfter.Sub(now)
+			cv := CertStatus{
+				Names: c.Names, Issuer: c.Issuer, NotAfter: c.NotAfter.UTC(),
+				ExpiresIn: roundDuration(left), Expiring: left < certExpiryWarning,
+			}
+			v.Certs = append(v.Certs, cv)
+		}
+		if len(v.Certs) == 0 {
+			v.CertsNote = "none yet: certificates are obtained on the first handshake for a name the document allows"
+		}
+	}
+	return v
+}
+
+func upstreamFrom(u node.Upstream, health map[node.Upstream]backhaul.UpstreamHealth, now time.Time) UpstreamStatus {
+	uv := UpstreamStatus{Node: u.Node, Address: u.Address, Health: healthUntried}
+	h, seen := health[u]
+	if !seen {
+		return uv
+	}
+	uv.Failures = h.Failures
+	switch {
+	case h.EjectedUntil.After(now):
+		uv.Health = healthEjected
+		until := h.EjectedUntil.UTC()
+		uv.EjectedUntil = &until
+	case h.Failures > 0:
+		uv.Health = healthFailing
+	default:
+		uv.Health = healthOK
+	}
+	return uv
+}
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+// roundDuration renders d for a human: "3d4h", "5h12m", "42s". Negative
+// durations (an expired certificate) keep their sign.
+func roundDuration(d time.Duration) string {
+	sign := ""
+	if d < 0 {
+		sign, d = "-", -d
+	}
+	switch {
+	case d >= 48*time.Hour:
+		days := d / (24 * time.Hour)
+		return sign + strconv.Itoa(int(days)) + "d" + strconv.Itoa(int((d-days*24*time.Hour)/time.Hour)) + "h"
+	case d >= time.Hour:
+		return sign + d.Truncate(time.Minute).String()
+	case d >= time.Second:
+		return sign + d.Round(time.Second).String()
+	}
+	return sign + d.Round(time.Millisecond).String()
+}
+
+func (a *Server) statusJSON(w http.ResponseWriter, r *http.Request) {
+	v := a.snapshot()
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
