@@ -24,25 +24,28 @@ var (
 // renewing one on demand; a refusal costs no storage access and no ACME
 // traffic.
 func (m *Manager) decide(_ context.Context, name string) error {
-	name = normalizeHost(name)
-	var reason string
-	var err error
-	switch {
-	case strings.HasPrefix(name, "*."):
-		// DESIGN.md rule 8: the wildcard key exists for routing only.
-		reason, err = "wildcard", errWildcardKey
-	case m.allowed == nil || !m.allowed(name):
-		reason, err = "not_named", errNotNamed
-	default:
-		if until, ok := m.backoff.active(name); ok {
-			reason, err = "backoff", fmt.Errorf("%w until %s", errBackingOff, until.UTC().Format(time.RFC3339))
-		}
-	}
-	if err != nil {
+	if reason, err := m.refusal(normalizeHost(name)); err != nil {
 		m.metrics.refusals.WithLabelValues(reason).Inc()
 		return err
 	}
 	return nil
+}
+
+// refusal returns why a certificate may not be requested for name
+// (normalised) now, and the metric's reason label; nil when it may. It is
+// the rule for on-demand issuance and for prefetching alike.
+func (m *Manager) refusal(name string) (string, error) {
+	switch {
+	case strings.HasPrefix(name, "*."):
+		// DESIGN.md rule 8: the wildcard key exists for routing only.
+		return "wildcard", errWildcardKey
+	case m.allowed == nil || !m.allowed(name):
+		return "not_named", errNotNamed
+	}
+	if until, ok := m.backoff.active(name); ok {
+		return "backoff", fmt.Errorf("%w until %s", errBackingOff, until.UTC().Format(time.RFC3339))
+	}
+	return "", nil
 }
 
 // onEvent follows certmagic's issuance events: it bounds issuances in

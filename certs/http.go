@@ -6,14 +6,17 @@ import (
 	"strings"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/scafo/scafo-edge/certs/prefetch"
 )
 
 // HTTPHandler wraps the plain-HTTP listener's handler. It answers ACME
-// HTTP-01 challenges for names being issued (before any routing), redirects
-// with 308 to HTTPS every host that has or may get a certificate, and passes
-// everything else to next: a host that can have no certificate, such as one
-// under a wildcard route without a covering certificate held, is proxied
-// over HTTP. In ModeOff it returns next unchanged.
+// HTTP-01 challenges for names being issued and prefetch reachability
+// checks (both before any routing), redirects with 308 to HTTPS every host
+// that has or may get a certificate, and passes everything else to next:
+// a host that can have no certificate, such as one under a wildcard route
+// without a covering certificate held, is proxied over HTTP. In ModeOff it
+// returns next unchanged.
 func (m *Manager) HTTPHandler(next http.Handler) http.Handler {
 	if m.mode == ModeOff {
 		return next
@@ -25,6 +28,11 @@ func (m *Manager) HTTPHandler(next http.Handler) http.Handler {
 			return
 		}
 		host := normalizeHost(r.Host)
+		// A prefetch reachability check from any edge of the fleet: its
+		// token is in the (shared) storage.
+		if prefetch.LooksLikeReach(r) && prefetch.ServeReach(w, r, m.cfg.Storage, host) {
+			return
+		}
 		if host != "" && m.httpsAvailable(host) {
 			http.Redirect(w, r, m.httpsURL(host, r), http.StatusPermanentRedirect)
 			return

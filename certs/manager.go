@@ -30,6 +30,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/scafo/scafo-edge/certs/prefetch"
 )
 
 // Mode selects where certificates come from.
@@ -114,6 +116,12 @@ type Options struct {
 	// in a row, capped at Max. Zero means the defaults above.
 	FailureBackoffBase, FailureBackoffMax time.Duration
 
+	// Prefetch, when not nil, obtains certificates in the background for
+	// the names each routing document adds, before anyone asks (Manager.
+	// Prefetch, package certs/prefetch); ModeACME only. Its Log is the
+	// Manager's; a nil Registerer means the Manager's. Nil: on demand only.
+	Prefetch *prefetch.Options
+
 	// Log receives the package's logs and certmagic's; the zero value logs
 	// nothing.
 	Log zerolog.Logger
@@ -150,6 +158,8 @@ type Manager struct {
 	backoff *backoff
 	slots   chan struct{}
 	metrics *metrics
+	// prefetch is nil unless Options.Prefetch is set in ModeACME.
+	prefetch *prefetch.Queue
 
 	mu sync.Mutex
 	// held counts the issuance slots taken per name, released when
@@ -283,6 +293,13 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 			wtmpl := tmpl
 			wtmpl.DNS01Solver = newDNS01Solver(provider, delay)
 			m.wcfg.Issuers = []certmagic.Issuer{certmagic.NewACMEIssuer(m.wcfg, wtmpl)}
+		}
+	}
+
+	if opts.Prefetch != nil && opts.Mode == ModeACME {
+		if err := m.startPrefetch(*opts.Prefetch, opts.Registerer); err != nil {
+			m.Stop()
+			return nil, err
 		}
 	}
 
@@ -526,6 +543,9 @@ func (m *Manager) Stop() {
 		return
 	}
 	m.stopOnce.Do(func() {
+		if m.prefetch != nil {
+			m.prefetch.Stop()
+		}
 		m.cancel()
 		m.mu.Lock()
 		for _, ps := range m.pending {

@@ -1,0 +1,98 @@
+package certs
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/caddyserver/certmagic"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/scafo/scafo-edge/certs/prefetch"
+)
+
+// startPrefetch starts the prefetch queue on the Manager's decision rules,
+// storage and on-demand config. The queue logs through the Manager's
+// logger, and registers on reg unless opts names a Registerer.
+func (m *Manager) startPrefetch(opts prefetch.Options, reg prometheus.Registerer) error {
+	opts.Log = m.log
+	if opts.Registerer == nil {
+		opts.Registerer = reg
+	}
+	q, err := prefetch.New(prefetch.Certs{
+		Certifiable: m.prefetchable,
+		Held:        m.holds,
+		Obtain:      m.obtain,
+		Storage:     m.cfg.Storage,
+	}, opts)
+	if err != nil {
+		return fmt.Errorf("certificate prefetch: %w", err)
+	}
+	m.prefetch = q
+	return nil
+}
+
+// Prefetch hands the live routing document's exact names (route hosts and
+// API hosts) to the prefetch queue, which obtains certificates for the
+// names new since the previous call; see package certs/prefetch. Call it
+// on every document change. A no-op unless Options.Prefetch is set.
+func (m *Manager) Prefetch(names []string) {
+	if m.prefetch == nil {
+		return
+	}
+	norm := make([]string, 0, len(names))
+	for _, n := range names {
+		if n = normalizeHost(n); n != "" {
+			norm = append(norm, n)
+		}
+	}
+	m.prefetch.Update(norm)
+}
+
+// PrefetchStatus lists the names waiting for a prefetched certificate,
+// newest first, with why they wait (budget, unreachable, ...); nil when
+// prefetch is off.
+func (m *Manager) PrefetchStatus() []prefetch.Entry {
+	if m.prefetch == nil {
+		return nil
+	}
+	return m.prefetch.Status()
+}
+
+// prefetchable reports whether name may be prefetched: on-demand issuance
+// would approve it now (the same rules, decision.go), and no wildcard base
+// covers it (the wildcard certificate, managed from start, serves it).
+func (m *Manager) prefetchable(name string) bool {
+	_, err := m.refusal(name)
+	return err == nil && !m.underBase(name)
+}
+
+// holds reports whether a certificate covering name is in memory, or in
+// storage, which it then loads into memory so the first handshake needs
+// no storage read either.
+func (m *Manager) holds(ctx context.Context, name string) bool {
+	if len(m.cache.AllMatchingCertificates(name)) > 0 {
+		return true
+	}
+	if !m.cfg.Storage.Exists(ctx, certmagic.StorageKeys.SiteCert(m.acme.IssuerKey(), name)) {
+		return false
+	}
+	if _, err := m.cfg.CacheManagedCertificate(ctx, name); err != nil {
+		// Held all the same: on demand loads or replaces it at the first
+		// handshake, as it would have without prefetch.
+		m.log.Warn().Err(err).Str("name", name).Msg("certificate prefetch: a stored certificate did not load")
+	}
+	return true
+}
+
+// obtain places the order for name through the on-demand config (its
+// events, slots and back-off apply), without certmagic's retries, and
+// loads the result into memory.
+func (m *Manager) obtain(ctx context.Context, name string) error {
+	if err := m.cfg.ObtainCertSync(ctx, name); err != nil {
+		return err
+	}
+	if _, err := m.cfg.CacheManagedCertificate(ctx, name); err != nil {
+		return fmt.Errorf("load obtained certificate: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,52 @@
+// Package prefetch obtains certificates for names a routing document adds
+// before their first visitor asks, without spending an ACME order that
+// on-demand issuance would not also have spent.
+//
+// On-demand issuance makes a new host's first visitor wait for the whole
+// ACME exchange inside the TLS handshake. The routing document already
+// lists every name the fleet will serve, so a Queue takes the names each
+// new document adds and obtains their certificates in the background:
+//
+//   - Which names: only what on-demand issuance would approve today (a
+//     route host or API host named exactly, never a "*.<base>" key; the
+//     caller's Certifiable, which is the certs package's decision
+//     function), and never a name a held or managed wildcard certificate
+//     covers or a name already held in memory or storage. A name is checked
+//     again at its turn: one that left the document before then is never
+//     ordered.
+//   - In what order and how fast: newest names first (names added by the
+//     latest document before those of earlier ones, document order within
+//     one), at most Workers at a time, and within a budget per edge:
+//     PerHour orders an hour (a token bucket holding at most PerHour) and
+//     PerDomainPerWeek orders per registered domain in any seven days.
+//     The defaults (20 an hour, 10 per registered domain a week) stay well
+//     inside Let's Encrypt's 300 new orders per account per three hours and
+//     50 certificates per registered domain per week, leaving the rest to
+//     on-demand issuance and renewals. A name the budget holds back waits
+//     in the queue, counted.
+//   - Only names that reach the fleet: a custom domain is often added to
+//     the document before its owner points DNS at the fleet, and an order
+//     for it would fail validation (Let's Encrypt allows five failed
+//     validations per account, name and hour). Before ordering, the queue
+//     stores a random token and its secret answer in the certificate
+//     storage (the fleet store when there is one) and sends
+//     GET http://<name>/.well-known/scafo-edge/reach/<token> through the
+//     system resolver; only an edge of this fleet, which reads the token
+//     from the same storage (ServeReach), can answer it. A name that does
+//     not answer costs no ACME traffic and is checked again after a
+//     growing interval (RetryBase doubling up to RetryMax), listed by
+//     Status and counted in a metric. The back-off is the queue's own: a
+//     real visitor's handshake still triggers on-demand issuance at once.
+//   - The fleet does the work once: with a shared store, every edge gets
+//     the same document at about the same moment. Before working on a
+//     name an edge try-locks "prefetch_<name>" in the storage; an edge
+//     that finds it held does not wait on it (which would be N lock waits
+//     per name on the node) but looks again later, by when the holder has
+//     usually stored the certificate, which it then loads. The holder
+//     checks storage again after taking the lock, and certmagic checks it
+//     once more under its own issuance lock, so the fleet places exactly
+//     one order per name.
+//
+// It knows nothing about ACME, routing or certmagic's configuration: the
+// certs package hands it the decision, storage look-up and obtain calls.
+package prefetch

@@ -1,0 +1,478 @@
+package prefetch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// Defaults for zero Options fields.
+const (
+	DefaultPerHour          = 20
+	DefaultPerDomainPerWeek = 10
+	DefaultWorkers          = 2
+	DefaultRetryBase        = time.Minute
+	DefaultRetryMax         = time.Hour
+	DefaultBusyRetry        = 30 * time.Second
+	DefaultReachTimeout     = 10 * time.Second
+)
+
+// maxNames bounds the queue; names come from the routing document, so
+// only a very large document reaches it. Names beyond it are left to
+// on-demand issuance.
+const maxNames = 10000
+
+// Certs is what the queue asks of certificate management. All are
+// required and must be safe for concurrent use.
+type Certs struct {
+	// Certifiable reports whether on-demand issuance would approve name
+	// now and no wildcard certificate covers it. Asked at the name's turn,
+	// and again just before ordering.
+	Certifiable func(name string) bool
+	// Held reports whether a certificate for name is held in memory or in
+	// storage, loading it into memory from storage if need be.
+	Held func(ctx context.Context, name string) bool
+	// Obtain orders a certificate for name, stores it and loads it into
+	// memory. It is called at most once per name at a time on an edge.
+	Obtain func(ctx context.Context, name string) error
+	// Storage keeps reachability tokens and the fleet's prefetch locks. It
+	// should be a certmagic.TryLocker; without one, edges sharing it do not
+	// split the work (each still checks storage before ordering).
+	Storage certmagic.Storage
+}
+
+// Options tunes a Queue. The zero value uses the defaults above.
+type Options struct {
+	// PerHour is the order budget: at most this many orders in any hour
+	// after a full bucket. Zero means DefaultPerHour.
+	PerHour int
+	// PerDomainPerWeek bounds orders per registered domain in any seven
+	// days. Zero means DefaultPerDomainPerWeek.
+	PerDomainPerWeek int
+	// Workers bounds the names worked on at once (reachability checks and
+	// orders). Zero means DefaultWorkers.
+	Workers int
+	// RetryBase and RetryMax shape the back-off of a name that does not
+	// reach the fleet, or whose order failed: RetryBase, doubling with
+	// each failure in a row, at most RetryMax. Zero means the defaults.
+	RetryBase, RetryMax time.Duration
+	// BusyRetry is how long an edge waits before looking again at a name
+	// another edge of the fleet is working on. Zero means DefaultBusyRetry.
+	BusyRetry time.Duration
+	// ReachTimeout bounds one reachability check. Zero means
+	// DefaultReachTimeout.
+	ReachTimeout time.Duration
+	// DialContext connects reachability checks to "<name>:80". Nil means a
+	// net.Dialer, through the system resolver; tests point it at loopback.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Now is the queue's clock for turns, back-offs and the budget. Nil
+	// means time.Now. Timers still run in real time: a test with a fake
+	// clock calls Kick after moving it.
+	Now func() time.Time
+	// Log receives the queue's decisions; the zero value logs nothing.
+	Log zerolog.Logger
+	// Registerer receives the queue's metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+// State is where a name stands in the queue.
+type State string
+
+const (
+	// Waiting: the name's turn has not come (workers busy, or newer names first).
+	Waiting State = "waiting"
+	// Working: the name is being checked or ordered.
+	Working State = "working"
+	// Budget: the order budget holds the name back.
+	Budget State = "budget"
+	// Unreachable: the name did not reach the fleet; it is checked again at Next.
+	Unreachable State = "unreachable"
+	// Failed: the order failed; it is tried again at Next.
+	Failed State = "failed"
+	// Elsewhere: another edge of the fleet is working on the name.
+	Elsewhere State = "elsewhere"
+)
+
+// Entry describes one queued name, for the status page.
+type Entry struct {
+	Name  string
+	State State
+	// Added is when the document added the name.
+	Added time.Time
+	// Next is the earliest time of the name's next turn.
+	Next time.Time
+	// Failures counts failed checks or orders in a row.
+	Failures int
+	// Error is the last check's or order's failure, if any.
+	Error string
+}
+
+// entry is a queued name. Fields are guarded by Queue.mu.
+type entry struct {
+	Entry
+	gen, seq int // document generation that added it, and position in it
+	busy     int // looks in a row that found another edge working on it
+}
+
+// Queue prefetches certificates for names the routing document adds. Its
+// methods are safe for concurrent use.
+type Queue struct {
+	certs   Certs
+	locker  certmagic.TryLocker // nil: no fleet split
+	prober  *prober
+	budget  *budget
+	now     func() time.Time
+	workers int
+	base    time.Duration
+	max     time.Duration
+	busy    time.Duration
+	log     zerolog.Logger
+	metrics *metrics
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	kick   chan struct{}
+	done   chan struct{}
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	present map[string]bool   // the latest document's names
+	queue   map[string]*entry // names waiting for a certificate
+	gen     int
+	running int
+}
+
+// New starts a Queue; Stop ends it. The first Update's names are all new.
+func New(c Certs, opts Options) (*Queue, error) {
+	if c.Certifiable == nil || c.Held == nil || c.Obtain == nil || c.Storage == nil {
+		return nil, errors.New("prefetch: Certifiable, Held, Obtain and Storage are required")
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	q := &Queue{
+		certs:   c,
+		prober:  newProber(c.Storage, opts.DialContext, orDur(opts.ReachTimeout, DefaultReachTimeout)),
+		budget:  newBudget(orInt(opts.PerHour, DefaultPerHour), orInt(opts.PerDomainPerWeek, DefaultPerDomainPerWeek), now()),
+		now:     now,
+		workers: orInt(opts.Workers, DefaultWorkers),
+		base:    orDur(opts.RetryBase, DefaultRetryBase),
+		max:     max(orDur(opts.RetryMax, DefaultRetryMax), orDur(opts.RetryBase, DefaultRetryBase)),
+		busy:    orDur(opts.BusyRetry, DefaultBusyRetry),
+		log:     opts.Log,
+		kick:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		present: map[string]bool{},
+		queue:   map[string]*entry{},
+	}
+	q.locker, _ = c.Storage.(certmagic.TryLocker)
+	var err error
+	if q.metrics, err = newMetrics(opts.Registerer, q); err != nil {
+		return nil, err
+	}
+	q.ctx, q.cancel = context.WithCancel(context.Background())
+	go q.run()
+	return q, nil
+}
+
+func orInt(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+func orDur(v, def time.Duration) time.Duration {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// Stop ends the queue: no new turns, work in progress is cancelled and
+// waited for.
+func (q *Queue) Stop() {
+	q.cancel()
+	<-q.done
+	q.wg.Wait()
+}
+
+// Kick makes the queue look at its names now (after a test moves its clock).
+func (q *Queue) Kick() {
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Update hands the queue the live document's names (route hosts and API
+// hosts, in document order; the caller need not filter them). Names not in
+// the previous document are queued, ahead of those queued before; queued
+// names no longer in the document are dropped.
+func (q *Queue) Update(names []string) {
+	q.mu.Lock()
+	q.gen++
+	next := make(map[string]bool, len(names))
+	now := q.now()
+	for i, n := range names {
+		if next[n] {
+			continue
+		}
+		next[n] = true
+		if q.present[n] || q.queue[n] != nil || len(q.queue) >= maxNames {
+			continue
+		}
+		q.queue[n] = &entry{Entry: Entry{Name: n, State: Waiting, Added: now, Next: now}, gen: q.gen, seq: i}
+	}
+	for n, e := range q.queue {
+		// A name at work notices at its next check (Certifiable).
+		if !next[n] && e.State != Working {
+			delete(q.queue, n)
+			q.metrics.result("removed")
+		}
+	}
+	q.present = next
+	q.mu.Unlock()
+	q.Kick()
+}
+
+// Status lists the queued names, newest first.
+func (q *Queue) Status() []Entry {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	es := q.sortedLocked()
+	out := make([]Entry, len(es))
+	for i, e := range es {
+		out[i] = e.Entry
+	}
+	return out
+}
+
+// sortedLocked returns the queued entries newest first: later documents'
+// names before earlier ones', document order within one.
+func (q *Queue) sortedLocked() []*entry {
+	es := make([]*entry, 0, len(q.queue))
+	for _, e := range q.queue {
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b *entry) int {
+		if a.gen != b.gen {
+			return b.gen - a.gen
+		}
+		return a.seq - b.seq
+	})
+	return es
+}
+
+// run gives names their turns until Stop.
+func (q *Queue) run() {
+	defer close(q.done)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		wake := q.schedule()
+		timer.Reset(wake)
+		select {
+		case <-q.ctx.Done():
+			return
+		case <-q.kick:
+		case <-timer.C:
+		}
+	}
+}
+
+// schedule starts work on the names whose turn has come, newest first, up
+// to the free workers, and returns how long until the next turn is due.
+func (q *Queue) schedule() time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := q.now()
+	wake := time.Hour
+	for _, e := range q.sortedLocked() {
+		if e.State == Working {
+			continue
+		}
+		if d := e.Next.Sub(now); d > 0 {
+			wake = min(wake, d)
+			continue
+		}
+		if q.running >= q.workers {
+			// Woken again when a worker finishes.
+			continue
+		}
+		if d := q.budget.wait(e.Name, now); d > 0 {
+			q.holdLocked(e, now, d)
+			wake = min(wake, d)
+			continue
+		}
+		e.State = Working
+		q.running++
+		q.wg.Add(1)
+		go q.work(e.Name)
+	}
+	return wake
+}
+
+// holdLocked puts e in the Budget state until now+d, counting the wait
+// once per hold.
+func (q *Queue) holdLocked(e *entry, now time.Time, d time.Duration) {
+	if e.State != Budget {
+		q.metrics.budgetWaits.Inc()
+		q.log.Info().Str("name", e.Name).Dur("wait", d).Msg("certificate prefetch: budget spent; name waits")
+	}
+	e.State, e.Next = Budget, now.Add(d)
+}
+
+// outcome is what one turn did with a name.
+type outcome struct {
+	result string        // metric label: obtained, held, removed, elsewhere, unreachable, failed, budget
+	retry  time.Duration // >0: the name stays queued and comes back then
+	err    error
+}
+
+// work takes one turn of name and files its outcome.
+func (q *Queue) work(name string) {
+	defer q.wg.Done()
+	o := q.turn(q.ctx, name)
+	q.mu.Lock()
+	q.running--
+	e := q.queue[name]
+	switch {
+	case e == nil:
+	case q.ctx.Err() != nil:
+		e.State = Waiting
+	case o.retry == 0 || !q.present[name]:
+		delete(q.queue, name)
+	case o.result == "budget":
+		// Another name spent the budget between this one's turn and its order.
+		q.holdLocked(e, q.now(), o.retry)
+	default:
+		e.Next = q.now().Add(o.retry)
+		switch o.result {
+		case "elsewhere":
+			e.State = Elsewhere
+		case "unreachable":
+			e.State = Unreachable
+		default:
+			e.State = Failed
+		}
+		if o.err != nil {
+			e.Error = o.err.Error()
+		}
+	}
+	q.mu.Unlock()
+	if q.ctx.Err() == nil {
+		q.metrics.result(o.result)
+	}
+	q.Kick()
+}
+
+// turn checks name and orders its certificate if it still needs one.
+func (q *Queue) turn(ctx context.Context, name string) outcome {
+	if !q.wanted(name) {
+		return outcome{result: "removed"}
+	}
+	if q.certs.Held(ctx, name) {
+		return outcome{result: "held"}
+	}
+	if q.locker != nil {
+		lock := "prefetch_" + name
+		ok, err := q.locker.TryLock(ctx, lock)
+		if err != nil {
+			return q.failed(name, "failed", fmt.Errorf("try lock: %w", err))
+		}
+		if !ok {
+			return outcome{result: "elsewhere", retry: q.busyRetry(name)}
+		}
+		defer func() {
+			if err := q.certs.Storage.Unlock(context.WithoutCancel(ctx), lock); err != nil {
+				q.log.Warn().Err(err).Str("name", name).Msg("certificate prefetch: unlock")
+			}
+		}()
+		// The holder before us may have stored it.
+		if q.certs.Held(ctx, name) {
+			return outcome{result: "held"}
+		}
+	}
+	if err := q.prober.check(ctx, name); err != nil {
+		if ctx.Err() != nil {
+			return outcome{result: "removed"}
+		}
+		res := "unreachable"
+		if !errors.Is(err, ErrUnreachable) {
+			res = "failed"
+		}
+		return q.failed(name, res, err)
+	}
+	// The check took a while: the name may have left the document.
+	if !q.wanted(name) {
+		return outcome{result: "removed"}
+	}
+	if d := q.budget.spend(name, q.now()); d > 0 {
+		return outcome{result: "budget", retry: d}
+	}
+	start := q.now()
+	if err := q.certs.Obtain(ctx, name); err != nil {
+		if ctx.Err() != nil {
+			return outcome{result: "removed"}
+		}
+		return q.failed(name, "failed", fmt.Errorf("obtain: %w", err))
+	}
+	q.log.Info().Str("name", name).Dur("took", q.now().Sub(start)).Msg("certificate prefetched")
+	return outcome{result: "obtained"}
+}
+
+// wanted reports whether name is still in the document and certifiable.
+func (q *Queue) wanted(name string) bool {
+	q.mu.Lock()
+	present := q.present[name]
+	q.mu.Unlock()
+	return present && q.certs.Certifiable(name)
+}
+
+// failed counts a failure for name and returns its back-off: RetryBase,
+// doubled for each failure in a row, at most RetryMax.
+func (q *Queue) failed(name, result string, err error) outcome {
+	q.mu.Lock()
+	n := 1
+	if e := q.queue[name]; e != nil {
+		e.Failures++
+		e.busy = 0
+		n = e.Failures
+	}
+	q.mu.Unlock()
+	d := backoff(q.base, q.max, n)
+	q.log.Info().Err(err).Str("name", name).Dur("retry_in", d).Msg("certificate prefetch: " + result)
+	return outcome{result: result, retry: d, err: err}
+}
+
+// busyRetry returns when to look again at a name another edge holds:
+// BusyRetry, doubling with each look in a row, at most RetryMax.
+func (q *Queue) busyRetry(name string) time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 1
+	if e := q.queue[name]; e != nil {
+		e.busy++
+		n = e.busy
+	}
+	return backoff(q.busy, q.max, n)
+}
+
+// backoff is base doubled n-1 times, at most ceiling.
+func backoff(base, ceiling time.Duration, n int) time.Duration {
+	d := base
+	for i := 1; i < n && d < ceiling; i++ {
+		d *= 2
+	}
+	return min(d, ceiling)
+}

@@ -1,0 +1,294 @@
+package certs
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/scafo/scafo-edge/certs/certstest"
+	"github.com/scafo/scafo-edge/certs/prefetch"
+	"github.com/scafo/scafo-edge/node/nodetest"
+)
+
+// dialRoutes connects a reachability check for "<name>:80" to the
+// loopback address routes gives name, or to fallback: the tests' stand-in
+// for public DNS.
+func dialRoutes(fallback string, routes map[string]string) func(context.Context, string, string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, _ := net.SplitHostPort(addr)
+		to, ok := routes[host]
+		if !ok {
+			to = fallback
+		}
+		return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", to)
+	}
+}
+
+// notThisFleet is a web server somewhere else: where a custom domain
+// points before its owner moves it to the fleet.
+func notThisFleet(t *testing.T) string {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
+// storedCert reports whether m's storage holds a certificate for name.
+func storedCert(m *Manager, name string) bool {
+	return m.cfg.Storage.Exists(context.Background(), certmagic.StorageKeys.SiteCert(m.acme.IssuerKey(), name))
+}
+
+// prefetchEntry returns name's entry in m's prefetch queue.
+func prefetchEntry(m *Manager, name string) (prefetch.Entry, bool) {
+	i := slices.IndexFunc(m.PrefetchStatus(), func(e prefetch.Entry) bool { return e.Name == name })
+	if i < 0 {
+		return prefetch.Entry{}, false
+	}
+	return m.PrefetchStatus()[i], true
+}
+
+// prefetchOptions is Options for an edge with prefetch p against pb,
+// approving what names approves.
+func prefetchOptions(pb *certstest.Pebble, names *nameSet, reg prometheus.Registerer, p *prefetch.Options) Options {
+	return Options{
+		Allowed:    names.Allowed,
+		CA:         pb.DirectoryURL,
+		CARoot:     string(pb.RootPEM),
+		Email:      "ops@example.test",
+		Registerer: reg,
+		Prefetch:   p,
+	}
+}
+
+func TestPrefetch(t *testing.T) {
+	e := newTestEdge(t)
+	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: e.httpPort, TLSPort: e.httpsPort})
+	roots := pb.IssuerRoots(t)
+	elsewhere := notThisFleet(t)
+	names := newNameSet()
+	reg := prometheus.NewRegistry()
+	m := e.start(t, t.TempDir(), prefetchOptions(pb, names, reg, &prefetch.Options{
+		RetryBase:   100 * time.Millisecond,
+		RetryMax:    time.Second,
+		DialContext: dialRoutes(e.httpLn.Addr().String(), map[string]string{"dark.test": elsewhere}),
+	}))
+	doc := []string{"old.test"}
+	names.set("old.test", true)
+	m.Prefetch(doc)
+	waitUntil(t, 30*time.Second, "old.test prefetched", func() bool { return storedCert(m, "old.test") })
+	pb.WaitOrderCount(t, 1)
+
+	added := []string{"one.test", "two.test", "three.test"}
+	t.Run("a document adding three names gets their certificates before any client connects", func(t *testing.T) {
+		for _, n := range added {
+			names.set(n, true)
+		}
+		doc = append(doc, added...)
+		m.Prefetch(doc)
+		waitUntil(t, 60*time.Second, "three certificates in storage", func() bool {
+			return storedCert(m, "one.test") && storedCert(m, "two.test") && storedCert(m, "three.test")
+		})
+		pb.WaitOrderCount(t, 4)
+		waitUntil(t, 5*time.Second, "the queue to empty", func() bool { return len(m.PrefetchStatus()) == 0 })
+		if got := metricValue(t, reg, "scafo_edge_tls_prefetch_turns_total", map[string]string{"result": "obtained"}); got != 4 {
+			t.Errorf("prefetch obtained metric = %v, want 4", got)
+		}
+	})
+
+	t.Run("the first HTTPS request to a prefetched name places no order", func(t *testing.T) {
+		for _, n := range added {
+			before := pb.OrderCount()
+			status, _, ttfb, err := e.get(n, "/", roots)
+			if err != nil || status != http.StatusOK {
+				t.Fatalf("GET https://%s = %d, %v; want 200", n, status, err)
+			}
+			if got := pb.OrderCount(); got != before {
+				t.Errorf("orders during the first request to %s: %d -> %d, want none", n, before, got)
+			}
+			t.Logf("time to first byte, first HTTPS request to prefetched %s: %v", n, ttfb.Round(time.Microsecond))
+		}
+		// The same, for a name the document names but prefetch was not
+		// told about: on-demand issuance inside the handshake.
+		names.set("ondemand.test", true)
+		status, _, ttfb, err := e.get("ondemand.test", "/", roots)
+		if err != nil || status != http.StatusOK {
+			t.Fatalf("GET https://ondemand.test = %d, %v; want 200", status, err)
+		}
+		t.Logf("time to first byte, first HTTPS request to on-demand ondemand.test: %v", ttfb.Round(time.Microsecond))
+		pb.WaitOrderCount(t, 5)
+	})
+
+	t.Run("a name whose DNS does not reach the fleet costs no order and is reported", func(t *testing.T) {
+		before := pb.OrderCount()
+		names.set("dark.test", true)
+		doc = append(doc, "dark.test")
+		m.Prefetch(doc)
+		waitUntil(t, 10*time.Second, "dark.test reported unreachable twice", func() bool {
+			en, ok := prefetchEntry(m, "dark.test")
+			return ok && en.State == prefetch.Unreachable && en.Failures >= 2
+		})
+		if got := metricValue(t, reg, "scafo_edge_tls_prefetch_unreachable_names", nil); got != 1 {
+			t.Errorf("unreachable names metric = %v, want 1", got)
+		}
+		if got := pb.OrderCount(); got != before {
+			t.Errorf("orders = %d, want %d: an unreachable name must cost none", got, before)
+		}
+		if storedCert(m, "dark.test") {
+			t.Error("dark.test has a certificate")
+		}
+		en, _ := prefetchEntry(m, "dark.test")
+		t.Logf("status of dark.test: %+v", en)
+	})
+
+	t.Run("a visitor for a name in prefetch back-off gets an on-demand certificate at once", func(t *testing.T) {
+		// Pebble's DNS sends dark.test to this edge; the prefetch check
+		// still sees it elsewhere.
+		before := pb.OrderCount()
+		leaf, err := e.handshake("dark.test", roots)
+		if err != nil {
+			t.Fatalf("handshake: %v", err)
+		}
+		if err := leaf.VerifyHostname("dark.test"); err != nil {
+			t.Error(err)
+		}
+		pb.WaitOrderCount(t, before+1)
+		waitUntil(t, 10*time.Second, "the queue to drop dark.test once held", func() bool {
+			_, ok := prefetchEntry(m, "dark.test")
+			return !ok
+		})
+	})
+
+	t.Run("a reachability check with an unknown token or for another host is not answered", func(t *testing.T) {
+		resp, _, err := e.getHTTP("one.test", prefetch.ReachPath+"0123456789abcdef0123456789abcdef")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode == http.StatusOK {
+			t.Errorf("unknown token answered 200")
+		}
+	})
+}
+
+func TestPrefetchBudgetAndRemoval(t *testing.T) {
+	e := newTestEdge(t)
+	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: e.httpPort, TLSPort: e.httpsPort})
+	// The queue's clock runs skew ahead of the real one; the test moves
+	// it an hour to refill the budget.
+	var skew atomic.Int64
+	doc := []string{"b1.test", "b2.test", "b3.test", "b4.test"}
+	names := newNameSet(doc...)
+	reg := prometheus.NewRegistry()
+	m := e.start(t, t.TempDir(), prefetchOptions(pb, names, reg, &prefetch.Options{
+		PerHour:     2,
+		Now:         func() time.Time { return time.Now().Add(time.Duration(skew.Load())) },
+		DialContext: dialRoutes(e.httpLn.Addr().String(), nil),
+	}))
+	m.Prefetch(doc)
+
+	t.Run("more names than the budget: the rest wait, counted", func(t *testing.T) {
+		waitUntil(t, 60*time.Second, "two names obtained and two held back", func() bool {
+			st := m.PrefetchStatus()
+			return len(st) == 2 && st[0].State == prefetch.Budget && st[1].State == prefetch.Budget
+		})
+		pb.WaitOrderCount(t, 2)
+		if !storedCert(m, "b1.test") || !storedCert(m, "b2.test") {
+			t.Errorf("the first two names in the document were not obtained first")
+		}
+		if got := metricValue(t, reg, "scafo_edge_tls_prefetch_budget_waits_total", nil); got < 2 {
+			t.Errorf("budget waits = %v, want at least 2", got)
+		}
+		if got := metricValue(t, reg, "scafo_edge_tls_prefetch_queue_names", nil); got != 2 {
+			t.Errorf("queue metric = %v, want 2", got)
+		}
+		if got := metricValue(t, reg, "scafo_edge_tls_prefetch_budget_remaining", nil); got >= 1 {
+			t.Errorf("budget remaining = %v, want < 1", got)
+		}
+	})
+
+	t.Run("a name removed from the document before its turn is never ordered", func(t *testing.T) {
+		names.set("b4.test", false)
+		doc = doc[:3]
+		m.Prefetch(doc)
+		if _, ok := prefetchEntry(m, "b4.test"); ok {
+			t.Fatalf("b4.test still queued after leaving the document")
+		}
+		skew.Add(int64(time.Hour))
+		m.Prefetch(doc) // an unchanged document: only wakes the queue
+		waitUntil(t, 60*time.Second, "b3.test obtained once the budget refills", func() bool { return storedCert(m, "b3.test") })
+		waitUntil(t, 5*time.Second, "the queue to empty", func() bool { return len(m.PrefetchStatus()) == 0 })
+		pb.WaitOrderCount(t, 3)
+		if storedCert(m, "b4.test") {
+			t.Error("b4.test was obtained after leaving the document")
+		}
+	})
+}
+
+// TestPrefetchFleetOneOrderPerName gives five edges on one fleet store the
+// same new document at once. Each prefetches; the fleet places one order
+// per name, and every edge ends up holding every certificate in memory.
+// Each edge's reachability check is answered by the next edge, which
+// knows the token only through the fleet store.
+func TestPrefetchFleetOneOrderPerName(t *testing.T) {
+	const edges = 5
+	n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+	fleet := make([]*fleetEdge, edges)
+	for i := range fleet {
+		fleet[i] = newFleetEdge(t)
+	}
+	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: fleet[0].httpPort, TLSPort: fleet[0].httpsPort})
+	doc := []string{"a.fleet.test", "b.fleet.test", "c.fleet.test"}
+	ms := make([]*Manager, edges)
+	for i, e := range fleet {
+		opts := acmeOptions(pb, doc...)
+		opts.Prefetch = &prefetch.Options{
+			BusyRetry:   200 * time.Millisecond,
+			DialContext: dialRoutes(fleet[(i+1)%edges].httpLn.Addr().String(), nil),
+		}
+		ms[i] = e.start(t, n, opts, FleetOptions{LockPollMax: 200 * time.Millisecond})
+	}
+	before := n.StorageCounts()
+	var wg sync.WaitGroup
+	for _, m := range ms {
+		wg.Go(func() { m.Prefetch(doc) })
+	}
+	wg.Wait()
+	waitUntil(t, 90*time.Second, "every edge to hold every certificate", func() bool {
+		for _, m := range ms {
+			for _, name := range doc {
+				if len(m.cache.AllMatchingCertificates(name)) == 0 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	pb.WaitOrderCount(t, len(doc))
+	after := n.StorageCounts()
+	t.Logf("%d edges, %d new names: %d ACME orders; node locks taken %d, try-lock conflicts %d",
+		edges, len(doc), pb.OrderCount(), after.LocksTaken-before.LocksTaken, after.LockConflicts-before.LockConflicts)
+	roots := pb.IssuerRoots(t)
+	for _, name := range doc {
+		serials := map[string]bool{}
+		for i, e := range fleet {
+			leaf, err := e.handshake(name, roots)
+			if err != nil {
+				t.Fatalf("edge %d handshake for %s: %v", i, name, err)
+			}
+			serials[leaf.SerialNumber.Text(16)] = true
+		}
+		if len(serials) != 1 {
+			t.Errorf("%s: edges serve %d certificates, want one", name, len(serials))
+		}
+	}
+	if got := pb.OrderCount(); got != len(doc) {
+		t.Errorf("orders = %d, want %d (one per name)", got, len(doc))
+	}
+}
