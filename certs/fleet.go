@@ -53,6 +53,9 @@ type FleetOptions struct {
 	Log zerolog.Logger
 	// Registerer receives the store's metrics; nil registers none.
 	Registerer prometheus.Registerer
+
+	// clock is the time source; nil is the wall clock. Tests set a fake.
+	clock clock
 }
 
 // FleetStorage is the certificate store one fleet shares, through the
@@ -95,6 +98,7 @@ type FleetStorage struct {
 	rmax   time.Duration
 	log    zerolog.Logger
 	m      fleetMetrics
+	clock  clock
 
 	// flushMu orders writes to the node: a new write goes out only after
 	// the queue before it has landed.
@@ -145,11 +149,15 @@ func NewFleetStorage(remote *node.StorageClient, local *BoltStorage, opts FleetO
 		rmin:     orDur(opts.RetryMin, DefaultFleetRetryMin),
 		rmax:     orDur(opts.RetryMax, DefaultFleetRetryMax),
 		log:      opts.Log,
+		clock:    opts.clock,
 		held:     map[string]fleetHeld{},
 		noRecord: map[string]noRecordSeen{},
 		kick:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
+	}
+	if s.clock == nil {
+		s.clock = realClock{}
 	}
 	s.poll = opts.LockPollMax
 	if s.poll <= 0 {
@@ -208,7 +216,7 @@ func (s *FleetStorage) available() bool {
 	if !s.down {
 		return true
 	}
-	now := time.Now()
+	now := s.clock.Now()
 	if now.Before(s.downUntil) {
 		return false
 	}
@@ -236,7 +244,7 @@ func (s *FleetStorage) outage(ctx context.Context, err error) bool {
 	}
 	s.mu.Lock()
 	was := s.down
-	s.down, s.downUntil = true, time.Now().Add(s.rmin)
+	s.down, s.downUntil = true, s.clock.Now().Add(s.rmin)
 	s.mu.Unlock()
 	if !was {
 		s.m.nodeUp.Set(0)

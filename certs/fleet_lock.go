@@ -42,7 +42,7 @@ func lockRecordKey(name string) string { return fleetLockRecords + "/" + name }
 // lockBody is the record this edge leaves for a lock it holds under token,
 // valid for lease from now.
 func (s *FleetStorage) lockBody(token string, lease time.Duration) ([]byte, error) {
-	now := time.Now()
+	now := s.clock.Now()
 	return json.Marshal(fleetLock{Holder: s.holder, Token: token, Created: now, Expires: now.Add(lease)})
 }
 
@@ -68,7 +68,7 @@ func (s *FleetStorage) lockRecord(ctx context.Context, name string) (rec fleetLo
 // this value releases a lock.
 func (s *FleetStorage) Lock(ctx context.Context, name string) error {
 	wait := max(s.poll/20, time.Millisecond)
-	return pollLock(ctx, name, &s.unlocked, func() time.Duration {
+	return pollLock(ctx, s.clock, name, &s.unlocked, func() time.Duration {
 		d := jitter(wait)
 		wait = min(wait*2, s.poll)
 		return d
@@ -146,7 +146,7 @@ func (s *FleetStorage) stale(ctx context.Context, name string) (bool, string) {
 		s.outage(ctx, err)
 		return false, ""
 	}
-	now := time.Now()
+	now := s.clock.Now()
 	if ok && !rec.Expires.IsZero() {
 		s.mu.Lock()
 		delete(s.noRecord, name)

@@ -248,7 +248,7 @@ func (s *FleetStorage) run() {
 			wait = s.rmin
 			continue
 		}
-		timer = time.After(jitter(wait))
+		timer = s.clock.After(jitter(wait))
 		wait = min(wait*2, s.rmax)
 	}
 }

@@ -64,6 +64,9 @@ func newFleetStore(t testing.TB, n *nodetest.Node, dir string, opts FleetOptions
 	if err != nil {
 		t.Fatalf("NewBoltStorage: %v", err)
 	}
+	if opts.clock != nil {
+		local.clock = opts.clock
+	}
 	client := node.NewStorageClient(n.URL(), fleetToken, nil)
 	s, err := NewFleetStorage(client, local, opts)
 	if err != nil {
@@ -217,8 +220,9 @@ func TestFleetStorageOutage(t *testing.T) {
 
 	t.Run("while a node hangs one read at a time probes it and the rest use the local copy", func(t *testing.T) {
 		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+		clk := newFakeClock()
 		opts := fastFleet()
-		opts.NodeTimeout, opts.RetryMin = 300*time.Millisecond, 50*time.Millisecond
+		opts.NodeTimeout, opts.RetryMin, opts.clock = 300*time.Millisecond, 50*time.Millisecond, clk
 		s := newFleetStore(t, n, t.TempDir(), opts)
 		if err := s.Store(ctx, "k/v", []byte("v")); err != nil {
 			t.Fatal(err)
@@ -228,7 +232,7 @@ func TestFleetStorageOutage(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := n.StorageCounts().Gets
-		<-time.After(opts.RetryMin) // past the pause after a failure: a probe is due
+		clk.Advance(opts.RetryMin) // past the pause after a failure: a probe is due
 		var wg sync.WaitGroup
 		for range 10 {
 			wg.Go(func() {
@@ -345,18 +349,26 @@ func TestFleetStorageLocks(t *testing.T) {
 
 	t.Run("a renewed lease keeps the lock past the lock bound", func(t *testing.T) {
 		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
-		a := newFleetStore(t, n, t.TempDir(), fastFleet())
-		b := newFleetStore(t, n, t.TempDir(), fastFleet())
+		opts := fastFleet()
+		opts.clock = newFakeClock()
+		a := newFleetStore(t, n, t.TempDir(), opts)
+		b := newFleetStore(t, n, t.TempDir(), opts)
 		if err := a.Lock(ctx, "renewed"); err != nil {
 			t.Fatal(err)
 		}
 		if err := a.RenewLockLease(ctx, "renewed", time.Minute); err != nil {
 			t.Fatalf("RenewLockLease: %v", err)
 		}
-		lctx, cancel := context.WithTimeout(ctx, 2500*time.Millisecond) // past the 1s bound
+		lctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		if err := b.Lock(lctx, "renewed"); !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("B Lock of a renewed lock = %v, want it to wait until its deadline", err)
+		done := lockInBackground(lctx, b.FleetStorage, "renewed")
+		limit := 2500 * time.Millisecond // past the 1s bound
+		if moved, returned, err := advanceWhileWaiting(t, opts.clock.(*fakeClock), 100*time.Millisecond, limit, done); returned {
+			t.Fatalf("B Lock of a renewed lock returned %v after %v, want it to wait past %v", err, moved, limit)
+		}
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("B Lock of a renewed lock = %v, want it to wait until its context ends", err)
 		}
 		if err := a.Unlock(ctx, "renewed"); err != nil {
 			t.Errorf("A Unlock: %v", err)
@@ -365,16 +377,16 @@ func TestFleetStorageLocks(t *testing.T) {
 
 	for _, tc := range []struct {
 		name  string
-		leave func(t *testing.T, n *nodetest.Node, dir string)
+		leave func(t *testing.T, n *nodetest.Node, dir string, opts FleetOptions)
 	}{
-		{"with its record", func(t *testing.T, n *nodetest.Node, dir string) {
-			dead := newFleetStore(t, n, dir, fastFleet())
+		{"with its record", func(t *testing.T, n *nodetest.Node, dir string, opts FleetOptions) {
+			dead := newFleetStore(t, n, dir, opts)
 			if err := dead.Lock(ctx, "issue_cert_dead.test"); err != nil {
 				t.Fatal(err)
 			}
 			dead.close() // dies holding it
 		}},
-		{"before writing its record", func(t *testing.T, n *nodetest.Node, _ string) {
+		{"before writing its record", func(t *testing.T, n *nodetest.Node, _ string, _ FleetOptions) {
 			c := node.NewStorageClient(n.URL(), fleetToken, nil)
 			defer c.CloseIdleConnections()
 			if ok, err := c.TryLock(ctx, "issue_cert_dead.test", []byte("{}")); !ok || err != nil {
@@ -384,16 +396,19 @@ func TestFleetStorageLocks(t *testing.T) {
 	} {
 		t.Run("a lock left by a holder that died "+tc.name+" is taken over after the bound", func(t *testing.T) {
 			n := nodetest.New(t, nodetest.Options{Token: fleetToken})
-			tc.leave(t, n, t.TempDir())
-			s := newFleetStore(t, n, t.TempDir(), fastFleet())
-			lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			clk := newFakeClock()
+			opts := fastFleet()
+			opts.clock = clk
+			tc.leave(t, n, t.TempDir(), opts)
+			s := newFleetStore(t, n, t.TempDir(), opts)
+			lctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			start := time.Now()
-			if err := s.Lock(lctx, "issue_cert_dead.test"); err != nil {
-				t.Fatalf("Lock of a dead holder's lock: %v", err)
+			d, returned, err := advanceWhileWaiting(t, clk, 100*time.Millisecond, time.Minute, lockInBackground(lctx, s.FleetStorage, "issue_cert_dead.test"))
+			if !returned || err != nil {
+				t.Fatalf("Lock of a dead holder's lock = %v after %v (returned %v)", err, d, returned)
 			}
-			if d := time.Since(start); d > 5*time.Second {
-				t.Errorf("took over after %v, want about the 1s bound", d)
+			if d < opts.LockTTL || d > 2*opts.LockTTL {
+				t.Errorf("took over after %v, want just past the %v bound", d, opts.LockTTL)
 			}
 			if err := s.Unlock(ctx, "issue_cert_dead.test"); err != nil {
 				t.Errorf("Unlock: %v", err)
@@ -403,14 +418,18 @@ func TestFleetStorageLocks(t *testing.T) {
 
 	t.Run("an edge whose lock was taken over does not release the new holder's", func(t *testing.T) {
 		n := nodetest.New(t, nodetest.Options{Token: fleetToken})
-		a := newFleetStore(t, n, t.TempDir(), fastFleet())
-		b := newFleetStore(t, n, t.TempDir(), fastFleet())
+		clk := newFakeClock()
+		opts := fastFleet()
+		opts.clock = clk
+		a := newFleetStore(t, n, t.TempDir(), opts)
+		b := newFleetStore(t, n, t.TempDir(), opts)
 		if err := a.Lock(ctx, "slow"); err != nil {
 			t.Fatal(err)
 		}
+		clk.Advance(2 * opts.LockTTL) // A stalled past its lease
 		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if err := b.Lock(lctx, "slow"); err != nil { // A stalled past its lease
+		if err := b.Lock(lctx, "slow"); err != nil {
 			t.Fatal(err)
 		}
 		if err := a.RenewLockLease(ctx, "slow", time.Minute); err == nil {
@@ -461,6 +480,14 @@ func fleetGauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return -1
+}
+
+// lockInBackground runs s.Lock(ctx, name) in a goroutine and returns its
+// result's channel.
+func lockInBackground(ctx context.Context, s *FleetStorage, name string) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- s.Lock(ctx, name) }()
+	return done
 }
 
 // waitUntilFleet polls cond until it holds or the deadline passes.

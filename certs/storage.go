@@ -79,23 +79,21 @@ func (w *lockWake) release() {
 }
 
 // pollLock calls try until it takes the lock for name, fails, or ctx ends,
-// waiting between tries for wait() or for a release of wake, whichever
-// comes first.
-func pollLock(ctx context.Context, name string, wake *lockWake, wait func() time.Duration, try func(context.Context, string) (bool, error)) error {
+// waiting between tries for wait() on clk or for a release of wake,
+// whichever comes first.
+func pollLock(ctx context.Context, clk clock, name string, wake *lockWake, wait func() time.Duration, try func(context.Context, string) (bool, error)) error {
 	for {
 		released := wake.next()
 		ok, err := try(ctx, name)
 		if err != nil || ok {
 			return err
 		}
-		t := time.NewTimer(wait())
+		// A timer nobody receives from is collected (Go 1.23): none to stop.
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return fmt.Errorf("lock %q: %w", name, ctx.Err())
 		case <-released:
-			t.Stop()
-		case <-t.C:
+		case <-clk.After(wait()):
 		}
 	}
 }
@@ -131,6 +129,8 @@ type BoltStorage struct {
 	// so Unlock never releases a lock someone else took over.
 	held     map[string]string
 	unlocked lockWake
+	// clock is the wall clock; tests set a fake one after NewBoltStorage.
+	clock clock
 }
 
 // Interface guards: certmagic looks for the optional interfaces by type
@@ -157,7 +157,7 @@ func NewBoltStorage(db *bolt.DB) (*BoltStorage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create storage buckets: %w", err)
 	}
-	return &BoltStorage{db: db, held: map[string]string{}}, nil
+	return &BoltStorage{db: db, held: map[string]string{}, clock: realClock{}}, nil
 }
 
 func (s *BoltStorage) String() string { return "BoltStorage:" + s.db.Path() }
@@ -184,7 +184,7 @@ func (s *BoltStorage) Store(ctx context.Context, key string, value []byte) error
 		return errors.New("store: empty key")
 	}
 	rec := make([]byte, 8+len(value))
-	binary.BigEndian.PutUint64(rec, uint64(time.Now().UnixNano()))
+	binary.BigEndian.PutUint64(rec, uint64(s.clock.Now().UnixNano()))
 	copy(rec[8:], value)
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(objectsBucket).Put([]byte(key), rec)
@@ -382,7 +382,7 @@ func (s *BoltStorage) pollInterval() time.Duration {
 
 // Lock blocks until it holds the lock for name, or ctx ends.
 func (s *BoltStorage) Lock(ctx context.Context, name string) error {
-	return pollLock(ctx, name, &s.unlocked, s.pollInterval, s.TryLock)
+	return pollLock(ctx, s.clock, name, &s.unlocked, s.pollInterval, s.TryLock)
 }
 
 // TryLock takes the lock for name if it is free or stale, without waiting.
@@ -396,7 +396,7 @@ func (s *BoltStorage) TryLock(ctx context.Context, name string) (bool, error) {
 	busy := false
 	if err := s.db.View(func(tx *bolt.Tx) error {
 		rec, ok, err := readLock(tx, key)
-		busy = ok && !rec.stale(time.Now())
+		busy = ok && !rec.stale(s.clock.Now())
 		return err
 	}); err != nil {
 		return false, fmt.Errorf("read lock %q: %w", name, err)
@@ -407,7 +407,7 @@ func (s *BoltStorage) TryLock(ctx context.Context, name string) (bool, error) {
 	token := randomHex(12)
 	got := false
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		now := time.Now()
+		now := s.clock.Now()
 		rec, ok, err := readLock(tx, key)
 		if err != nil {
 			return err
@@ -476,7 +476,7 @@ func (s *BoltStorage) RenewLockLease(ctx context.Context, name string, lease tim
 		if !ok || rec.Token != token {
 			return errors.New("lock was taken over")
 		}
-		rec.Expires = time.Now().Add(lease)
+		rec.Expires = s.clock.Now().Add(lease)
 		v, err := json.Marshal(rec)
 		if err != nil {
 			return err

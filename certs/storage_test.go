@@ -60,13 +60,16 @@ func TestBoltStorageLocks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.LockTTL = time.Millisecond
+		clk := newFakeClock()
+		s.clock = clk
+		s.LockTTL = time.Minute
 		if err := s.Lock(ctx, "n"); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.RenewLockLease(ctx, "n", time.Hour); err != nil {
 			t.Fatalf("RenewLockLease: %v", err)
 		}
+		clk.Advance(2 * s.LockTTL)
 		ok, err := s.TryLock(ctx, "n")
 		if err != nil || ok {
 			t.Fatalf("TryLock of a renewed lock = %v, %v, want false, nil", ok, err)
@@ -76,10 +79,13 @@ func TestBoltStorageLocks(t *testing.T) {
 		db := openTestDB(t, t.TempDir())
 		a, _ := NewBoltStorage(db)
 		b, _ := NewBoltStorage(db)
-		a.LockTTL = time.Nanosecond
+		clk := newFakeClock()
+		a.clock, b.clock = clk, clk
+		a.LockTTL = time.Minute
 		if err := a.Lock(ctx, "n"); err != nil {
 			t.Fatal(err)
 		}
+		clk.Advance(a.LockTTL + time.Second) // A stalled past its lease
 		if err := b.Lock(ctx, "n"); err != nil {
 			t.Fatalf("Lock over an expired lock: %v", err)
 		}
