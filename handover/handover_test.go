@@ -1,0 +1,764 @@
+package handover
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
+	"github.com/scafo/scafo-edge/node"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const testDoc = `{"v":1,"routes":[{"host":"app.example","application":"app","upstreams":[{"node":"n1","address":"127.0.0.1:1"}]}]}`
+
+// process is one in-process "edge": three TCP listeners and a UDP socket,
+// each TCP one answering with the process's name.
+type process struct {
+	name    string
+	socks   Sockets
+	gate    Gate
+	servers []*http.Server
+	served  sync.WaitGroup
+}
+
+// bindProcess binds fresh loopback sockets, as an edge starting cold does.
+func bindProcess(t *testing.T, name string) *process {
+	t.Helper()
+	var s Sockets
+	for _, dst := range []*net.Listener{&s.HTTP, &s.HTTPS, &s.Admin} {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		*dst = l
+	}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.HTTP3 = pc
+	return &process{name: name, socks: s}
+}
+
+// serve answers on every TCP socket with p's name until shutdown.
+func (p *process) serve(t *testing.T) {
+	t.Helper()
+	for _, l := range []net.Listener{p.socks.HTTP, p.socks.HTTPS, p.socks.Admin} {
+		srv := &http.Server{
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.WriteString(w, p.name)
+			}),
+			ConnState: p.gate.ConnState,
+		}
+		p.servers = append(p.servers, srv)
+		p.served.Add(1)
+		gl := p.gate.Listener(l)
+		go func() {
+			defer p.served.Done()
+			srv.Serve(gl)
+		}()
+	}
+	t.Cleanup(p.shutdown)
+}
+
+// shutdown stops p accepting, waits for the connections it accepted to
+// send their first request, then shuts its servers down, as an edge handing
+// over does; the sockets stay open wherever a successor holds them.
+func (p *process) shutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p.gate.Stop()
+	p.gate.Wait(ctx)
+	for _, srv := range p.servers {
+		srv.Shutdown(ctx)
+	}
+	p.served.Wait()
+	p.socks.Close()
+}
+
+// load keeps dialling new connections and sending requests on kept-alive
+// ones to addr, and counts what happened.
+type load struct {
+	t                       *testing.T
+	dialed, refused, failed atomic.Int64
+	mu                      sync.Mutex
+	by                      map[string]int // responses by body
+	stop                    chan struct{}
+	wg                      sync.WaitGroup
+}
+
+func startLoad(t *testing.T, addr string) *load {
+	t.Helper()
+	ld := &load{t: t, by: map[string]int{}, stop: make(chan struct{})}
+	// Fresh connections: every attempt is a new TCP handshake. Each
+	// goroutine has one connection in flight at a time.
+	for range 8 {
+		ld.wg.Add(1)
+		go func() {
+			defer ld.wg.Done()
+			for !ld.stopped() {
+				ld.once(addr)
+			}
+		}()
+	}
+	// Kept-alive connections: the old process closes them when it stops;
+	// the client's retry of an idempotent request on a reused connection
+	// must carry them over.
+	tr := &http.Transport{MaxIdleConnsPerHost: 4}
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	for range 2 {
+		ld.wg.Add(1)
+		go func() {
+			defer ld.wg.Done()
+			for !ld.stopped() {
+				resp, err := client.Get("http://" + addr + "/")
+				if err != nil {
+					ld.failed.Add(1)
+					t.Errorf("keep-alive request: %v", err)
+					continue
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				ld.record(string(body), err)
+			}
+		}()
+	}
+	t.Cleanup(func() {
+		ld.halt()
+		tr.CloseIdleConnections()
+	})
+	return ld
+}
+
+func (ld *load) stopped() bool {
+	select {
+	case <-ld.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+func (ld *load) halt() {
+	select {
+	case <-ld.stop:
+	default:
+		close(ld.stop)
+	}
+	ld.wg.Wait()
+}
+
+func (ld *load) once(addr string) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			ld.refused.Add(1)
+		} else {
+			ld.failed.Add(1)
+		}
+		ld.t.Errorf("dial: %v", err)
+		return
+	}
+	defer c.Close()
+	ld.dialed.Add(1)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		ld.record("", fmt.Errorf("read response: %w", err))
+		return
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		err = fmt.Errorf("read body: %w", err)
+	}
+	ld.record(string(body), err)
+}
+
+func (ld *load) record(body string, err error) {
+	if err != nil {
+		ld.failed.Add(1)
+		ld.t.Errorf("request: %v", err)
+		return
+	}
+	ld.mu.Lock()
+	ld.by[body]++
+	ld.mu.Unlock()
+}
+
+func (ld *load) count(body string) int {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	return ld.by[body]
+}
+
+func testUpdate(t *testing.T) *node.Update {
+	t.Helper()
+	doc, err := node.Parse([]byte(testDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &node.Update{Doc: doc, Body: []byte(testDoc), Fingerprint: node.Fingerprint([]byte(testDoc)), FetchedAt: time.Date(2026, 12, 1, 11, 0, 0, 0, time.UTC)}
+}
+
+func listen(t *testing.T, dir string) *Offer {
+	t.Helper()
+	o, err := Listen(dir, zerolog.Nop())
+	if err != nil {
+		t.Fatalf("Listen: %v", err)
+	}
+	t.Cleanup(func() { o.Close() })
+	return o
+}
+
+// wait runs o.Wait in the background.
+func wait(t *testing.T, o *Offer, socks Sockets) <-chan *Handoff {
+	t.Helper()
+	got := make(chan *Handoff, 1)
+	go func() {
+		h, err := o.Wait(context.Background(), socks)
+		if err != nil {
+			close(got)
+			return
+		}
+		got <- h
+	}()
+	return got
+}
+
+func take(t *testing.T, dir string) *Taken {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tk, err := Take(ctx, dir)
+	if err != nil {
+		t.Fatalf("Take: %v", err)
+	}
+	t.Cleanup(func() { tk.Close() })
+	return tk
+}
+
+func TestHandoverRefusesNoConnection(t *testing.T) {
+	dir := t.TempDir()
+	old := bindProcess(t, "old")
+	old.serve(t)
+	addr := old.socks.HTTP.Addr().String()
+	offer := listen(t, dir)
+	handoffs := wait(t, offer, old.socks)
+
+	ld := startLoad(t, addr)
+	testsupport.WaitFor(t, 5*time.Second, "requests answered by the old process", func() bool { return ld.count("old") >= 20 })
+
+	tk := take(t, dir)
+	h := <-handoffs
+	if h == nil {
+		t.Fatal("Wait returned no handoff")
+	}
+	defer h.Close()
+	for role, pair := range map[string][2]net.Addr{
+		"http":  {tk.Sockets.HTTP.Addr(), old.socks.HTTP.Addr()},
+		"https": {tk.Sockets.HTTPS.Addr(), old.socks.HTTPS.Addr()},
+		"admin": {tk.Sockets.Admin.Addr(), old.socks.Admin.Addr()},
+		"http3": {tk.Sockets.HTTP3.LocalAddr(), old.socks.HTTP3.LocalAddr()},
+	} {
+		if pair[0].String() != pair[1].String() {
+			t.Errorf("%s socket taken at %s, want the old one's %s", role, pair[0], pair[1])
+		}
+	}
+
+	// The old process stops accepting. Until the new one accepts, new
+	// connections are queued by the kernel, not refused: some are dialled
+	// in that gap, with their requests, and answered by the new process.
+	old.shutdown()
+	var queued []net.Conn
+	for range 4 {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("dial while nobody accepts: %v", err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+		queued = append(queued, c)
+	}
+	if err := h.Release(testUpdate(t)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := h.ReleaseHTTP3(); err != nil {
+		t.Fatalf("ReleaseHTTP3: %v", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	doc, err := tk.Released(ctx)
+	if err != nil {
+		t.Fatalf("Released: %v", err)
+	}
+	if doc == nil || doc.Fingerprint != node.Fingerprint([]byte(testDoc)) || doc.Stale || !doc.FetchedAt.Equal(testUpdate(t).FetchedAt) {
+		t.Fatalf("Released document = %+v, want the handed-over one, fresh", doc)
+	}
+	if err := tk.HTTP3Released(ctx); err != nil {
+		t.Fatalf("HTTP3Released: %v", err)
+	}
+	successor := &process{name: "new", socks: tk.Sockets}
+	successor.serve(t)
+	for _, c := range queued {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(c)
+		if err != nil || !strings.HasSuffix(string(b), "\r\n\r\nnew") {
+			t.Errorf("connection dialled while nobody accepted: %q, %v; want an answer from the new process", b, err)
+		}
+	}
+	testsupport.WaitFor(t, 5*time.Second, "requests answered by the new process", func() bool { return ld.count("new") >= 20 })
+	ld.halt()
+
+	// The UDP socket is the same socket: a datagram to the old address
+	// reaches the new process.
+	sender, err := net.Dial("udp", tk.Sockets.HTTP3.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Close()
+	sender.Write([]byte("ping"))
+	tk.Sockets.HTTP3.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 16)
+	n, _, err := tk.Sockets.HTTP3.ReadFrom(buf)
+	if err != nil || string(buf[:n]) != "ping" {
+		t.Fatalf("datagram on the inherited UDP socket: %q, %v", buf[:n], err)
+	}
+
+	t.Logf("figures: %d connections dialled, %d refused, %d failed; answered by old %d, by new %d",
+		ld.dialed.Load(), ld.refused.Load(), ld.failed.Load(), ld.count("old"), ld.count("new"))
+	if r, f := ld.refused.Load(), ld.failed.Load(); r != 0 || f != 0 {
+		t.Errorf("refused %d, failed %d; want none", r, f)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, SocketFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("handover socket after the handoff: %v, want it removed until the new edge offers", err)
+	}
+}
+
+func TestTakeWithoutPeer(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, path string)
+	}{
+		{"no socket file means no peer", func(t *testing.T, path string) {}},
+		{"a stale socket left by a crashed edge means no peer", func(t *testing.T, path string) {
+			l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.SetUnlinkOnClose(false)
+			l.Close()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, SocketFile)
+			tc.setup(t, path)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			tk, err := Take(ctx, dir)
+			if !errors.Is(err, ErrNoPeer) {
+				if tk != nil {
+					tk.Close()
+				}
+				t.Fatalf("Take = %v, want ErrNoPeer", err)
+			}
+			// The new edge's own offer replaces whatever is there.
+			o := listen(t, dir)
+			fi, err := os.Lstat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+				t.Errorf("handover socket mode %v, want a socket with 0600", fi.Mode())
+			}
+			o.Close()
+			if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("after Close: %v, want the socket file removed", err)
+			}
+		})
+	}
+}
+
+func TestTakeFailsCleanly(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		peer func(c *net.UnixConn) // what the peer does with a connection
+		want string                // in Take's error
+	}{
+		{"a peer that never answers times out", func(c *net.UnixConn) {
+			io.Copy(io.Discard, c)
+		}, "deadline exceeded"},
+		{"a peer that hangs up fails", func(c *net.UnixConn) {
+			c.Close()
+		}, "handover with the edge"},
+		{"a peer speaking another protocol refuses", func(c *net.UnixConn) {
+			readFrame(c)
+			writeFrame(c, frame{Kind: kindRefused, Error: "want scafo-edge-handover/9"}, nil)
+			io.Copy(io.Discard, c)
+		}, "refused"},
+		{"a peer sending garbage fails", func(c *net.UnixConn) {
+			readFrame(c)
+			c.Write([]byte{0xff, 0xff, 0xff, 0xff})
+			io.Copy(io.Discard, c)
+		}, "announced"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, SocketFile), Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var peers sync.WaitGroup
+			peers.Add(1)
+			go func() {
+				defer peers.Done()
+				c, err := l.AcceptUnix()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				tc.peer(c)
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			tk, err := Take(ctx, dir)
+			if tk != nil {
+				tk.Close()
+				t.Fatal("Take succeeded against a broken peer")
+			}
+			if err == nil || errors.Is(err, ErrNoPeer) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Take = %v, want an error (not ErrNoPeer) mentioning %q", err, tc.want)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("Take took %v, want it bounded by its context", d)
+			}
+			l.Close()
+			peers.Wait()
+		})
+	}
+}
+
+func TestOfferSurvivesAFailedSuccessor(t *testing.T) {
+	dir := t.TempDir()
+	old := bindProcess(t, "old")
+	old.serve(t)
+	offer := listen(t, dir)
+	handoffs := wait(t, offer, old.socks)
+
+	// A successor that gets the sockets and dies before its ack.
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: offer.Path(), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFrame(c, frame{Kind: kindHello, Protocol: protocol}, nil); err != nil {
+		t.Fatal(err)
+	}
+	f, fds, err := readFrame(c)
+	if err != nil || f.Kind != kindSockets || len(fds) != 4 {
+		t.Fatalf("sockets frame = %+v with %d descriptors, %v", f, len(fds), err)
+	}
+	closeFDs(fds)
+	c.Close()
+
+	// The old process still serves, and the offer still stands.
+	resp, err := http.Get("http://" + old.socks.HTTP.Addr().String())
+	if err != nil {
+		t.Fatalf("old process after a failed successor: %v", err)
+	}
+	resp.Body.Close()
+	tk := take(t, dir)
+	h := <-handoffs
+	if h == nil {
+		t.Fatal("no handoff to the second successor")
+	}
+	h.Close()
+	tk.Sockets.Close()
+}
+
+func TestOldEdgeGoneBeforeRelease(t *testing.T) {
+	dir := t.TempDir()
+	old := bindProcess(t, "old")
+	offer := listen(t, dir)
+	handoffs := wait(t, offer, old.socks)
+	tk := take(t, dir)
+	defer tk.Sockets.Close()
+	h := <-handoffs
+	old.socks.Close()
+	h.Close() // the old edge dies without a word
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if doc, err := tk.Released(ctx); !errors.Is(err, ErrPeerGone) || doc != nil {
+		t.Errorf("Released = %v, %v; want nil, ErrPeerGone", doc, err)
+	}
+	if err := tk.HTTP3Released(ctx); !errors.Is(err, ErrPeerGone) {
+		t.Errorf("HTTP3Released = %v, want ErrPeerGone", err)
+	}
+	// The sockets outlive the old process: the new one serves on them.
+	successor := &process{name: "new", socks: tk.Sockets}
+	successor.serve(t)
+	resp, err := http.Get("http://" + tk.Sockets.HTTP.Addr().String())
+	if err != nil {
+		t.Fatalf("new process on inherited socket: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "new" {
+		t.Errorf("answered by %q, want new", body)
+	}
+}
+
+func TestPartialSockets(t *testing.T) {
+	// An edge with --tls off and no HTTP/3 hands over only what it has.
+	dir := t.TempDir()
+	http1, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer http1.Close()
+	admin, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	offer := listen(t, dir)
+	handoffs := wait(t, offer, Sockets{HTTP: http1, Admin: admin})
+	tk := take(t, dir)
+	defer tk.Sockets.Close()
+	if h := <-handoffs; h != nil {
+		h.Close()
+	}
+	if tk.Sockets.HTTPS != nil || tk.Sockets.HTTP3 != nil || tk.Sockets.HTTP == nil || tk.Sockets.Admin == nil {
+		t.Errorf("taken sockets = %+v, want HTTP and admin only", tk.Sockets)
+	}
+}
+
+func TestOfferRefusesWhatItCannotHand(t *testing.T) {
+	// A wrapper is not a socket: the offer refuses rather than handing an
+	// edge half its listeners, and the successor falls back.
+	dir := t.TempDir()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	offer := listen(t, dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := offer.Wait(ctx, Sockets{HTTP: struct{ net.Listener }{l}})
+		done <- err
+	}()
+	tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer tcancel()
+	if tk, err := Take(tctx, dir); err == nil || errors.Is(err, ErrNoPeer) {
+		if tk != nil {
+			tk.Close()
+		}
+		t.Errorf("Take = %v, want a refusal", err)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Wait after cancel = %v, want context.Canceled", err)
+	}
+}
+
+func TestCloseKeepsASuccessorsSocket(t *testing.T) {
+	dir := t.TempDir()
+	first := listen(t, dir)
+	second := listen(t, dir) // the successor's offer takes the path
+	first.Close()
+	c, err := net.Dial("unix", second.Path())
+	if err != nil {
+		t.Fatalf("successor's socket after the first offer closed: %v", err)
+	}
+	c.Close()
+}
+
+func TestNoDescriptorLeaks(t *testing.T) {
+	dir := t.TempDir()
+	before := openFDs(t)
+	for range 3 {
+		old := bindProcess(t, "old")
+		offer := listen(t, dir)
+		handoffs := wait(t, offer, old.socks)
+		tk := take(t, dir)
+		h := <-handoffs
+		h.Release(nil)
+		h.ReleaseHTTP3()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if doc, err := tk.Released(ctx); doc != nil || err != nil {
+			t.Errorf("Released = %v, %v; want nil, nil", doc, err)
+		}
+		tk.HTTP3Released(ctx)
+		cancel()
+		h.Close()
+		tk.Close()
+		tk.Sockets.Close()
+		old.socks.Close()
+	}
+	if after := openFDs(t); after > before {
+		t.Errorf("%d descriptors open after three handovers, %d before", after, before)
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	return len(ents)
+}
+
+func TestSameAddr(t *testing.T) {
+	tcp := func(s string) net.Addr {
+		a, err := net.ResolveTCPAddr("tcp", s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	for _, tc := range []struct {
+		name string
+		want string
+		have net.Addr
+		same bool
+	}{
+		{"an empty host matches every address", ":80", tcp("[::]:80"), true},
+		{"0.0.0.0 matches the dual-stack wildcard", "0.0.0.0:80", tcp("[::]:80"), true},
+		{"another port differs", ":8080", tcp("[::]:80"), false},
+		{"port 0 takes whatever the old edge had", "127.0.0.1:0", tcp("127.0.0.1:4321"), true},
+		{"a named host is resolved", "localhost:9180", tcp("127.0.0.1:9180"), true},
+		{"loopback does not match the wildcard", "127.0.0.1:80", tcp("[::]:80"), false},
+		{"the wildcard does not match loopback", ":80", tcp("127.0.0.1:80"), false},
+		{"a malformed flag matches nothing", "80", tcp("[::]:80"), false},
+		{"a named port is looked up", ":http", tcp("[::]:80"), true},
+		{"no socket matches nothing", ":80", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := SameAddr(tc.want, tc.have); got != tc.same {
+				t.Errorf("SameAddr(%q, %v) = %v, want %v", tc.want, tc.have, got, tc.same)
+			}
+		})
+	}
+}
+
+func TestRequestsWaitsForTunnels(t *testing.T) {
+	var reqs Requests
+	hijacked := make(chan struct{})
+	release := make(chan struct{})
+	srv := &http.Server{Handler: reqs.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		close(hijacked)
+		<-release // the tunnel runs until here
+	}))}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	defer srv.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-hijacked
+
+	// Shutdown forgets the hijacked connection at once; Requests does not.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancelShort()
+	if err := reqs.Wait(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait with a tunnel open = %v, want the deadline", err)
+	}
+	close(release)
+	if err := reqs.Wait(ctx); err != nil {
+		t.Fatalf("Wait after the tunnel closed = %v", err)
+	}
+}
+
+func TestGateAnswersAConnectionAcceptedBeforeStop(t *testing.T) {
+	var gate Gate
+	srv := &http.Server{
+		Handler:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "answered") }),
+		ConnState: gate.ConnState,
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(gate.Listener(l)) }()
+
+	// A client connected, its request not yet sent: with a bare Shutdown
+	// now, net/http would drop the request when it arrives.
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	testsupport.WaitFor(t, 5*time.Second, "the connection to be accepted", func() bool {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		return gate.Wait(ctx) != nil
+	})
+	gate.Stop()
+	if _, err := net.DialTimeout("tcp", l.Addr().String(), time.Second); err == nil {
+		t.Error("dial after Stop succeeded, want the socket closed (no successor holds it)")
+	}
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := gate.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		t.Errorf("Serve = %v, want ErrServerClosed (a stopped gate is not a failed listener)", err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("response to the request sent after Stop: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "answered" {
+		t.Errorf("body %q, want answered", body)
+	}
+}

@@ -1,0 +1,199 @@
+package handover
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/node"
+)
+
+// SocketFile is the handover socket's name inside the state directory.
+const SocketFile = "handover.sock"
+
+// exchangeTimeout bounds the old edge's side of one exchange, hello to ack:
+// a successor that connects and stalls must not hold the offer forever.
+const exchangeTimeout = 5 * time.Second
+
+// maxSocketPath is the longest path a UNIX socket address holds on Linux
+// (sun_path is 108 bytes, NUL included).
+const maxSocketPath = 107
+
+// Offer is the old edge's side: it listens on the handover socket and hands
+// this edge's sockets to the first successor that asks. Its methods are safe
+// for concurrent use.
+type Offer struct {
+	ln      *net.UnixListener
+	path    string
+	file    os.FileInfo // the socket file bound, so Close removes only its own
+	log     zerolog.Logger
+	timeout time.Duration // per exchange; tests shorten it
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Listen starts offering on <dir>/handover.sock, replacing a stale file
+// left there by an edge that crashed. The socket is mode 0600: whoever may
+// connect receives the edge's listening sockets. The zero log logs nothing.
+//
+// Call it only once this edge serves: a successor that connects gets the
+// sockets the caller passes to Wait.
+func Listen(dir string, log zerolog.Logger) (*Offer, error) {
+	path := filepath.Join(dir, SocketFile)
+	// Bind under a temporary name, restrict it, then rename it over the
+	// final path: no moment exists where the final path is a socket others
+	// may connect to, and a stale file is replaced atomically.
+	tmp := filepath.Join(dir, "."+SocketFile+"."+strconv.Itoa(os.Getpid()))
+	if len(tmp) > maxSocketPath {
+		return nil, fmt.Errorf("handover socket %s: path longer than the %d bytes a UNIX socket address holds", tmp, maxSocketPath)
+	}
+	os.Remove(tmp) // left by an earlier process with our pid
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on handover socket: %w", err)
+	}
+	// The name changes under the listener: removal is ours, by identity.
+	ln.SetUnlinkOnClose(false)
+	fail := func(step string, err error) (*Offer, error) {
+		ln.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("handover socket %s: %s: %w", path, step, err)
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return fail("restrict to 0600", err)
+	}
+	fi, err := os.Lstat(tmp)
+	if err != nil {
+		return fail("stat", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail("rename into place", err)
+	}
+	return &Offer{ln: ln, path: path, file: fi, log: log, timeout: exchangeTimeout}, nil
+}
+
+// Path returns the handover socket's path.
+func (o *Offer) Path() string { return o.path }
+
+// Close stops offering and removes the socket file if it is still this
+// offer's (a successor may already have put its own in its place).
+func (o *Offer) Close() error {
+	o.closeOnce.Do(func() {
+		o.closeErr = o.ln.Close()
+		if fi, err := os.Lstat(o.path); err == nil && os.SameFile(fi, o.file) {
+			os.Remove(o.path)
+		}
+	})
+	return o.closeErr
+}
+
+// Wait answers successors one at a time until one has taken socks, then
+// stops offering and returns the Handoff through which the old edge tells
+// it what it released. A successor that fails before acknowledging the
+// sockets costs a log line, and the offer stands. Wait returns an error when
+// ctx ends or the offer is closed.
+//
+// From the moment Wait returns, the successor holds the sockets too: the
+// caller stops accepting on them and releases, in the order of the package
+// doc.
+func (o *Offer) Wait(ctx context.Context, socks Sockets) (*Handoff, error) {
+	stop := context.AfterFunc(ctx, func() { o.Close() })
+	defer stop()
+	for {
+		c, err := o.ln.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("accept on handover socket: %w", err)
+		}
+		if err := o.exchange(c, socks); err != nil {
+			o.log.Warn().Err(err).Msg("handover: a successor connected but did not take the sockets; still serving")
+			c.Close()
+			continue
+		}
+		o.Close()
+		c.SetDeadline(time.Time{})
+		return &Handoff{conn: c}, nil
+	}
+}
+
+// exchange runs steps 1 to 3 of the package doc on c.
+func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
+	c.SetDeadline(time.Now().Add(o.timeout))
+	hello, _, err := readFrame(c)
+	if err != nil {
+		return fmt.Errorf("hello: %w", err)
+	}
+	if hello.Kind != kindHello || hello.Protocol != protocol {
+		writeFrame(c, frame{Kind: kindRefused, Error: "want " + protocol}, nil)
+		return fmt.Errorf("hello: got %s %q, want %s", hello.Kind, hello.Protocol, protocol)
+	}
+	roles, files, err := socks.files()
+	if err != nil {
+		writeFrame(c, frame{Kind: kindRefused, Error: err.Error()}, nil)
+		return err
+	}
+	// The descriptors in flight hold the sockets open on their own: the
+	// duplicates are closed when the exchange ends, whatever its outcome.
+	defer closeFiles(files)
+	fds, err := fdsOf(files)
+	if err != nil {
+		writeFrame(c, frame{Kind: kindRefused, Error: err.Error()}, nil)
+		return err
+	}
+	if err := writeFrame(c, frame{Kind: kindSockets, Roles: roles}, fds); err != nil {
+		return err
+	}
+	ack, _, err := readFrame(c)
+	if err != nil {
+		return fmt.Errorf("ack: %w", err)
+	}
+	if ack.Kind != kindAck {
+		return fmt.Errorf("ack: got %s", ack.Kind)
+	}
+	return nil
+}
+
+// Handoff is the old edge's line to the successor that took its sockets.
+type Handoff struct {
+	conn *net.UnixConn
+}
+
+// Release tells the successor that edge.db is closed and hands it the last
+// good routing document (nil: none yet). Call it once nothing more will be
+// read from or written to edge.db by this process.
+func (h *Handoff) Release(doc *node.Update) error {
+	f := frame{Kind: kindReleased}
+	if doc != nil {
+		f.Document = &document{Body: doc.Body, FetchedAt: doc.FetchedAt}
+	}
+	return h.send(f)
+}
+
+// ReleaseHTTP3 tells the successor that this process no longer reads the
+// HTTP/3 socket. Call it after Release.
+func (h *Handoff) ReleaseHTTP3() error {
+	return h.send(frame{Kind: kindHTTP3})
+}
+
+func (h *Handoff) send(f frame) error {
+	h.conn.SetWriteDeadline(time.Now().Add(exchangeTimeout))
+	if err := writeFrame(h.conn, f, nil); err != nil {
+		return fmt.Errorf("handover: %w", err)
+	}
+	return nil
+}
+
+// Close ends the line; the successor reads it as the old edge being gone.
+func (h *Handoff) Close() error {
+	return h.conn.Close()
+}
