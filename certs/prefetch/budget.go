@@ -14,9 +14,10 @@ const week = 7 * 24 * time.Hour
 
 // budget is the queue's order budget: a token bucket of perHour orders an
 // hour, and at most perDomain orders per registered domain in any week.
-// Only orders spend it: a name is checked against it before its turn
-// (wait) and spends it just before ordering (spend), so a name that turns
-// out to be held or unreachable costs nothing.
+// A name takes its share before its turn (take), so names at work at once
+// never count on the same order; the share is spent just before ordering
+// (spend) or given back when the turn places no order (giveBack), so a
+// name that turns out to be held or unreachable costs nothing.
 type budget struct {
 	hour      *rate.Limiter
 	perDomain int
@@ -25,6 +26,10 @@ type budget struct {
 	// spent holds, per registered domain, when its orders of the last
 	// week were placed, oldest first.
 	spent map[string][]time.Time
+	// taken counts shares taken and not yet spent or given back, in all
+	// and per registered domain.
+	taken       int
+	takenDomain map[string]int
 }
 
 func newBudget(perHour, perDomain int, now time.Time) *budget {
@@ -32,7 +37,7 @@ func newBudget(perHour, perDomain int, now time.Time) *budget {
 	// Start the bucket full at the queue's now, so an injected clock and
 	// time.Now are never mixed.
 	lim.SetLimitAt(now, lim.Limit())
-	return &budget{hour: lim, perDomain: perDomain, spent: map[string][]time.Time{}}
+	return &budget{hour: lim, perDomain: perDomain, spent: map[string][]time.Time{}, takenDomain: map[string]int{}}
 }
 
 // registeredDomain returns the registered domain (eTLD+1) of name, or
@@ -44,38 +49,59 @@ func registeredDomain(name string) string {
 	return name
 }
 
-// wait returns how long until an order for name fits the budget at now;
-// zero when it fits now.
-func (b *budget) wait(name string, now time.Time) time.Duration {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.waitLocked(registeredDomain(name), now)
-}
+// shareWait is how long a name waits when the budget is there but names
+// at work hold it: they spend or give it back within their turn.
+const shareWait = time.Second
 
-func (b *budget) waitLocked(domain string, now time.Time) time.Duration {
-	var d time.Duration
-	if times := b.pruneLocked(domain, now); len(times) >= b.perDomain {
-		d = times[len(times)-b.perDomain].Add(week).Sub(now)
-	}
-	if t := b.hour.TokensAt(now); t < 1 {
-		// Rounded up, so a wait is never zero while the bucket is short.
-		d = max(d, time.Duration((1-t)/float64(b.hour.Limit())*float64(time.Second))+time.Millisecond)
-	}
-	return d
-}
-
-// spend takes one order for name from the budget at now, or returns how
-// long until one fits when another name took the last since wait.
-func (b *budget) spend(name string, now time.Time) time.Duration {
+// take takes a share of the budget for name at now and returns zero, or
+// returns how long until one may be free.
+func (b *budget) take(name string, now time.Time) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	domain := registeredDomain(name)
-	if d := b.waitLocked(domain, now); d > 0 {
+	times := b.pruneLocked(domain, now)
+	tokens := b.hour.TokensAt(now)
+	var d time.Duration
+	if len(times) >= b.perDomain {
+		d = times[len(times)-b.perDomain].Add(week).Sub(now)
+	}
+	if tokens < 1 {
+		// Rounded up, so a wait is never zero while the bucket is short.
+		d = max(d, time.Duration((1-tokens)/float64(b.hour.Limit())*float64(time.Second))+time.Millisecond)
+	}
+	if d > 0 {
 		return d
 	}
+	if len(times)+b.takenDomain[domain] >= b.perDomain || tokens-float64(b.taken) < 1 {
+		return shareWait
+	}
+	b.taken++
+	b.takenDomain[domain]++
+	return 0
+}
+
+// spend places the order name's share was taken for.
+func (b *budget) spend(name string, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	domain := registeredDomain(name)
+	b.releaseLocked(domain)
 	b.hour.AllowN(now, 1)
 	b.spent[domain] = append(b.spent[domain], now)
-	return 0
+}
+
+// giveBack returns name's share: no order was placed.
+func (b *budget) giveBack(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.releaseLocked(registeredDomain(name))
+}
+
+func (b *budget) releaseLocked(domain string) {
+	b.taken--
+	if b.takenDomain[domain]--; b.takenDomain[domain] <= 0 {
+		delete(b.takenDomain, domain)
+	}
 }
 
 // pruneLocked drops domain's orders older than a week and returns the rest.
@@ -94,7 +120,10 @@ func (b *budget) pruneLocked(domain string, now time.Time) []time.Time {
 	return times
 }
 
-// remaining returns the orders the hourly bucket holds at now.
+// remaining returns the orders the hourly bucket holds at now, less the
+// shares taken.
 func (b *budget) remaining(now time.Time) float64 {
-	return b.hour.TokensAt(now)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.hour.TokensAt(now) - float64(b.taken)
 }

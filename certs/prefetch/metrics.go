@@ -8,7 +8,7 @@ import (
 
 // results are the outcomes of a name's turn, the label values of
 // scafo_edge_tls_prefetch_turns_total.
-var results = []string{"obtained", "held", "removed", "elsewhere", "unreachable", "failed", "budget"}
+var results = []string{"obtained", "held", "removed", "elsewhere", "unreachable", "failed"}
 
 type metrics struct {
 	turns       *prometheus.CounterVec
@@ -21,7 +21,7 @@ func newMetrics(reg prometheus.Registerer, q *Queue) (*metrics, error) {
 	mt := &metrics{
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scafo_edge_tls_prefetch_turns_total",
-			Help: "Certificate prefetch turns, by result (obtained, held, removed, elsewhere, unreachable, failed, budget).",
+			Help: "Certificate prefetch turns, by result (obtained, held, removed, elsewhere, unreachable, failed).",
 		}, []string{"result"}),
 		budgetWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "scafo_edge_tls_prefetch_budget_waits_total",
@@ -47,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, q *Queue) (*metrics, error) {
 		}, func() float64 { return float64(q.count(Unreachable)) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "scafo_edge_tls_prefetch_budget_remaining",
-			Help: "Orders the prefetch budget allows now (the hourly bucket).",
+			Help: "Orders the prefetch budget allows now (the hourly bucket, less the names at work).",
 		}, func() float64 { return q.budget.remaining(q.now()) }),
 	}
 	for _, c := range cs {

@@ -309,7 +309,7 @@ func (q *Queue) schedule() time.Duration {
 			// Woken again when a worker finishes.
 			continue
 		}
-		if d := q.budget.wait(e.Name, now); d > 0 {
+		if d := q.budget.take(e.Name, now); d > 0 {
 			q.holdLocked(e, now, d)
 			wake = min(wake, d)
 			continue
@@ -334,7 +334,7 @@ func (q *Queue) holdLocked(e *entry, now time.Time, d time.Duration) {
 
 // outcome is what one turn did with a name.
 type outcome struct {
-	result string        // metric label: obtained, held, removed, elsewhere, unreachable, failed, budget
+	result string        // metric label: obtained, held, removed, elsewhere, unreachable, failed
 	retry  time.Duration // >0: the name stays queued and comes back then
 	err    error
 }
@@ -352,9 +352,6 @@ func (q *Queue) work(name string) {
 		e.State = Waiting
 	case o.retry == 0 || !q.present[name]:
 		delete(q.queue, name)
-	case o.result == "budget":
-		// Another name spent the budget between this one's turn and its order.
-		q.holdLocked(e, q.now(), o.retry)
 	default:
 		e.Next = q.now().Add(o.retry)
 		switch o.result {
@@ -376,8 +373,15 @@ func (q *Queue) work(name string) {
 	q.Kick()
 }
 
-// turn checks name and orders its certificate if it still needs one.
+// turn checks name and orders its certificate if it still needs one. The
+// name holds a share of the budget, spent only by an order.
 func (q *Queue) turn(ctx context.Context, name string) outcome {
+	spent := false
+	defer func() {
+		if !spent {
+			q.budget.giveBack(name)
+		}
+	}()
 	if !q.wanted(name) {
 		return outcome{result: "removed"}
 	}
@@ -417,10 +421,9 @@ func (q *Queue) turn(ctx context.Context, name string) outcome {
 	if !q.wanted(name) {
 		return outcome{result: "removed"}
 	}
-	if d := q.budget.spend(name, q.now()); d > 0 {
-		return outcome{result: "budget", retry: d}
-	}
 	start := q.now()
+	q.budget.spend(name, start)
+	spent = true
 	if err := q.certs.Obtain(ctx, name); err != nil {
 		if ctx.Err() != nil {
 			return outcome{result: "removed"}

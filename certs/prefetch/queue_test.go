@@ -1,0 +1,266 @@
+package prefetch
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	// certmagic's FileStorage, the tests' shared store, keeps a lock file
+	// fresh from a goroutine that notices the unlock only at its next
+	// five-second tick.
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/caddyserver/certmagic.keepLockfileFresh"))
+}
+
+// fakeCerts is certificate management as far as the queue sees it: a
+// set of certifiable names, a set of held ones (shared between queues
+// when they share one fakeCerts, as a fleet shares its store), and a log
+// of orders. Obtain waits on gate when it is not nil.
+type fakeCerts struct {
+	mu        sync.Mutex
+	allowed   map[string]bool
+	held      map[string]bool
+	orders    []string
+	gate      chan struct{}
+	obtaining chan string
+}
+
+func newFakeCerts(names ...string) *fakeCerts {
+	f := &fakeCerts{allowed: map[string]bool{}, held: map[string]bool{}, obtaining: make(chan string, 100)}
+	for _, n := range names {
+		f.allowed[n] = true
+	}
+	return f
+}
+
+func (f *fakeCerts) certs(storage certmagic.Storage) Certs {
+	return Certs{
+		Certifiable: func(name string) bool {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			return f.allowed[name]
+		},
+		Held: func(_ context.Context, name string) bool {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			return f.held[name]
+		},
+		Obtain: func(ctx context.Context, name string) error {
+			f.mu.Lock()
+			f.orders = append(f.orders, name)
+			gate := f.gate
+			f.mu.Unlock()
+			f.obtaining <- name
+			if gate != nil {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			f.mu.Lock()
+			f.held[name] = true
+			f.mu.Unlock()
+			return nil
+		},
+		Storage: storage,
+	}
+}
+
+func (f *fakeCerts) ordered() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.orders)
+}
+
+// startQueue starts a queue whose reachability checks reach an edge on
+// storage, stopped when t ends.
+func startQueue(t *testing.T, f *fakeCerts, storage certmagic.Storage, opts Options) *Queue {
+	t.Helper()
+	if opts.DialContext == nil {
+		opts.DialContext = dialTo(edgeServer(t, storage))
+	}
+	q, err := New(f.certs(storage), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(q.Stop)
+	return q
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-time.After(5 * time.Millisecond)
+	}
+}
+
+func nextOrder(t *testing.T, f *fakeCerts) string {
+	t.Helper()
+	select {
+	case n := <-f.obtaining:
+		return n
+	case <-time.After(10 * time.Second):
+		t.Fatal("no order placed")
+		return ""
+	}
+}
+
+func TestQueueOrder(t *testing.T) {
+	t.Run("the latest document's names go first, in document order", func(t *testing.T) {
+		f := newFakeCerts("a.test", "b.test", "c.test", "d.test")
+		f.gate = make(chan struct{})
+		q := startQueue(t, f, newStorage(t), Options{Workers: 1})
+		q.Update([]string{"a.test"})
+		nextOrder(t, f)
+		q.Update([]string{"a.test", "b.test", "c.test"})
+		q.Update([]string{"a.test", "b.test", "c.test", "d.test"})
+		for range 3 {
+			f.gate <- struct{}{}
+			nextOrder(t, f)
+		}
+		close(f.gate)
+		if got, want := f.ordered(), []string{"a.test", "d.test", "b.test", "c.test"}; !slices.Equal(got, want) {
+			t.Errorf("orders = %q, want %q", got, want)
+		}
+		waitFor(t, "an empty queue", func() bool { return len(q.Status()) == 0 })
+	})
+
+	t.Run("a name that leaves the document before its turn is never ordered", func(t *testing.T) {
+		f := newFakeCerts("a.test", "b.test")
+		f.gate = make(chan struct{})
+		q := startQueue(t, f, newStorage(t), Options{Workers: 1})
+		q.Update([]string{"a.test", "b.test"})
+		nextOrder(t, f)
+		q.Update([]string{"a.test"})
+		close(f.gate)
+		waitFor(t, "an empty queue", func() bool { return len(q.Status()) == 0 })
+		if got := f.ordered(); !slices.Equal(got, []string{"a.test"}) {
+			t.Errorf("orders = %q, want only a.test", got)
+		}
+	})
+
+	t.Run("held and uncertifiable names are not ordered", func(t *testing.T) {
+		f := newFakeCerts("held.test", "new.test")
+		f.held["held.test"] = true
+		q := startQueue(t, f, newStorage(t), Options{})
+		q.Update([]string{"held.test", "*.wild.test", "stranger.test", "new.test"})
+		waitFor(t, "an empty queue", func() bool { return len(q.Status()) == 0 })
+		if got := f.ordered(); !slices.Equal(got, []string{"new.test"}) {
+			t.Errorf("orders = %q, want only new.test", got)
+		}
+	})
+
+	t.Run("a name back in the document after leaving it is queued again", func(t *testing.T) {
+		f := newFakeCerts("a.test")
+		q := startQueue(t, f, newStorage(t), Options{DialContext: dialTo(closedAddr(t)), RetryBase: time.Hour})
+		q.Update([]string{"a.test"})
+		waitFor(t, "a.test unreachable", func() bool { return stateOf(q, "a.test") == Unreachable })
+		q.Update(nil)
+		if st := q.Status(); len(st) != 0 {
+			t.Fatalf("status after the name left = %+v, want empty", st)
+		}
+		q.Update([]string{"a.test"})
+		if got := stateOf(q, "a.test"); got == "" {
+			t.Fatal("a.test not queued again")
+		}
+	})
+}
+
+func stateOf(q *Queue, name string) State {
+	for _, e := range q.Status() {
+		if e.Name == name {
+			return e.State
+		}
+	}
+	return ""
+}
+
+func TestQueueBackOff(t *testing.T) {
+	var skew atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	f := newFakeCerts("dark.test")
+	dark := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(dark.Close)
+	q := startQueue(t, f, newStorage(t), Options{
+		Now: now, RetryBase: time.Minute, RetryMax: 4 * time.Minute,
+		DialContext: dialTo(dark.Listener.Addr().String()),
+	})
+	q.Update([]string{"dark.test"})
+	for i, want := range []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 4 * time.Minute} {
+		waitFor(t, "a failed check", func() bool {
+			st := q.Status()
+			return len(st) == 1 && st[0].Failures == i+1 && st[0].State == Unreachable
+		})
+		e := q.Status()[0]
+		if got := e.Next.Sub(now()); got > want || got < want-5*time.Second {
+			t.Errorf("after failure %d the next check is in %v, want %v", i+1, got, want)
+		}
+		skew.Add(int64(want))
+		q.Kick()
+	}
+	if got := f.ordered(); len(got) != 0 {
+		t.Errorf("orders for an unreachable name: %q", got)
+	}
+}
+
+func TestQueueBudget(t *testing.T) {
+	var skew atomic.Int64
+	f := newFakeCerts("a.test", "b.test", "c.test")
+	q := startQueue(t, f, newStorage(t), Options{
+		PerHour: 1,
+		Now:     func() time.Time { return time.Now().Add(time.Duration(skew.Load())) },
+	})
+	q.Update([]string{"a.test", "b.test", "c.test"})
+	waitFor(t, "one order and two names held back by the budget", func() bool {
+		return len(f.ordered()) == 1 && stateOf(q, "b.test") == Budget && stateOf(q, "c.test") == Budget
+	})
+	if got := f.ordered(); !slices.Equal(got, []string{"a.test"}) {
+		t.Fatalf("orders = %q, want only a.test", got)
+	}
+	skew.Add(int64(time.Hour))
+	q.Kick()
+	waitFor(t, "a second order an hour later", func() bool { return len(f.ordered()) == 2 })
+	if stateOf(q, "c.test") != Budget {
+		t.Errorf("c.test is %q, want still held back by the budget", stateOf(q, "c.test"))
+	}
+}
+
+// TestQueueFleet runs five queues on one storage and one set of held
+// certificates, as five edges on the fleet store: one order per name.
+func TestQueueFleet(t *testing.T) {
+	storage := newStorage(t)
+	names := []string{"a.test", "b.test", "c.test", "d.test"}
+	f := newFakeCerts(names...)
+	edge := edgeServer(t, storage)
+	qs := make([]*Queue, 5)
+	for i := range qs {
+		qs[i] = startQueue(t, f, storage, Options{BusyRetry: 10 * time.Millisecond, DialContext: dialTo(edge)})
+	}
+	var wg sync.WaitGroup
+	for _, q := range qs {
+		wg.Go(func() { q.Update(names) })
+	}
+	wg.Wait()
+	for _, q := range qs {
+		waitFor(t, "every queue to empty", func() bool { return len(q.Status()) == 0 })
+	}
+	got := f.ordered()
+	slices.Sort(got)
+	if !slices.Equal(got, names) {
+		t.Errorf("orders = %q, want one per name %q", got, names)
+	}
+}

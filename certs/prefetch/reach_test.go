@@ -1,0 +1,122 @@
+package prefetch
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+)
+
+func newStorage(t *testing.T) certmagic.Storage {
+	return &certmagic.FileStorage{Path: t.TempDir()}
+}
+
+// edgeServer is an edge's port 80 as far as reachability goes: it answers
+// checks whose tokens storage holds, and 404 otherwise.
+func edgeServer(t *testing.T, storage certmagic.Storage) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, err := net.SplitHostPort(r.Host)
+		if err != nil {
+			host = r.Host
+		}
+		if !ServeReach(w, r, storage, host) {
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
+// dialTo sends every connection to addr: the tests' DNS.
+func dialTo(addr string) func(context.Context, string, string) (net.Conn, error) {
+	return func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	}
+}
+
+func TestReach(t *testing.T) {
+	shared := newStorage(t)
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, path.Base(r.URL.Path))
+	}))
+	t.Cleanup(echo.Close)
+	redirect := httptest.NewServer(http.RedirectHandler("https://elsewhere.test/", http.StatusFound))
+	t.Cleanup(redirect.Close)
+
+	for _, tc := range []struct {
+		name      string
+		to        string
+		reachable bool
+	}{
+		{"an edge reading the same storage answers", edgeServer(t, shared), true},
+		{"a server with another storage does not", edgeServer(t, newStorage(t)), false},
+		{"a server echoing the request does not", echo.Listener.Addr().String(), false},
+		{"a redirect is not followed and does not count", redirect.Listener.Addr().String(), false},
+		{"nothing listening does not", closedAddr(t), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newProber(shared, dialTo(tc.to), 5*time.Second)
+			err := p.check(context.Background(), "shop.example.test")
+			if tc.reachable && err != nil {
+				t.Fatalf("check = %v, want nil", err)
+			}
+			if !tc.reachable && !errors.Is(err, ErrUnreachable) {
+				t.Fatalf("check = %v, want ErrUnreachable", err)
+			}
+			if keys, _ := shared.List(context.Background(), "scafo-edge/reach", false); len(keys) != 0 {
+				t.Errorf("tokens left in storage after the check: %q", keys)
+			}
+		})
+	}
+
+	t.Run("a token is answered only for the name it was made for", func(t *testing.T) {
+		p := newProber(shared, dialTo(edgeServer(t, shared)), 5*time.Second)
+		// The token was stored for shop.example.test; the request arrives
+		// with another Host.
+		rt := p.client.Transport
+		p.client.Transport = roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			r = r.Clone(r.Context())
+			r.Host = "other.example.test"
+			return rt.RoundTrip(r)
+		})
+		if err := p.check(context.Background(), "shop.example.test"); !errors.Is(err, ErrUnreachable) {
+			t.Fatalf("check with another Host = %v, want ErrUnreachable", err)
+		}
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// closedAddr returns a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func TestServeReachIgnoresOtherPaths(t *testing.T) {
+	storage := newStorage(t)
+	for _, target := range []string{
+		"/", "/.well-known/scafo-edge/reach/", "/.well-known/scafo-edge/reach/../../x",
+		"/.well-known/scafo-edge/reach/0123456789ABCDEF0123456789abcdef",
+		"/.well-known/scafo-edge/reach/0123456789abcdef0123456789abcdef",
+	} {
+		w := httptest.NewRecorder()
+		if ServeReach(w, httptest.NewRequest(http.MethodGet, target, nil), storage, "example.test") {
+			t.Errorf("ServeReach(%q) answered %d", target, w.Code)
+		}
+	}
+}
