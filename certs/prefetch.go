@@ -66,22 +66,13 @@ func (m *Manager) prefetchable(name string) bool {
 	return err == nil && !m.underBase(name)
 }
 
-// holds reports whether a certificate covering name is in memory, or in
-// storage, which it then loads into memory so the first handshake needs
-// no storage read either.
+// holds reports whether a certificate covering name is in memory or in
+// storage. One in storage is left there: the first handshake loads it, as
+// it would without prefetch, so an edge starting with a large document
+// does not load every certificate at once.
 func (m *Manager) holds(ctx context.Context, name string) bool {
-	if len(m.cache.AllMatchingCertificates(name)) > 0 {
-		return true
-	}
-	if !m.cfg.Storage.Exists(ctx, certmagic.StorageKeys.SiteCert(m.acme.IssuerKey(), name)) {
-		return false
-	}
-	if _, err := m.cfg.CacheManagedCertificate(ctx, name); err != nil {
-		// Held all the same: on demand loads or replaces it at the first
-		// handshake, as it would have without prefetch.
-		m.log.Warn().Err(err).Str("name", name).Msg("certificate prefetch: a stored certificate did not load")
-	}
-	return true
+	return len(m.cache.AllMatchingCertificates(name)) > 0 ||
+		m.cfg.Storage.Exists(ctx, certmagic.StorageKeys.SiteCert(m.acme.IssuerKey(), name))
 }
 
 // obtain places the order for name through the on-demand config (its

@@ -42,7 +42,7 @@
 //     name an edge try-locks "prefetch_<name>" in the storage; an edge
 //     that finds it held does not wait on it (which would be N lock waits
 //     per name on the node) but looks again later, by when the holder has
-//     usually stored the certificate, which it then loads. The holder
+//     usually stored the certificate. The holder
 //     checks storage again after taking the lock, and certmagic checks it
 //     once more under its own issuance lock, so the fleet places exactly
 //     one order per name.

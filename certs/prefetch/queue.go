@@ -38,7 +38,7 @@ type Certs struct {
 	// and again just before ordering.
 	Certifiable func(name string) bool
 	// Held reports whether a certificate for name is held in memory or in
-	// storage, loading it into memory from storage if need be.
+	// storage.
 	Held func(ctx context.Context, name string) bool
 	// Obtain orders a certificate for name, stores it and loads it into
 	// memory. It is called at most once per name at a time on an edge.
