@@ -31,8 +31,8 @@
 //     http3-released, drains its remaining requests within
 //     --shutdown-timeout, and exits 0.
 //  5. The new edge, on released, opens edge.db, serves the handed-over
-//     document as fresh (the old edge had it from the node a poll ago) until
-//     its own first poll, and accepts on the inherited TCP sockets; on
+//     document as fresh (the old edge had it from the node a poll ago; stale
+//     if the old edge's was) until its own first poll, and accepts on the inherited TCP sockets; on
 //     http3-released it serves HTTP/3 on the inherited UDP socket. It then
 //     offers its own sockets on the handover socket for the next upgrade.
 //

@@ -762,3 +762,33 @@ func TestGateAnswersAConnectionAcceptedBeforeStop(t *testing.T) {
 		t.Errorf("body %q, want answered", body)
 	}
 }
+
+func TestReleasedDocumentKeepsItsStaleMark(t *testing.T) {
+	for _, stale := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stale=%v", stale), func(t *testing.T) {
+			dir := t.TempDir()
+			old := bindProcess(t, "old")
+			defer old.socks.Close()
+			offer := listen(t, dir)
+			handoffs := wait(t, offer, old.socks)
+			tk := take(t, dir)
+			defer tk.Sockets.Close()
+			h := <-handoffs
+			defer h.Close()
+			u := testUpdate(t)
+			u.Stale = stale
+			if err := h.Release(u); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			doc, err := tk.Released(ctx)
+			if err != nil || doc == nil {
+				t.Fatalf("Released = %v, %v", doc, err)
+			}
+			if doc.Stale != stale || doc.Fingerprint != u.Fingerprint || len(doc.Doc.Routes) != 1 {
+				t.Errorf("Released document stale=%v fingerprint %.12s, want stale=%v fingerprint %.12s", doc.Stale, doc.Fingerprint, stale, u.Fingerprint)
+			}
+		})
+	}
+}

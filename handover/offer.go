@@ -169,12 +169,13 @@ type Handoff struct {
 }
 
 // Release tells the successor that edge.db is closed and hands it the last
-// good routing document (nil: none yet). Call it once nothing more will be
-// read from or written to edge.db by this process.
+// good routing document (nil: none yet), with its Stale mark: set it when
+// this edge's source has not confirmed the document either. Call it once
+// nothing more will be read from or written to edge.db by this process.
 func (h *Handoff) Release(doc *node.Update) error {
 	f := frame{Kind: kindReleased}
 	if doc != nil {
-		f.Document = &document{Body: doc.Body, FetchedAt: doc.FetchedAt}
+		f.Document = &document{Body: doc.Body, FetchedAt: doc.FetchedAt, Stale: doc.Stale}
 	}
 	return h.send(f)
 }

@@ -150,8 +150,8 @@ func (t *Taken) read() {
 	}
 }
 
-// parseDocument turns the handed-over document into the Update the source
-// would have produced: fresh, since the old edge had it from its source.
+// parseDocument turns the handed-over document into the Update the old
+// edge's source produced: fresh when that source had confirmed it.
 func parseDocument(d *document) (*node.Update, error) {
 	if d == nil {
 		return nil, nil
@@ -160,7 +160,7 @@ func parseDocument(d *document) (*node.Update, error) {
 	if err != nil {
 		return nil, fmt.Errorf("handed-over routing document: %w", err)
 	}
-	return &node.Update{Doc: doc, Body: d.Body, Fingerprint: node.Fingerprint(d.Body), FetchedAt: d.FetchedAt}, nil
+	return &node.Update{Doc: doc, Body: d.Body, Fingerprint: node.Fingerprint(d.Body), FetchedAt: d.FetchedAt, Stale: d.Stale}, nil
 }
 
 // Released waits until the old edge has closed edge.db and returns the last

@@ -46,11 +46,14 @@ type frame struct {
 }
 
 // document is the last good routing document as it travels: the exact
-// bytes and when they were fetched. The successor parses it again, as it
-// would a document from the node.
+// bytes, when they were fetched, and whether the old edge's source had
+// confirmed it (a document still stale on the old edge, loaded from edge.db
+// while the node is unreachable, stays stale on the new one). The successor
+// parses it again, as it would a document from the node.
 type document struct {
 	Body      []byte    `json:"body"`
 	FetchedAt time.Time `json:"fetched_at"`
+	Stale     bool      `json:"stale,omitempty"`
 }
 
 // writeFrame sends f with fds attached to its first byte.
