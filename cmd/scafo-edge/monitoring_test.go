@@ -314,7 +314,7 @@ func monitoringDocument(t *testing.T) string {
 	if err := json.Unmarshal(b, &doc); err != nil {
 		t.Fatal(err)
 	}
-	a, bb, down := hostOf(app(t, "A")), hostOf(app(t, "B")), closedPort(t)
+	a, bb, down := hostOf(app(t, "A")), hostOf(app(t, "B")), fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	addr := map[string]string{"127.0.0.1:9101": a, "127.0.0.1:9102": bb, "127.0.0.1:9109": down}
 	fix := func(ups []node.Upstream) {
 		for i := range ups {

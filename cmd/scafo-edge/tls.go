@@ -7,15 +7,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/caddyserver/certmagic"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/scafo/scafo-edge/certs"
-	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -42,47 +38,29 @@ func (t tlsSetup) httpHandler(h http.Handler) http.Handler {
 // setupTLS starts certificate management for --tls acme or internal. The
 // decision is the live table's: a name the document names exactly, never a
 // wildcard key, nothing before the first document (DESIGN.md rule 8).
-func setupTLS(ctx context.Context, c *config, db *bolt.DB, live *edge.Live, token string, httpPort, httpsPort int, log zerolog.Logger, reg prometheus.Registerer) (tlsSetup, error) {
+func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, httpsPort int, log zerolog.Logger) (tlsSetup, error) {
 	if c.tlsMode == "off" {
 		return tlsSetup{stop: func() {}}, nil
 	}
-	var wildcards []string
-	for _, d := range strings.Split(c.wildcardDomains, ",") {
-		if d = strings.TrimSpace(d); d != "" {
-			wildcards = append(wildcards, d)
-		}
-	}
-	if len(wildcards) > 0 && c.tlsMode == "acme" && c.dnsProvider == "" {
-		return tlsSetup{}, fmt.Errorf("--wildcard-domains needs --dns-provider (wildcard certificates are DNS-01 only)")
-	}
-	switch c.dnsProvider {
-	case "", "cloudflare":
-	default:
-		return tlsSetup{}, fmt.Errorf("--dns-provider %q: only cloudflare is supported", c.dnsProvider)
-	}
-	cfToken := os.Getenv("CLOUDFLARE_API_TOKEN")
-	if c.dnsProvider == "cloudflare" && cfToken == "" {
-		return tlsSetup{}, fmt.Errorf("--dns-provider cloudflare needs CLOUDFLARE_API_TOKEN")
-	}
-	store, closeStore, err := certStore(c, db, token, log, reg)
+	store, closeStore, err := certStore(c, s, p, log)
 	if err != nil {
 		return tlsSetup{}, err
 	}
 	m, err := certs.New(ctx, certs.Options{
 		Mode:            certs.Mode(c.tlsMode),
-		DB:              db,
+		DB:              p.db,
 		Storage:         store,
-		Allowed:         func(name string) bool { return live.Load().Certifiable(name) },
+		Allowed:         func(name string) bool { return p.live.Load().Certifiable(name) },
 		CA:              c.acmeCA,
 		CARoot:          c.acmeCARoot,
 		Email:           c.acmeEmail,
 		DNSProvider:     c.dnsProvider,
-		CloudflareToken: cfToken,
-		WildcardDomains: wildcards,
+		CloudflareToken: s.cloudflareToken,
+		WildcardDomains: s.wildcards,
 		HTTPPort:        httpPort,
 		HTTPSPort:       httpsPort,
 		Log:             log.With().Str("component", "certs").Logger(),
-		Registerer:      reg,
+		Registerer:      p.reg,
 	})
 	if err != nil {
 		closeStore()
@@ -112,34 +90,20 @@ func setupTLS(ctx context.Context, c *config, db *bolt.DB, live *edge.Live, toke
 // certStore picks where certificates, keys and issuance locks live:
 // "local" keeps them in edge.db only (nil: certs' default bbolt store);
 // "fleet" shares them through the node's /v1/storage with bbolt as the local
-// copy, so N edges asking for one name place one ACME order. The default is
-// fleet when polling a node and local with --routes-file.
-func certStore(c *config, db *bolt.DB, token string, log zerolog.Logger, reg prometheus.Registerer) (certmagic.Storage, func(), error) {
-	mode := c.certStore
-	if mode == "" {
-		mode = "fleet"
-		if c.routesFile != "" {
-			mode = "local"
-		}
-	}
-	switch mode {
-	case "local":
+// copy, so N edges asking for one name place one ACME order. validate has
+// resolved the default (fleet when polling a node, local with --routes-file).
+func certStore(c *config, s settings, p *parts, log zerolog.Logger) (certmagic.Storage, func(), error) {
+	if s.certStore == "local" {
 		return nil, func() {}, nil
-	case "fleet":
-	default:
-		return nil, nil, fmt.Errorf("--cert-store %q: want local or fleet", c.certStore)
 	}
-	if c.routesFile != "" {
-		return nil, nil, fmt.Errorf("--cert-store fleet needs a node (--node), not --routes-file")
-	}
-	local, err := certs.NewBoltStorage(db)
+	local, err := certs.NewBoltStorage(p.db)
 	if err != nil {
 		return nil, nil, err
 	}
-	client := node.NewStorageClient(c.node, token, nil)
+	client := node.NewStorageClient(c.node, p.token, nil)
 	fleet, err := certs.NewFleetStorage(client, local, certs.FleetOptions{
 		Log:        log.With().Str("component", "cert-store").Logger(),
-		Registerer: reg,
+		Registerer: p.reg,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("fleet certificate store: %w", err)

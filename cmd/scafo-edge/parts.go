@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/edge"
+	"github.com/scafo/scafo-edge/node"
+)
+
+// parts are the edge's long-lived pieces, built before any listener opens:
+// the state file, the metrics registry, the live table and what feeds it,
+// the upstream proxy and the request handler.
+type parts struct {
+	token      string
+	db         *bolt.DB
+	reg        *prometheus.Registry
+	live       *edge.Live
+	updater    *edge.Updater
+	seed       *node.Update // the persisted document served at start-up; nil: none
+	source     node.Source
+	sourceName string
+	proxy      *backhaul.Proxy
+	metrics    *edge.Metrics
+	handler    *edge.Handler
+	// handshakeErrors counts the TLS handshakes every listener's error log
+	// reports.
+	handshakeErrors prometheus.Counter
+}
+
+// buildParts opens the state file and builds the parts from the validated
+// flags. On error nothing is left open.
+func buildParts(c *config, s settings, log zerolog.Logger) (_ *parts, err error) {
+	p := &parts{}
+	var warnings []string
+	if p.token, warnings, err = node.LoadToken(c.token, c.tokenFile); err != nil {
+		return nil, err
+	}
+	for _, w := range warnings {
+		log.Warn().Str("file", c.tokenFile).Msg(w)
+	}
+	if p.db, err = node.OpenState(c.stateDir, log); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+
+	p.reg = prometheus.NewRegistry()
+	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "scafo_edge_build_info", Help: "Always 1; the version label names the build.",
+	}, []string{"version"})
+	buildInfo.WithLabelValues(version).Set(1)
+	p.reg.MustRegister(buildInfo)
+
+	p.live = &edge.Live{}
+	p.updater = edge.NewUpdater(p.live, log.With().Str("component", "routing").Logger(), p.reg)
+	if p.seed, err = node.LoadDocument(p.db); err != nil {
+		log.Warn().Err(err).Msg("persisted routing document unreadable; waiting for the source")
+		p.seed, err = nil, nil
+	}
+	if p.seed != nil {
+		p.updater.Apply(*p.seed)
+		log.Warn().Str("fingerprint", p.seed.Fingerprint).Time("fetched_at", p.seed.FetchedAt).
+			Msg("serving the persisted routing document, marked stale, until the source answers")
+	}
+
+	if p.source, p.sourceName, err = newSource(c, p.token, log, p.reg); err != nil {
+		return nil, err
+	}
+
+	p.proxy = backhaul.New(backhaul.Options{
+		DialTimeout:           c.dialTimeout,
+		ResponseHeaderTimeout: c.responseTimeout,
+		SendTimeout:           upstreamSendTimeout(c.sendTimeout),
+		TrustedProxies:        s.trusted,
+		Log:                   log.With().Str("component", "backhaul").Logger(),
+		Registerer:            p.reg,
+	})
+
+	p.metrics = edge.NewMetrics(p.reg)
+	observers := edge.Observers{p.metrics}
+	if c.accessLog {
+		observers = append(observers, edge.NewAccessLog(log.With().Str("component", "access").Logger(), c.accessLogRate, p.reg))
+	}
+	p.handler = &edge.Handler{Table: p.live, Forwarder: p.proxy, Observer: observers}
+
+	p.handshakeErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "scafo_edge_tls_handshake_errors_total",
+		Help: "TLS handshakes that failed before a request: no certificate for the name, protocol errors, clients giving up.",
+	})
+	p.reg.MustRegister(p.handshakeErrors)
+	return p, nil
+}
+
+// close releases the upstream pools and the state file.
+func (p *parts) close() {
+	if p.proxy != nil {
+		p.proxy.Close()
+	}
+	p.db.Close()
+}
+
+// runSource polls the routing source until the returned stop is called:
+// every good document is swapped in and persisted. stop waits for the
+// source to finish.
+func (p *parts) runSource(log zerolog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var done sync.WaitGroup
+	done.Add(1)
+	go func() {
+		defer done.Done()
+		p.source.Run(ctx, p.seed, func(u node.Update) {
+			p.updater.Apply(u)
+			if err := node.SaveDocument(p.db, u); err != nil {
+				log.Error().Err(err).Msg("persist routing document failed; the new table is served but a restart would start from the previous one")
+			}
+		})
+	}()
+	return func() {
+		cancel()
+		done.Wait()
+	}
+}
+
+func newSource(c *config, token string, log zerolog.Logger, reg prometheus.Registerer) (node.Source, string, error) {
+	slog := log.With().Str("component", "source").Logger()
+	if c.routesFile != "" {
+		src, err := node.NewFileSource(c.routesFile, c.pollInterval, slog, reg)
+		return src, "file " + c.routesFile, err
+	}
+	src, err := node.NewPoller(node.PollerOptions{
+		Node:       c.node,
+		Token:      token,
+		Prefer:     c.prefer,
+		Interval:   c.pollInterval,
+		Log:        slog,
+		Registerer: reg,
+	})
+	return src, "node " + c.node, err
+}

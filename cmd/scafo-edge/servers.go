@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/admin"
+)
+
+// servers are the edge's listeners and the servers on them: plain HTTP,
+// HTTPS (and HTTP/3 beside it) unless --tls off, and the admin listener.
+type servers struct {
+	tls       tlsSetup
+	listeners []net.Listener // every one opened, for closing on a failed start
+	all       []*http.Server // every one, for shutdown
+	httpLn    net.Listener
+	httpsLn   net.Listener // nil with --tls off
+	adminLn   net.Listener
+	httpSrv   *http.Server
+	httpsSrv  *http.Server   // nil with --tls off
+	h3        *http3Listener // nil unless --http3 with TLS on
+	adminSrv  *http.Server
+}
+
+// openServers binds the listeners, starts certificate management on the
+// bound ports and builds a server for each listener. On error nothing is
+// left open. sv.tls.stop must be called once the servers are shut down.
+func openServers(ctx context.Context, c *config, s settings, p *parts, log zerolog.Logger) (_ *servers, err error) {
+	sv := &servers{}
+	defer func() {
+		if err != nil {
+			for _, l := range sv.listeners {
+				l.Close()
+			}
+		}
+	}()
+	if sv.httpLn, err = sv.listen(c.httpAddr); err != nil {
+		return nil, err
+	}
+	if c.tlsMode != "off" {
+		if sv.httpsLn, err = sv.listen(c.httpsAddr); err != nil {
+			return nil, err
+		}
+	}
+	if sv.adminLn, err = sv.listen(c.adminAddr); err != nil {
+		return nil, err
+	}
+	// Certificate management learns the bound ports: certmagic must not
+	// open listeners of its own, and redirects name the HTTPS port.
+	if sv.tls, err = setupTLS(ctx, c, s, p, portOf(sv.httpLn), portOf(sv.httpsLn), log); err != nil {
+		return nil, err
+	}
+	p.handler.Covers = sv.tls.covers
+
+	edgeHandler := p.metrics.InFlight(p.handler)
+	sv.httpSrv = sv.newServer(c, p, p.handler.Screen(sv.tls.httpHandler(edgeHandler)), nil, "http", log)
+	if sv.httpsLn != nil {
+		httpsHandler := edgeHandler
+		if c.http3 {
+			if sv.h3, err = newHTTP3(sv.httpsLn.Addr(), sv.tls.config, edgeHandler, c.maxHeaderBytes, c.idleTimeout); err != nil {
+				sv.tls.stop()
+				return nil, err
+			}
+			httpsHandler = sv.h3.advertiseHTTP3(edgeHandler)
+		}
+		sv.httpsSrv = sv.newServer(c, p, httpsHandler, sv.tls.config, "https", log)
+		guard := newResetGuard(log.With().Str("component", "http2").Logger())
+		guard.configure(sv.httpsSrv)
+		p.handler.Canceled = guard.canceled
+	}
+	// The PROXY header is read in Accept's connection wrapper, before TLS
+	// and HTTP, so the client address reaches logs and forwarded headers.
+	sv.httpLn = withProxyProtocol(withSendTimeout(sv.httpLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimout)
+	if sv.httpsLn != nil {
+		sv.httpsLn = withProxyProtocol(withSendTimeout(sv.httpsLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimout)
+	}
+	status := &admin.Server{Live: p.live, Source: p.source, Registry: p.reg, Proxy: p.proxy, Token: p.token,
+		Certificates: sv.tls.certificates, Version: version, Started: time.Now()}
+	sv.adminSrv = sv.newServer(c, p, status.Handler(), nil, "admin", log)
+	return sv, nil
+}
+
+func (sv *servers) listen(addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	sv.listeners = append(sv.listeners, l)
+	return l, nil
+}
+
+func (sv *servers) newServer(c *config, p *parts, h http.Handler, tlsConf *tls.Config, name string, log zerolog.Logger) *http.Server {
+	srv := &http.Server{
+		Handler: h,
+		// Slowloris bounds: headers must arrive in time and within a
+		// size; bodies and responses have no deadline, so uploads,
+		// long polls and streams run as long as they need.
+		ReadHeaderTimeout: c.readHeaderTimout,
+		IdleTimeout:       c.idleTimeout,
+		MaxHeaderBytes:    c.maxHeaderBytes,
+		TLSConfig:         tlsConf,
+		ErrorLog:          newStdLogger(log.With().Str("component", name).Logger(), p.handshakeErrors),
+	}
+	sv.all = append(sv.all, srv)
+	return srv
+}
+
+// logStarted writes the start-up line; its addresses are the bound ones,
+// which tests and operators read.
+func (sv *servers) logStarted(c *config, s settings, p *parts, log zerolog.Logger) {
+	ev := log.Info().Str("version", version).Str("source", p.sourceName).Str("state_dir", c.stateDir).
+		Str("tls", c.tlsMode).Str("http_addr", sv.httpLn.Addr().String()).Str("admin_addr", sv.adminLn.Addr().String())
+	if sv.httpsLn != nil {
+		ev = ev.Str("https_addr", sv.httpsLn.Addr().String())
+	}
+	if sv.h3 != nil {
+		ev = ev.Str("http3_addr", sv.h3.conn.LocalAddr().String())
+	}
+	if len(s.proxyFrom) > 0 {
+		ev = ev.Str("proxy_protocol_from", c.proxyProtocol)
+	}
+	ev.Bool("token_set", p.token != "").Msg("scafo-edge started")
+}
+
+// start serves every listener; the channel receives the first listener
+// that fails.
+func (sv *servers) start() <-chan error {
+	errc := make(chan error, 4)
+	if sv.h3 != nil {
+		go func() { errc <- sv.h3.serve() }()
+	}
+	go func() { errc <- serveOn(sv.httpSrv, sv.httpLn, false) }()
+	if sv.httpsSrv != nil {
+		go func() { errc <- serveOn(sv.httpsSrv, sv.httpsLn, true) }()
+	}
+	go func() { errc <- serveOn(sv.adminSrv, sv.adminLn, false) }()
+	return errc
+}
+
+// shutdown closes the listeners and waits up to timeout for in-flight
+// requests, then closes the connections that remain.
+func (sv *servers) shutdown(timeout time.Duration, log zerolog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, srv := range sv.all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Shutdown(ctx); err != nil {
+				log.Warn().Err(err).Msg("shutdown deadline passed; closing remaining connections")
+				srv.Close()
+			}
+		}()
+	}
+	if sv.h3 != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sv.h3.shutdown(ctx, log)
+		}()
+	}
+	wg.Wait()
+}
+
+func serveOn(srv *http.Server, l net.Listener, useTLS bool) error {
+	var err error
+	if useTLS {
+		err = srv.ServeTLS(l, "", "")
+	} else {
+		err = srv.Serve(l)
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// portOf returns the TCP port a listener is bound to, 0 for none.
+func portOf(l net.Listener) int {
+	if l == nil {
+		return 0
+	}
+	if a, ok := l.Addr().(*net.TCPAddr); ok {
+		return a.Port
+	}
+	return 0
+}

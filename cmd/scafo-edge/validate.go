@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/rs/zerolog"
+)
+
+// settings are what validate derives from the flags: the parsed forms the
+// parts and listeners are built from.
+type settings struct {
+	logLevel        zerolog.Level
+	trusted         []netip.Prefix // --trusted-proxies
+	proxyFrom       []netip.Prefix // --proxy-protocol-from
+	wildcards       []string       // --wildcard-domains
+	cloudflareToken string         // CLOUDFLARE_API_TOKEN, for --dns-provider cloudflare
+	certStore       string         // --cert-store with its default resolved
+}
+
+// validate checks every flag of the serve command before anything is opened,
+// so a bad value stops the process at start-up with an error that names the
+// flag at fault ("--flag: reason"). Flags that matter only with TLS on are
+// checked only then, as they are used only then.
+func validate(c *config, getenv func(string) string) (settings, error) {
+	var s settings
+	lvl, err := zerolog.ParseLevel(c.logLevel)
+	if err != nil || c.logLevel == "" {
+		return s, fmt.Errorf("--log-level: %q: want debug, info, warn or error", c.logLevel)
+	}
+	s.logLevel = lvl
+	switch c.logFormat {
+	case "json", "console":
+	default:
+		return s, fmt.Errorf("--log-format: %q: want json or console", c.logFormat)
+	}
+	if s.trusted, err = parseCIDRs(c.trustedProxies); err != nil {
+		return s, fmt.Errorf("--trusted-proxies: %w", err)
+	}
+	if s.proxyFrom, err = parseCIDRs(c.proxyProtocol); err != nil {
+		return s, fmt.Errorf("--proxy-protocol-from: %w", err)
+	}
+	switch c.tlsMode {
+	case "off":
+		return s, nil
+	case "acme", "internal":
+	default:
+		return s, fmt.Errorf("--tls: %q: want acme, internal or off", c.tlsMode)
+	}
+
+	for _, d := range strings.Split(c.wildcardDomains, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			s.wildcards = append(s.wildcards, d)
+		}
+	}
+	if len(s.wildcards) > 0 && c.tlsMode == "acme" && c.dnsProvider == "" {
+		return s, fmt.Errorf("--wildcard-domains: needs --dns-provider (wildcard certificates are DNS-01 only)")
+	}
+	switch c.dnsProvider {
+	case "", "cloudflare":
+	default:
+		return s, fmt.Errorf("--dns-provider: %q: only cloudflare is supported", c.dnsProvider)
+	}
+	s.cloudflareToken = getenv("CLOUDFLARE_API_TOKEN")
+	if c.dnsProvider == "cloudflare" && s.cloudflareToken == "" {
+		return s, fmt.Errorf("--dns-provider: cloudflare needs CLOUDFLARE_API_TOKEN")
+	}
+
+	// The fleet store is the default when polling a node; a routes file
+	// has no node to share certificates through.
+	s.certStore = c.certStore
+	if s.certStore == "" {
+		s.certStore = "fleet"
+		if c.routesFile != "" {
+			s.certStore = "local"
+		}
+	}
+	switch s.certStore {
+	case "local", "fleet":
+	default:
+		return s, fmt.Errorf("--cert-store: %q: want local or fleet", c.certStore)
+	}
+	if s.certStore == "fleet" && c.routesFile != "" {
+		return s, fmt.Errorf("--cert-store: fleet needs a node (--node), not --routes-file")
+	}
+	return s, nil
+}
+
+// parseCIDRs parses a comma-separated list of CIDRs or bare addresses (a
+// bare address is its own /32 or /128).
+func parseCIDRs(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			if a, aerr := netip.ParseAddr(f); aerr == nil {
+				p = netip.PrefixFrom(a, a.BitLen())
+			} else {
+				return nil, fmt.Errorf("parse %q: %w", f, err)
+			}
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestValidateNamesTheFlagAtFault(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string // prefix of the error; "" for none
+	}{
+		{"the defaults are valid", nil, nil, ""},
+		{"an unknown log level", []string{"--log-level", "loud"}, nil, "--log-level: "},
+		{"an empty log level", []string{"--log-level", ""}, nil, "--log-level: "},
+		{"an unknown log format", []string{"--log-format", "xml"}, nil, "--log-format: "},
+		{"a malformed trusted proxy", []string{"--trusted-proxies", "10.0.0.0/8,nope"}, nil, "--trusted-proxies: "},
+		{"a malformed PROXY protocol source", []string{"--proxy-protocol-from", "300.1.1.1"}, nil, "--proxy-protocol-from: "},
+		{"an unknown TLS mode", []string{"--tls", "maybe"}, nil, "--tls: "},
+		{"wildcards without a DNS provider", []string{"--wildcard-domains", "example.com"}, nil, "--wildcard-domains: "},
+		{"an unknown DNS provider", []string{"--dns-provider", "route53"}, nil, "--dns-provider: "},
+		{"cloudflare without its token", []string{"--dns-provider", "cloudflare"}, nil, "--dns-provider: "},
+		{"cloudflare with its token", []string{"--dns-provider", "cloudflare", "--wildcard-domains", "example.com"},
+			map[string]string{"CLOUDFLARE_API_TOKEN": "t"}, ""},
+		{"an unknown cert store", []string{"--cert-store", "s3"}, nil, "--cert-store: "},
+		{"a fleet store without a node", []string{"--cert-store", "fleet", "--routes-file", "r.json"}, nil, "--cert-store: "},
+		{"TLS flags are not checked with TLS off", []string{"--tls", "off", "--cert-store", "s3", "--dns-provider", "route53"}, nil, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var c config
+			if err := serveFlags(&c).parse(tc.args, func(string) string { return "" }); err != nil {
+				t.Fatal(err)
+			}
+			_, err := validate(&c, func(k string) string { return tc.env[k] })
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("validate(%q) = %v, want nil", tc.args, err)
+			case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)):
+				t.Errorf("validate(%q) = %v, want an error starting %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidateResolvesTheCertStoreDefault(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "fleet"},
+		{[]string{"--routes-file", "r.json"}, "local"},
+		{[]string{"--cert-store", "local"}, "local"},
+	} {
+		var c config
+		if err := serveFlags(&c).parse(tc.args, func(string) string { return "" }); err != nil {
+			t.Fatal(err)
+		}
+		s, err := validate(&c, func(string) string { return "" })
+		if err != nil || s.certStore != tc.want {
+			t.Errorf("validate(%q).certStore = %q, %v; want %q", tc.args, s.certStore, err, tc.want)
+		}
+	}
+}
