@@ -215,10 +215,19 @@ func (q *Queue) Kick() {
 }
 
 // Update hands the queue the live document's names (route hosts and API
-// hosts, in document order; the caller need not filter them). Names not in
-// the previous document are queued, ahead of those queued before; queued
-// names no longer in the document are dropped.
+// hosts, in document order), after the document is live. Certifiable names
+// not in the previous document are queued, ahead of those queued before;
+// queued names no longer in the document are dropped.
 func (q *Queue) Update(names []string) {
+	// Certifiable is the caller's code: asked without the lock, and only
+	// for names new to the queue (present is replaced, never modified).
+	q.mu.Lock()
+	prev := q.present
+	q.mu.Unlock()
+	certifiable := make([]bool, len(names))
+	for i, n := range names {
+		certifiable[i] = !prev[n] && q.certs.Certifiable(n)
+	}
 	q.mu.Lock()
 	q.gen++
 	next := make(map[string]bool, len(names))
@@ -228,7 +237,7 @@ func (q *Queue) Update(names []string) {
 			continue
 		}
 		next[n] = true
-		if q.present[n] || q.queue[n] != nil || len(q.queue) >= maxNames {
+		if !certifiable[i] || q.present[n] || q.queue[n] != nil || len(q.queue) >= maxNames {
 			continue
 		}
 		q.queue[n] = &entry{Entry: Entry{Name: n, State: Waiting, Added: now, Next: now}, gen: q.gen, seq: i}
