@@ -284,26 +284,55 @@ func TestHandoverRefusesNoConnection(t *testing.T) {
 		}
 	}
 
-	// The old process stops accepting. Until the new one accepts, new
-	// connections are queued by the kernel, not refused: some are dialled
-	// in that gap, with their requests, and answered by the new process.
-	old.shutdown()
-	var queued []net.Conn
-	for range 4 {
-		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-		if err != nil {
-			t.Fatalf("dial while nobody accepts: %v", err)
+	// The old process lets go. Until the new one accepts, new connections
+	// are queued by the kernel, not refused: some are dialled in that gap
+	// (while the old one stops its work), with their requests, and
+	// answered by the new process.
+	var (
+		mu     sync.Mutex
+		events []string
+		queued []net.Conn
+	)
+	event := func(e string) {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	}
+	defer func() {
+		for _, c := range queued {
+			c.Close()
 		}
-		defer c.Close()
-		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-		queued = append(queued, c)
-	}
-	if err := h.Release(testUpdate(t)); err != nil {
-		t.Fatalf("Release: %v", err)
-	}
-	if err := h.ReleaseHTTP3(); err != nil {
-		t.Fatalf("ReleaseHTTP3: %v", err)
-	}
+	}()
+	ran := make(chan error, 1)
+	go func() {
+		ran <- h.Run(Steps{
+			StopAccepting: func() { event("stop accepting"); old.gate.Stop() },
+			Settle:        func(ctx context.Context) error { event("settle"); return old.gate.Wait(ctx) },
+			StopWork: func() *node.Update {
+				event("stop work")
+				for range 4 {
+					c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+					if err != nil {
+						t.Errorf("dial while nobody accepts: %v", err)
+						continue
+					}
+					fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+					queued = append(queued, c)
+				}
+				return testUpdate(t)
+			},
+			CloseState: func() error { event("close state"); return nil },
+			StopHTTP3: func(ctx context.Context) {
+				event("stop http3")
+				select {
+				case <-tk.http3:
+					t.Error("the successor was told HTTP/3 was released before it was")
+				default:
+				}
+				old.socks.HTTP3.Close()
+			},
+		})
+	}()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -311,12 +340,23 @@ func TestHandoverRefusesNoConnection(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Released: %v", err)
 	}
+	event("successor: released")
 	if doc == nil || doc.Fingerprint != node.Fingerprint([]byte(testDoc)) || doc.Stale || !doc.FetchedAt.Equal(testUpdate(t).FetchedAt) {
 		t.Fatalf("Released document = %+v, want the handed-over one, fresh", doc)
 	}
 	if err := tk.HTTP3Released(ctx); err != nil {
 		t.Fatalf("HTTP3Released: %v", err)
 	}
+	if err := <-ran; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	mu.Lock()
+	got := strings.Join(events, ", ")
+	mu.Unlock()
+	if want := "stop accepting, settle, stop work, close state, successor: released, stop http3"; got != want && got != strings.Replace(want, "successor: released, stop http3", "stop http3, successor: released", 1) {
+		t.Errorf("steps: %s\nwant: %s", got, want)
+	}
+	old.shutdown()
 	successor := &process{name: "new", socks: tk.Sockets}
 	successor.serve(t)
 	for _, c := range queued {
@@ -605,8 +645,8 @@ func TestNoDescriptorLeaks(t *testing.T) {
 		handoffs := wait(t, offer, old.socks)
 		tk := take(t, dir)
 		h := <-handoffs
-		h.Release(nil)
-		h.ReleaseHTTP3()
+		h.release(nil)
+		h.releaseHTTP3()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if doc, err := tk.Released(ctx); doc != nil || err != nil {
 			t.Errorf("Released = %v, %v; want nil, nil", doc, err)
@@ -777,7 +817,7 @@ func TestReleasedDocumentKeepsItsStaleMark(t *testing.T) {
 			defer h.Close()
 			u := testUpdate(t)
 			u.Stale = stale
-			if err := h.Release(u); err != nil {
+			if err := h.release(u); err != nil {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -790,5 +830,36 @@ func TestReleasedDocumentKeepsItsStaleMark(t *testing.T) {
 				t.Errorf("Released document stale=%v fingerprint %.12s, want stale=%v fingerprint %.12s", doc.Stale, doc.Fingerprint, stale, u.Fingerprint)
 			}
 		})
+	}
+}
+
+func TestRunGoesOnWhenAStepFails(t *testing.T) {
+	dir := t.TempDir()
+	old := bindProcess(t, "old")
+	defer old.socks.Close()
+	offer := listen(t, dir)
+	handoffs := wait(t, offer, old.socks)
+	tk := take(t, dir)
+	defer tk.Sockets.Close()
+	h := <-handoffs
+	defer h.Close()
+	err := h.Run(Steps{
+		StopAccepting: func() {},
+		// A client that connected and never sent a request.
+		Settle:        func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
+		SettleTimeout: 10 * time.Millisecond,
+		StopWork:      func() *node.Update { return nil },
+		CloseState:    func() error { return errors.New("disk on fire") },
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if doc, err := tk.Released(ctx); doc != nil || err != nil {
+		t.Errorf("Released = %v, %v; want nil, nil", doc, err)
+	}
+	if err := tk.HTTP3Released(ctx); err != nil {
+		t.Errorf("HTTP3Released = %v, want nil (no HTTP/3 is released at once)", err)
 	}
 }

@@ -163,16 +163,15 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 	return nil
 }
 
-// Handoff is the old edge's line to the successor that took its sockets.
+// Handoff is the old edge's line to the successor that took its sockets:
+// Run lets go of the rest.
 type Handoff struct {
 	conn *net.UnixConn
 }
 
-// Release tells the successor that edge.db is closed and hands it the last
-// good routing document (nil: none yet), with its Stale mark: set it when
-// this edge's source has not confirmed the document either. Call it once
-// nothing more will be read from or written to edge.db by this process.
-func (h *Handoff) Release(doc *node.Update) error {
+// release tells the successor that edge.db is closed and hands it the last
+// good routing document (nil: none yet), with its Stale mark.
+func (h *Handoff) release(doc *node.Update) error {
 	f := frame{Kind: kindReleased}
 	if doc != nil {
 		f.Document = &document{Body: doc.Body, FetchedAt: doc.FetchedAt, Stale: doc.Stale}
@@ -180,9 +179,9 @@ func (h *Handoff) Release(doc *node.Update) error {
 	return h.send(f)
 }
 
-// ReleaseHTTP3 tells the successor that this process no longer reads the
-// HTTP/3 socket. Call it after Release.
-func (h *Handoff) ReleaseHTTP3() error {
+// releaseHTTP3 tells the successor that this process no longer reads the
+// HTTP/3 socket.
+func (h *Handoff) releaseHTTP3() error {
 	return h.send(frame{Kind: kindHTTP3})
 }
 
