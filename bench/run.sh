@@ -2,6 +2,10 @@
 # bench/run.sh: scafo-edge side by side with the proxies it replaces, on one
 # machine, in one run (issue 8). See bench/README.md for how to read it.
 #
+# This script installs, builds, configures and starts things; the measuring
+# (/proc around each window, the load tools' output, per-request figures,
+# medians, the table and the JSON) is bench/benchtab, tested on its own.
+#
 # Everything it starts listens on 127.0.0.1 only and is stopped on exit.
 set -euo pipefail
 
@@ -34,10 +38,15 @@ Usage: bench/run.sh [flags]
   --retry-builds       try again a Caddy/Traefik build that failed before
   --port-base N        first of the 8 loopback ports used (default 18080)
   --profile DIR        instead of the table: CPU and allocation profiles of
-                       the edge's request path under the http-1k load,
-                       written to DIR with a text summary on stdout
+                       scafo-edge (the binary, through its admin listener's
+                       /debug/pprof) under the load of each cell of --cells
+                       (default http-1k), written to DIR/<cell>/ with a text
+                       summary on stdout (bench/pgo.sh merges them)
   --edge-rev REV       build scafo-edge from commit REV, not the working
                        tree (which, when it does not build, gives way to HEAD)
+  --edge-bin FILE      measure this scafo-edge binary instead of building one
+                       (a build with other flags, e.g. -pgo=off, or a
+                       local patch)
   --baseline-rev REV   also measure scafo-edge built from commit REV, as an
                        extra row scafo-edge@<hash> beside scafo-edge in every
                        cell and round: before and after in one run
@@ -56,6 +65,7 @@ THREADS=2
 WORKERS=$(nproc)
 PROXIES=direct,scafo-edge,caddy,traefik,nginx,haproxy
 CELLS=http-1k,http-1m,https-1k,https-close
+CELLS_GIVEN=0
 JSON=0
 JSON_FILE=
 INSTALL=1
@@ -63,6 +73,7 @@ RETRY_BUILDS=0
 PORT_BASE=18080
 PROFILE_DIR=
 EDGE_REV=
+EDGE_BIN_FLAG=
 BASELINE_REV=
 KEEP=0
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench
@@ -77,7 +88,7 @@ while (($#)); do
 	--warmup) WARMUP=$2; shift ;;
 	--rounds) ROUNDS=$2; shift ;;
 	--proxies) PROXIES=$2; shift ;;
-	--cells) CELLS=$2; shift ;;
+	--cells) CELLS=$2 CELLS_GIVEN=1; shift ;;
 	--connections) CONNS=$2; shift ;;
 	--threads) THREADS=$2; shift ;;
 	--workers) WORKERS=$2; shift ;;
@@ -89,6 +100,7 @@ while (($#)); do
 	--port-base) PORT_BASE=$2; shift ;;
 	--profile) PROFILE_DIR=$2; shift ;;
 	--edge-rev) EDGE_REV=$2; shift ;;
+	--edge-bin) EDGE_BIN_FLAG=$2; shift ;;
 	--baseline-rev) BASELINE_REV=$2; shift ;;
 	--keep) KEEP=1 ;;
 	-h | --help) usage; exit 0 ;;
@@ -97,6 +109,8 @@ while (($#)); do
 	shift
 done
 [[ $CELLS == all ]] && CELLS=http-1k,http-1m,https-1k,https-close,h2-1k,h2-1k-1s,h2-1m,h3-1k
+# --profile profiles the http-1k load unless told which.
+[[ -n $PROFILE_DIR ]] && ((!CELLS_GIVEN)) && CELLS=http-1k
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CLK_TCK=$(getconf CLK_TCK)
@@ -106,7 +120,7 @@ UP_PORT=$PORT_BASE              # upstream, plain
 UP_TLS_PORT=$((PORT_BASE + 1))  # upstream, TLS (direct HTTPS ceiling)
 PX_PORT=$((PORT_BASE + 2))      # proxy, plain
 PX_TLS_PORT=$((PORT_BASE + 3))  # proxy, TLS
-ADMIN_PORT=$((PORT_BASE + 4))   # scafo-edge admin, edgeprof pprof
+ADMIN_PORT=$((PORT_BASE + 4))   # scafo-edge admin (and its /debug/pprof)
 HOST=localhost                  # the one routed host; also the TLS name
 
 log() { printf '%s\n' "run.sh: $*" >&2; }
@@ -137,29 +151,10 @@ start() {
 	STARTED+=("$PID")
 }
 
-# proc_tree PID prints PID and all its descendants.
+# proc_tree PID prints PID and all its descendants (bench/benchtab reads
+# /proc; before it is built, PID alone).
 proc_tree() {
-	local root=$1
-	local -A parent=()
-	local f line rest pid
-	for f in /proc/[0-9]*/stat; do
-		read -r line 2>/dev/null <"$f" || continue
-		pid=${f#/proc/}; pid=${pid%/stat}
-		rest=${line##*) }
-		set -- $rest
-		parent[$pid]=$2
-	done
-	local -A keep=([$root]=1)
-	local changed=1
-	while ((changed)); do
-		changed=0
-		for pid in "${!parent[@]}"; do
-			if [[ -z ${keep[$pid]:-} && -n ${keep[${parent[$pid]}]:-} ]]; then
-				keep[$pid]=1; changed=1
-			fi
-		done
-	done
-	printf '%s\n' "${!keep[@]}"
+	if [[ -x ${BENCHTAB:-} ]]; then "$BENCHTAB" tree "$1"; else echo "$1"; fi
 }
 
 # stop_tree PID: SIGTERM, then SIGKILL for whatever of its tree is left
@@ -175,60 +170,6 @@ stop_tree() {
 	done
 	for i in $pids; do kill -KILL "$i" 2>/dev/null || true; done
 	wait "$pid" 2>/dev/null || true
-}
-
-# ---------------------------------------------------------- /proc figures
-
-# cpu_ticks PIDS...: utime+stime summed (clock ticks), all threads included.
-cpu_ticks() {
-	local sum=0 line rest pid
-	for pid in "$@"; do
-		read -r line 2>/dev/null <"/proc/$pid/stat" || continue
-		rest=${line##*) }
-		set -- $rest
-		sum=$((sum + ${12} + ${13}))
-	done
-	echo "$sum"
-}
-
-# status_kib FIELD PIDS...: a kB field of /proc/PID/status, summed.
-status_kib() {
-	local field=$1 sum=0 k v pid
-	shift
-	for pid in "$@"; do
-		while read -r k v _; do
-			[[ $k == "$field:" ]] && sum=$((sum + v))
-		done 2>/dev/null <"/proc/$pid/status" || true
-	done
-	echo "$sum"
-}
-
-# ctx_switches PIDS...: voluntary + involuntary context switches of every
-# thread: how often the proxy went to sleep or was preempted.
-ctx_switches() {
-	local sum=0 k v pid f
-	for pid in "$@"; do
-		for f in /proc/"$pid"/task/*/status; do
-			while read -r k v; do
-				case $k in voluntary_ctxt_switches: | nonvoluntary_ctxt_switches:) sum=$((sum + v)) ;; esac
-			done 2>/dev/null <"$f" || true
-		done
-	done
-	echo "$sum"
-}
-
-# rw_syscalls PIDS...: read- and write-family syscalls (syscr+syscw of
-# /proc/PID/io). recv/send/epoll are not counted, so this compares Go
-# programs with each other (they read and write sockets with read/write),
-# not with nginx or HAProxy.
-rw_syscalls() {
-	local sum=0 k v pid
-	for pid in "$@"; do
-		while read -r k v; do
-			case $k in syscr: | syscw:) sum=$((sum + v)) ;; esac
-		done 2>/dev/null <"/proc/$pid/io" || true
-	done
-	echo "$sum"
 }
 
 # ------------------------------------------------------------ installing
@@ -356,19 +297,20 @@ CURL=$(need curl) || die "curl is needed (Debian package curl)"
 OPENSSL=$(need openssl) || die "openssl is needed (Debian package openssl)"
 # h2load (nghttp2's load generator) only for the h2 cells: wrk speaks no h2.
 H2LOAD=
-if [[ ,$CELLS, == *,h2-* ]] && [[ -z $PROFILE_DIR ]]; then
+if [[ ,$CELLS, == *,h2-* ]]; then
 	H2LOAD=$(need h2load nghttp2-client) || die "h2load is needed for the h2 cells (Debian package nghttp2-client)"
 fi
 mkdir -p "$CACHE"
 
-log "building the upstream"
+log "building the upstream and bench/benchtab"
 (cd "$REPO" && go build -o "$CACHE/bench-upstream" ./bench/upstream) || die "build bench/upstream failed"
-# scafo-edge (or, for --profile, bench/edgeprof) is built from the working
-# tree, or from --edge-rev. Other people may be mid-edit in the working tree:
-# when it does not build, the newest of the last six commits that builds is
-# measured instead, and the table says which.
+(cd "$REPO" && go build -o "$WORK/benchtab" ./bench/benchtab) || die "build bench/benchtab failed"
+BENCHTAB=$WORK/benchtab
+# scafo-edge is built from the working tree, or from --edge-rev, or taken
+# as built from --edge-bin. Other people may be mid-edit in the working
+# tree: when it does not build, the newest of the last six commits that
+# builds is measured instead, and the table says which.
 EDGE_PKG=./cmd/scafo-edge EDGE_OUT=$CACHE/scafo-edge
-if [[ -n $PROFILE_DIR ]]; then EDGE_PKG=./bench/edgeprof EDGE_OUT=$CACHE/edgeprof; fi
 SRC=$REPO
 EDGE_BIN='' EDGE_NOTE='' EDGE_VERSION=''
 
@@ -386,20 +328,25 @@ build_edge() { (cd "$SRC" && go build -o "$EDGE_OUT" "$EDGE_PKG") 2>"$WORK/edge-
 # bench/h3load (HTTP/3 over quic-go, the stack scafo-edge and Caddy serve it
 # with) only for the h3 cells: built from this checkout, once per run.
 H3LOAD=
-if [[ ,$CELLS, == *,h3-* ]] && [[ -z $PROFILE_DIR ]]; then
+if [[ ,$CELLS, == *,h3-* ]]; then
 	log "building bench/h3load"
 	(cd "$REPO" && go build -o "$WORK/h3load" ./bench/h3load) || die "build bench/h3load failed"
 	H3LOAD=$WORK/h3load
 fi
 
-if [[ -n $EDGE_REV ]]; then
+if [[ -n $EDGE_BIN_FLAG ]]; then
+	[[ -z $EDGE_REV ]] || die "--edge-bin and --edge-rev exclude each other"
+	[[ -x $EDGE_BIN_FLAG ]] || die "--edge-bin $EDGE_BIN_FLAG: not an executable file"
+	EDGE_VERSION="--edge-bin $EDGE_BIN_FLAG"
+elif [[ -n $EDGE_REV ]]; then
 	export_rev "$EDGE_REV" || die "--edge-rev $EDGE_REV: git archive failed"
 	EDGE_VERSION=$(cd "$REPO" && git rev-parse --short "$EDGE_REV")
 else
 	EDGE_VERSION="$(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git diff --quiet HEAD -- . 2>/dev/null || echo '+dirty')"
 fi
-log "building $EDGE_PKG from ${EDGE_REV:+commit $EDGE_REV of }$REPO"
-if build_edge; then
+if [[ -n $EDGE_BIN_FLAG ]]; then
+	EDGE_BIN=$EDGE_BIN_FLAG
+elif log "building $EDGE_PKG from ${EDGE_REV:+commit $EDGE_REV of }$REPO" && build_edge; then
 	EDGE_BIN=$EDGE_OUT
 elif [[ -z $EDGE_REV ]] && (cd "$REPO" && git rev-parse -q --verify HEAD >/dev/null 2>&1); then
 	# A shared checkout can be mid-edit, and even a commit can lean on a
@@ -700,7 +647,7 @@ for p in "${!SKIP[@]}"; do log "$p: skipped: ${SKIP[$p]}"; done
 # listener; H2=1: offering h2 on it; H3=1: serving HTTP/3 on its UDP side)
 # and sets PID. scafo-edge, Caddy and Traefik offer h2 on TLS in every cell;
 # nginx and HAProxy only in the h2 cells. scafo-edge's --http3 is on by
-# default; the h3 cells name it, Caddy gets h3 only in them.
+# default; the h3 cells name it; Caddy and Traefik get h3 only in them.
 start_proxy() {
 	local name=$1 tls=$2 h2=${3:-0} h3=${4:-0} logf=$WORK/$1.log state
 	case $name in
@@ -723,9 +670,13 @@ start_proxy() {
 			XDG_CONFIG_HOME="$WORK/caddy-config" "$CADDY_BIN" run --config "$WORK/$conf"
 		;;
 	traefik)
+		# HTTP/3 on the UDP side of the TLS entry point, with the same
+		# certificate (the file provider's default one).
+		local http3=()
+		((h3)) && http3=(--entryPoints.tls.http3=true)
 		start "$logf" env GOMAXPROCS="$WORKERS" "$TRAEFIK_BIN" \
 			--entryPoints.plain.address="127.0.0.1:$PX_PORT" \
-			--entryPoints.tls.address="127.0.0.1:$PX_TLS_PORT" \
+			--entryPoints.tls.address="127.0.0.1:$PX_TLS_PORT" "${http3[@]}" \
 			--providers.file.filename="$WORK/traefik.yml" --log.level=ERROR \
 			--global.checkNewVersion=false --global.sendAnonymousUsage=false
 		;;
@@ -769,421 +720,234 @@ cell_spec() {
 	esac
 }
 
-# to_ms VALUE: wrk's latency ("812.00us", "1.20ms", "2.01s") in ms.
-to_ms() {
-	awk -v v="$1" 'BEGIN {
-		n = v + 0; u = v; sub(/^[0-9.]+/, "", u)
-		if (u == "us") n /= 1000; else if (u == "s") n *= 1000; else if (u == "m") n *= 60000
-		printf "%.3f", n }'
+RESULTS=$WORK/results.jsonl
+: >"$RESULTS"
+ROUND=1
+# row PROXY CELL STATUS NOTE: a row without figures (skipped, failed, n/a,
+# ...) and why, for this round.
+row() {
+	"$BENCHTAB" row -results "$RESULTS" -proxy "$1" -cell "$2" -round "$ROUND" -status "$3" -note "$4"
 }
 
-RESULTS=$WORK/results.tsv
-: >"$RESULTS"
-# row PROXY CELL STATUS RPS P50 P99 CPU_US PEAK_MIB IDLE_MIB ERRORS CTXSW RWSYS UP_CPU_US REQUESTS NOTE
-# (ROUND is appended as a 16th column.)
-ROUND=1
-row() { local IFS=$'\t'; printf '%s\n' "$*	$ROUND" >>"$RESULTS"; }
+# load_cmd URL DURATION [LOG]: sets LOAD, the current cell's load command
+# (cell_spec) against URL for DURATION, and TOOL, which tool it is (wrk,
+# h2load or h3load). LOG, for h2load only, is its per-request log file.
+load_cmd() {
+	local url=$1 d=$2 logf=${3:-}
+	if ((H2)); then
+		# h2 only (no http/1.1 fallback, so a proxy that does not offer h2
+		# fails the cell rather than measuring HTTP/1.1). --log-file:
+		# per-request times, for the percentiles h2load does not print.
+		TOOL=h2load
+		LOAD=("$H2LOAD" -t "$THREADS" -c "$H2_CLIENTS" -m "$H2_STREAMS" --npn-list=h2 -D "$d")
+		[[ -n $logf ]] && LOAD+=(--log-file="$logf")
+		LOAD+=("$url")
+	elif ((H3)); then
+		# -insecure, as curl -k and wrk (scafo-edge's certificate comes from
+		# its internal CA).
+		TOOL=h3load
+		LOAD=("$H3LOAD" -url "$url" -c "$H2_CLIENTS" -m "$H2_STREAMS" -insecure -timeout 10s -json -d "$d")
+	else
+		TOOL=wrk
+		LOAD=("$WRK" -t "$THREADS" -c "$CONNS" --latency --timeout 10s -d "$d")
+		((CLOSE)) && LOAD+=(-H 'Connection: close')
+		LOAD+=("$url")
+	fi
+}
+
+# warm_up URL: the unmeasured load before a window, a run of its own (the
+# tools' own warm-up options would fall inside the CPU window).
+warm_up() {
+	[[ $WARMUP == 0 || $WARMUP == 0s ]] && return 0
+	load_cmd "$1" "$WARMUP"
+	"${LOAD[@]}" >/dev/null 2>&1 || true
+}
+
+# wait_h3 URL PID: until a one-request h3load probe of URL succeeds, while
+# PID lives; wait_ok asked over TCP, this waits for the UDP side. On failure
+# WHY says what the last probe saw.
+wait_h3() {
+	local url=$1 pid=$2 i
+	for ((i = 0; i < 50; i++)); do
+		if "$H3LOAD" -url "$url" -c 1 -m 1 -d 200ms -insecure -timeout 2s -json 2>/dev/null |
+			tail -1 | grep -q '"requests":[1-9].*"errors":0,"non2xx":0'; then
+			return 0
+		fi
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.2
+	done
+	WHY=$("$H3LOAD" -url "$url" -c 1 -m 1 -d 1s -insecure -timeout 2s 2>&1 | grep -v '^\s*$' | tail -1 | cut -c1-200)
+	return 1
+}
+
+# proxy_url PROXY: the URL of the current cell (cell_spec) on PROXY.
+proxy_url() {
+	local port=$PX_PORT tls_port=$PX_TLS_PORT
+	[[ $1 == direct ]] && port=$UP_PORT tls_port=$UP_TLS_PORT
+	if [[ $SCHEME == https ]]; then echo "https://$HOST:$tls_port$PATH_"; else echo "http://$HOST:$port$PATH_"; fi
+}
+
+# measure PROXY CELL PID RESULTS DIR [FLAGS...]: one measured window of the
+# current cell's load on PID (its whole process tree), appended to RESULTS
+# as a row by bench/benchtab; OUT, in DIR, is the load's output.
+measure() {
+	local proxy=$1 cell=$2 pid=$3 results=$4 dir=$5 url h2log
+	shift 5
+	url=$(proxy_url "$proxy")
+	h2log=$dir/h2load-$proxy-$cell.log
+	load_cmd "$url" "$DURATION" "$h2log"
+	OUT=$dir/$TOOL-$proxy-$cell.txt
+	local flags=(-results "$results" -proxy "$proxy" -cell "$cell" -round "$ROUND" -tool "$TOOL"
+		-pid "$pid" -upstream-pid "$UP_PID" -out "$OUT" -clock-ticks "$CLK_TCK" "$@")
+	((H2)) && flags+=(-h2load-log "$h2log")
+	"$BENCHTAB" measure "${flags[@]}" -- "${LOAD[@]}"
+}
 
 run_cell() {
-	local proxy=$1 cell=$2 url pid pids up_pids wrkout
+	local proxy=$1 cell=$2 url pid
 	cell_spec "$cell"
 	local tls=0
 	[[ $SCHEME == https ]] && tls=1
 	if [[ -n ${SKIP[$proxy]:-} ]]; then
-		row "$proxy" "$cell" skipped "" "" "" "" "" "" "" "" "" "" "" "${SKIP[$proxy]}"
+		row "$proxy" "$cell" skipped "${SKIP[$proxy]}"
 		return
 	fi
 	if ((H2)) && [[ $proxy == direct ]]; then
 		# No ceiling to invent: the origin speaks HTTP/1.1 only, so the h2
 		# cells have no direct row, and no "× direct".
-		row "$proxy" "$cell" n/a "" "" "" "" "" "" "" "" "" "" "" "no h2 row: the upstream speaks HTTP/1.1 only, so the h2 cells have no ceiling and no × direct"
+		row "$proxy" "$cell" n/a "no h2 row: the upstream speaks HTTP/1.1 only, so the h2 cells have no ceiling and no × direct"
 		return
 	fi
 	if ((H3)); then
-		# Only scafo-edge and Caddy serve HTTP/3 here (both on quic-go);
-		# the other rows stay in the table and say why they are empty.
+		# scafo-edge and Caddy serve HTTP/3 on quic-go, Traefik too (quic-go
+		# under its --entryPoints.<name>.http3); the other rows stay in the
+		# table and say why they are empty.
 		case $proxy in
 		direct)
-			row "$proxy" "$cell" n/a "" "" "" "" "" "" "" "" "" "" "" "no h3 row: the upstream speaks HTTP/1.1 over TCP only, so the h3 cells have no ceiling and no × direct"
+			row "$proxy" "$cell" n/a "no h3 row: the upstream speaks HTTP/1.1 over TCP only, so the h3 cells have no ceiling and no × direct"
 			return ;;
 		nginx)
-			row "$proxy" "$cell" "no HTTP/3 in this build" "" "" "" "" "" "" "" "" "" "" "" "Debian's nginx ${VERSION[nginx]:-} has no http_v3_module"
+			row "$proxy" "$cell" "no HTTP/3 in this build" "Debian's nginx ${VERSION[nginx]:-} has no http_v3_module"
 			return ;;
 		haproxy)
-			row "$proxy" "$cell" "no HTTP/3 in this build" "" "" "" "" "" "" "" "" "" "" "" "Debian's HAProxy ${VERSION[haproxy]:-} is built without QUIC (-QUIC)"
-			return ;;
-		traefik)
-			# Not "no HTTP/3 in this build": Traefik v3 has it (quic-go,
-			# --entryPoints.<name>.http3), but this bench does not turn it on.
-			row "$proxy" "$cell" "HTTP/3 not enabled here" "" "" "" "" "" "" "" "" "" "" "" "this build has HTTP/3 (--entryPoints.<name>.http3), but the bench does not turn it on yet"
+			row "$proxy" "$cell" "no HTTP/3 in this build" "Debian's HAProxy ${VERSION[haproxy]:-} is built without QUIC (-QUIC)"
 			return ;;
 		esac
 	fi
 	log "$proxy $cell"
+	url=$(proxy_url "$proxy")
 	if [[ $proxy == direct ]]; then
 		pid=$UP_PID
-		if ((tls)); then url=https://$HOST:$UP_TLS_PORT$PATH_; else url=http://$HOST:$UP_PORT$PATH_; fi
 	else
 		start_proxy "$proxy" "$tls" "$H2" "$H3"
 		pid=$PID
-		if ((tls)); then url=https://$HOST:$PX_TLS_PORT$PATH_; else url=http://$HOST:$PX_PORT$PATH_; fi
 	fi
 	if ! wait_ok "$url" "$SIZE" "$pid"; then
 		local why
-		why=$(grep -v '^\s*$' "$WORK/$proxy.log" 2>/dev/null | tail -1 | tr '\t"\\' '   ' | cut -c1-200)
+		why=$(grep -v '^\s*$' "$WORK/$proxy.log" 2>/dev/null | tail -1 | cut -c1-200)
 		if [[ $proxy == scafo-edge* ]] && ((tls)); then
 			why="--tls internal not available yet: $why"
 		fi
 		log "$proxy $cell: not serving: $why"
-		row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "$why"
+		row "$proxy" "$cell" failed "$why"
 		[[ $proxy != direct ]] && stop_tree "$pid"
 		return
 	fi
-	# h3load: -insecure, as curl -k and wrk (scafo-edge's certificate comes
-	# from its internal CA). wait_ok asked over TCP; wait for the UDP side too.
-	local h3args=(-c "$H2_CLIENTS" -m "$H2_STREAMS" -insecure -timeout 10s -json)
-	if ((H3)); then
-		local h3ok=0 i
-		for ((i = 0; i < 50; i++)); do
-			if "$H3LOAD" -url "$url" -c 1 -m 1 -d 200ms -insecure -timeout 2s -json 2>/dev/null |
-				tail -1 | grep -q '"requests":[1-9].*"errors":0,"non2xx":0'; then
-				h3ok=1; break
-			fi
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.2
-		done
-		if ((!h3ok)); then
-			local why
-			why=$("$H3LOAD" -url "$url" -c 1 -m 1 -d 1s -insecure -timeout 2s 2>&1 | grep -v '^\s*$' | tail -1 | tr '\t"\\' '   ' | cut -c1-200)
-			log "$proxy $cell: no HTTP/3 answer: $why"
-			row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "no HTTP/3 answer on UDP $PX_TLS_PORT: $why"
-			stop_tree "$pid"
-			return
-		fi
-	fi
-	pids=$(proc_tree "$pid")
-	local idle_kib
-	idle_kib=$(status_kib VmRSS $pids)
-
-	local wrkargs=(-t "$THREADS" -c "$CONNS" --latency --timeout 10s)
-	((CLOSE)) && wrkargs+=(-H 'Connection: close')
-	# h2load: h2 only (no http/1.1 fallback, so a proxy that does not
-	# offer h2 fails the cell rather than measuring HTTP/1.1). Its own
-	# --warm-up-time would fall inside the CPU window, so the warm-up is a
-	# run of its own, as with wrk. --log-file: per-request times, for the
-	# percentiles h2load does not print.
-	local h2args=(-t "$THREADS" -c "$H2_CLIENTS" -m "$H2_STREAMS" --npn-list=h2)
-	if [[ $WARMUP != 0 && $WARMUP != 0s ]]; then
-		if ((H2)); then
-			"$H2LOAD" "${h2args[@]}" -D "$WARMUP" "$url" >/dev/null 2>&1 || true
-		elif ((H3)); then
-			# A run of its own, as for h2load: h3load's -warmup would fall
-			# inside the CPU window.
-			"$H3LOAD" -url "$url" "${h3args[@]}" -d "$WARMUP" >/dev/null 2>&1 || true
-		else
-			"$WRK" "${wrkargs[@]}" -d "$WARMUP" "$url" >/dev/null 2>&1 || true
-		fi
-	fi
-
-	local stats0=
-	[[ $proxy == direct && $cell == https-close ]] && stats0=$("$CURL" -sk "https://127.0.0.1:$UP_TLS_PORT/stats")
-	pids=$(proc_tree "$pid")      # nginx/haproxy may have forked late
-	up_pids=$(proc_tree "$UP_PID")
-	local c0 u0 s0 r0
-	c0=$(cpu_ticks $pids); u0=$(cpu_ticks $up_pids)
-	s0=$(ctx_switches $pids); r0=$(rw_syscalls $pids)
-	wrkout=$WORK/wrk-$proxy-$cell.txt
-	if ((H2)); then
-		wrkout=$WORK/h2load-$proxy-$cell.txt
-		"$H2LOAD" "${h2args[@]}" -D "$DURATION" --log-file="$WORK/h2load-$proxy-$cell.log" "$url" >"$wrkout" 2>&1 || true
-	elif ((H3)); then
-		wrkout=$WORK/h3load-$proxy-$cell.txt
-		"$H3LOAD" -url "$url" "${h3args[@]}" -d "$DURATION" >"$wrkout" 2>&1 || true
-	else
-		"$WRK" "${wrkargs[@]}" -d "$DURATION" "$url" >"$wrkout" 2>&1 || true
-	fi
-	if ((!H2 && !H3)) && grep -q '^ *0 requests in' "$wrkout"; then
-		# wrk 4.1 now and then stalls every connection of a TLS
-		# Connection: close run; a second run has always gone through.
-		log "$proxy $cell: wrk measured no request; running it once more"
-		c0=$(cpu_ticks $pids); u0=$(cpu_ticks $up_pids)
-		s0=$(ctx_switches $pids); r0=$(rw_syscalls $pids)
-		"$WRK" "${wrkargs[@]}" -d "$DURATION" "$url" >"$wrkout" 2>&1 || true
-	fi
-	local c1 u1 s1 r1 peak_kib
-	c1=$(cpu_ticks $pids); u1=$(cpu_ticks $up_pids)
-	s1=$(ctx_switches $pids); r1=$(rw_syscalls $pids)
-	peak_kib=$(status_kib VmHWM $pids)
-	[[ $proxy != direct ]] && stop_tree "$pid"
-
-	local note=''
-	if [[ -n $stats0 ]]; then
-		# wrk keeps each connection's TLS session, so its new connections
-		# resume: say how many did (the other servers issue tickets too).
-		note=$(printf '%s\n%s\n' "$stats0" "$("$CURL" -sk "https://127.0.0.1:$UP_TLS_PORT/stats")" | awk -F'[:,}]' '
-			NR == 1 { t0 = $2; r0 = $4 } NR == 2 { t = $2 - t0; r = $4 - r0 }
-			END { if (t > 0) printf "%.0f%% of the new TLS connections resumed a session (so the handshakes measured are mostly resumptions)", 100 * r / t }')
-	fi
-	local rps reqs p50 p99 errors
-	if ((H2)); then
-		# "finished in 3.00s, 15000.00 req/s, ..." and "requests: N total,
-		# N started, N done, N succeeded, N failed, N errored, N timeout":
-		# failed counts the errored (connection-level) ones and non-2xx/3xx.
-		# Latencies: the 3rd column of the log, µs from a request's start to
-		# the end of its response, sorted, read at 50% and 99%.
-		read -r rps reqs errors < <(awk '
-			/^finished in/ { rps = $4 }
-			/^requests:/ { for (i = 2; i < NF; i++) { if ($(i + 1) ~ /^done/) done = $i; if ($(i + 1) ~ /^failed/) failed = $i } }
-			END { printf "%s %s %d\n", rps ? rps : "0", done ? done : "0", failed }' "$wrkout")
-		read -r p50 p99 < <(cut -f3 "$WORK/h2load-$proxy-$cell.log" 2>/dev/null | sort -n | awk '
-			{ t[NR] = $1 }
-			END { if (NR) printf "%.3f %.3f\n", t[int((NR - 1) * 0.50) + 1] / 1000, t[int((NR - 1) * 0.99) + 1] / 1000; else print "- -" }')
-		rm -f "$WORK/h2load-$proxy-$cell.log"
-		if ((reqs == 0)); then
-			row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "h2load measured no request: $(grep -v '^\s*$' "$wrkout" | grep -iv '^progress' | tail -1 | tr '\t"\\' '   ' | cut -c1-200)"
-			return
-		fi
-	elif ((H3)); then
-		# h3load -json: its last line is one JSON object (requests, errors,
-		# non2xx, rps, p50_ms, p99_ms, ...). "requests" counts complete
-		# responses whatever their status; errors = errors + non2xx. Its
-		# latencies are already in ms (to_ms leaves a bare number alone).
-		read -r rps reqs p50 p99 errors < <(tail -1 "$wrkout" | awk '
-			function field(k,   m) { if (match($0, "\"" k "\":[-0-9.eE+]+")) { m = substr($0, RSTART + length(k) + 3, RLENGTH - length(k) - 3); return m } return "" }
-			/^\{/ { rps = field("rps"); reqs = field("requests"); p50 = field("p50_ms"); p99 = field("p99_ms"); err = field("errors") + field("non2xx") }
-			END { printf "%s %s %s %s %d\n", rps != "" ? rps : "0", reqs != "" ? reqs : "0", p50 != "" ? p50 : "-", p99 != "" ? p99 : "-", err }')
-		if ((reqs == 0)); then
-			row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "h3load measured no request: $(grep -v '^\s*$' "$wrkout" | tail -1 | tr '\t"\\' '   ' | cut -c1-200)"
-			return
-		fi
-	else
-	read -r rps reqs p50 p99 errors < <(awk '
-		/Requests\/sec:/ { rps = $2 }
-		/ requests in / { reqs = $1 }
-		$1 == "50%" { p50 = $2 }
-		$1 == "99%" { p99 = $2 }
-		/Non-2xx or 3xx responses:/ { err += $NF }
-		/Socket errors:/ { gsub(/,/, ""); err += $4 + $6 + $8 + $10 }
-		END { printf "%s %s %s %s %d\n", rps ? rps : "0", reqs ? reqs : "0", p50 ? p50 : "-", p99 ? p99 : "-", err }' "$wrkout")
-	if ((reqs == 0)); then
-		row "$proxy" "$cell" failed "" "" "" "" "" "" "" "" "" "" "" "wrk measured no request: $(tail -1 "$wrkout" | tr '\t"\\' '   ')"
+	if ((H3)) && ! wait_h3 "$url" "$pid"; then
+		log "$proxy $cell: no HTTP/3 answer: $WHY"
+		row "$proxy" "$cell" failed "no HTTP/3 answer on UDP $PX_TLS_PORT: $WHY"
+		stop_tree "$pid"
 		return
 	fi
-	fi
-	awk -v proxy="$proxy" -v cell="$cell" -v rps="$rps" -v reqs="$reqs" \
-		-v p50="$(to_ms "$p50")" -v p99="$(to_ms "$p99")" -v tck="$CLK_TCK" \
-		-v c="$((c1 - c0))" -v u="$((u1 - u0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" \
-		-v peak="$peak_kib" -v idle="$idle_kib" -v err="$errors" -v note="$note" -v round="$ROUND" -v direct="$([[ $proxy == direct ]] && echo 1 || echo 0)" '
-		BEGIN {
-			OFS = "\t"
-			cpu = direct ? "" : sprintf("%.1f", c * 1e6 / tck / reqs)
-			ctx = direct ? "" : sprintf("%.2f", s / reqs)
-			rw = direct ? "" : sprintf("%.2f", r / reqs)
-			pk = direct ? "" : sprintf("%.1f", peak / 1024)
-			id = direct ? "" : sprintf("%.1f", idle / 1024)
-			print proxy, cell, "ok", rps, p50, p99, cpu, pk, id, err, ctx, rw, sprintf("%.1f", u * 1e6 / tck / reqs), reqs, note, round
-		}' >>"$RESULTS"
+	local idle_kib
+	idle_kib=$("$BENCHTAB" rss "$pid")
+	warm_up "$url"
+	# The direct https-close row: wrk keeps each connection's TLS session,
+	# so its new connections resume; the upstream counts how many did (the
+	# other servers issue tickets too) and the row's note says so.
+	local stats=()
+	[[ $proxy == direct && $cell == https-close ]] && stats=(-stats-url "https://127.0.0.1:$UP_TLS_PORT/stats")
+	measure "$proxy" "$cell" "$pid" "$RESULTS" "$WORK" -idle-kib "$idle_kib" "${stats[@]}" ||
+		row "$proxy" "$cell" failed "bench/benchtab measure failed (see the log above)"
+	[[ $proxy != direct ]] && stop_tree "$pid"
+	return 0
 }
 
 # ------------------------------------------------------------------ report
 
-# aggregate: one line per proxy and cell from every round's rows: medians of
-# the rates, latencies and per-request costs, the largest peak RSS, errors
-# and requests summed, and "× direct" as the median of each round's ratio to
-# the direct row of the same round (so a slow patch of the machine, which
-# hits both, cancels out). Columns: proxy cell status rps p50 p99 cpu peak
-# idle errors ctx rw upstream-cpu requests note ratio rounds-ok.
-aggregate() {
-	awk -F'\t' -v OFS='\t' '
-		function median(list,   n, a, i, j, t) {
-			n = split(list, a, " ")
-			if (n == 0) return ""
-			for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]; a[j + 1] = t }
-			return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-		}
-		function add(k, f, v) { if (v != "") L[k, f] = L[k, f] (L[k, f] == "" ? "" : " ") v }
-		{
-			k = $1 SUBSEP $2
-			if (!(k in st)) { order[++n] = k; st[k] = $3; note[k] = $15 }
-			if ($3 != "ok") next
-			if (st[k] != "ok") note[k] = ""
-			st[k] = "ok"; ok[k]++
-			if ($15 != "") note[k] = $15
-			for (f = 4; f <= 13; f++) if (f != 8 && f != 10) add(k, f, $f)
-			if ($8 != "" && (!(k in peak) || $8 + 0 > peak[k] + 0)) peak[k] = $8
-			err[k] += $10; reqs[k] += $14
-			nr++; rk[nr] = k; rround[nr] = $16; rrps[nr] = $4
-			if ($1 == "direct") D[$16, $2] = $4
-		}
-		END {
-			for (i = 1; i <= nr; i++) {
-				split(rk[i], pc, SUBSEP)
-				if (((rround[i], pc[2]) in D) && D[rround[i], pc[2]] > 0) add(rk[i], "ratio", rrps[i] / D[rround[i], pc[2]])
-			}
-			for (i = 1; i <= n; i++) {
-				k = order[i]; split(k, pc, SUBSEP)
-				if (st[k] != "ok") { print pc[1], pc[2], st[k], "", "", "", "", "", "", "", "", "", "", "", note[k], "", 0; continue }
-				print pc[1], pc[2], "ok", median(L[k, 4]), median(L[k, 5]), median(L[k, 6]), median(L[k, 7]), peak[k], median(L[k, 9]),
-					err[k], median(L[k, 11]), median(L[k, 12]), median(L[k, 13]), reqs[k], note[k], median(L[k, "ratio"]), ok[k]
-			}
-		}' "$RESULTS"
-}
-
-report_markdown() {
-	local agg=$WORK/aggregate.tsv
-	aggregate >"$agg"
-	printf '## scafo-edge benchmark, %s\n\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
-	printf '%s CPUs shared by wrk, proxy and upstream; wrk %s: %s threads, %s connections, %s per cell after %s warm-up%s; workers %s (GOMAXPROCS = nginx workers = HAProxy threads).\n' \
-		"$(nproc)" "${VERSION[wrk]:-?}" "$THREADS" "$CONNS" "$DURATION" "$WARMUP" \
-		"$( ((ROUNDS > 1)) && echo "; medians of $ROUNDS rounds")" "$WORKERS"
-	if [[ -n $H2LOAD ]]; then
-		printf 'h2 cells: h2load %s, %s threads, h2 only (ALPN), connections × streams as each cell says, same duration and warm-up; p50/p99 from its per-request log; errors are its failed requests.\n' \
-			"${VERSION[h2load]:-?}" "$THREADS"
-	fi
-	if [[ -n $H3LOAD ]]; then
-		printf 'h3 cells: bench/h3load (%s), QUIC connections × streams as the cell says, same duration and a separate warm-up run; p50/p99 from its histogram; errors are its errors plus non-2xx responses.\n' \
-			"${VERSION[h3load]:-?}"
-	fi
-	local v='' p
-	for p in scafo-edge $BASELINE caddy traefik nginx haproxy; do
-		[[ -n ${VERSION[$p]:-} ]] && v+="${v:+, }$p ${VERSION[$p]}"
-	done
-	printf 'Versions: %s. Ratios within this run are what count; absolute figures move with the machine'"'"'s other load.\n\n' "${v:-none}"
-	awk -F'\t' '
-		function cellname(c) { return c == "http-1k" ? "HTTP keep-alive 1 KiB" : c == "http-1m" ? "HTTP keep-alive 1 MiB" : c == "https-1k" ? "HTTPS keep-alive 1 KiB" : c == "https-close" ? "HTTPS new connection per request 1 KiB" : c == "h2-1k" ? "h2 (TLS) 1 KiB, 16 conns × 16 streams" : c == "h2-1k-1s" ? "h2 (TLS) 1 KiB, 64 conns × 1 stream" : c == "h2-1m" ? "h2 (TLS) 1 MiB, 16 conns × 4 streams" : c == "h3-1k" ? "HTTP/3 1 KiB, 16 conns × 16 streams" : c }
-		function orDash(v, fmt) { return v == "" ? "—" : sprintf(fmt, v) }
-		BEGIN {
-			print "| cell | proxy | req/s | × direct | p50 ms | p99 ms | CPU µs/req | ctx switches/req | peak RSS MiB | idle RSS MiB | errors |"
-			print "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
-		}
-		{
-			if ($15 != "") notes[++nn] = $1 ": " ($3 == "ok" ? "" : $3 ": ") $15
-			if ($3 == "n/a") { printf "| %s | %s | — | — | — | — | — | — | — | — | — |\n", cellname($2), $1; next }
-			if ($3 != "ok") { printf "| %s | %s | %s | | | | | | | | |\n", cellname($2), $1, $3; next }
-			printf "| %s | %s | %.0f | %s | %.2f | %.2f | %s | %s | %s | %s | %s |\n", cellname($2), $1, $4, orDash($16, "%.2f"),
-				$5, $6, orDash($7, "%.1f"), orDash($11, "%.2f"), orDash($8, "%.1f"), orDash($9, "%.1f"), $10
-		}
-		END { if (nn) { print ""; for (j = 1; j <= nn; j++) { if (!(notes[j] in said)) print "- " notes[j]; said[notes[j]] = 1 } } }' "$agg"
-	targets_markdown "$agg"
-}
-
-# targets_markdown AGGREGATE: scafo-edge (and the --baseline-rev row, the
-# same way) against Caddy and nginx, per cell (issue 8's targets: req/s >=
-# 1.5x Caddy, CPU/req <= 0.6x Caddy, p99 <= Caddy; stretch: CPU/req <= 2x
-# nginx).
-targets_markdown() {
-	awk -F'\t' -v edges="scafo-edge $BASELINE" '
-		$3 == "ok" { R[$1, $2] = $4; P99[$1, $2] = $6; CPU[$1, $2] = $7; if (!($2 in seen)) { seen[$2] = 1; cells[++nc] = $2 } }
-		function verdict(ok) { return ok ? "met" : "not met" }
-		END {
-			ne = split(edges, E, " ")
-			for (k = 1; k <= nc; k++) for (m = 1; m <= ne; m++) {
-				c = cells[k]; e = E[m]
-				if (!((e, c) in R)) continue
-				if ((("caddy", c) in R)) {
-					line = sprintf("| %s | %s | %.2f (%s) | %.2f (%s) | %.2f (%s) |", c, e,
-						R[e, c] / R["caddy", c], verdict(R[e, c] >= 1.5 * R["caddy", c]),
-						CPU[e, c] / CPU["caddy", c], verdict(CPU[e, c] <= 0.6 * CPU["caddy", c]),
-						P99[e, c] / P99["caddy", c], verdict(P99[e, c] <= P99["caddy", c]))
-				} else line = sprintf("| %s | %s | — | — | — |", c, e)
-				if ((("nginx", c) in CPU) && CPU["nginx", c] > 0)
-					line = line sprintf(" %.2f (%s) |", CPU[e, c] / CPU["nginx", c], verdict(CPU[e, c] <= 2 * CPU["nginx", c]))
-				else line = line " — |"
-				rows[++nr] = line
-			}
-			if (!nr) exit
-			print ""
-			print "scafo-edge against the targets of issue 8 (ratios of this run):"
-			print ""
-			print "| cell | proxy | req/s × Caddy (≥ 1.5) | CPU/req × Caddy (≤ 0.6) | p99 × Caddy (≤ 1) | CPU/req × nginx (stretch ≤ 2) |"
-			print "|---|---|--:|--:|--:|--:|"
-			for (i = 1; i <= nr; i++) print rows[i]
-		}' "$1"
-}
-
-report_json() {
-	local versions='' p agg=$WORK/aggregate.tsv
-	aggregate >"$agg"
-	for p in "${!VERSION[@]}"; do
-		versions+="${versions:+, }\"$p\": \"${VERSION[$p]//\"/}\""
-	done
-	printf '{\n  "date": "%s",\n  "cpus": %s,\n  "settings": {"duration": "%s", "warmup": "%s", "rounds": %s, "connections": %s, "wrk_threads": %s, "workers": %s},\n  "versions": {%s},\n  "results": [\n' \
-		"$(date -u '+%Y-%m-%dT%H:%M:%SZ')" "$(nproc)" "$DURATION" "$WARMUP" "$ROUNDS" "$CONNS" "$THREADS" "$WORKERS" "$versions"
-	awk -F'\t' '
-		function num(v) { return v == "" ? "null" : v + 0 }
-		{ n++; L[n] = $0 }
-		END {
-			for (i = 1; i <= n; i++) {
-				split(L[i], f, "\t")
-				gsub(/["\\]/, "", f[15])
-				printf "    {\"proxy\": \"%s\", \"cell\": \"%s\", \"status\": \"%s\", \"rounds\": %d, \"requests\": %s, \"requests_per_sec\": %s, \"ratio_to_direct\": %s, \"p50_ms\": %s, \"p99_ms\": %s, \"cpu_us_per_request\": %s, \"context_switches_per_request\": %s, \"rw_syscalls_per_request\": %s, \"peak_rss_mib\": %s, \"idle_rss_mib\": %s, \"errors\": %s, \"upstream_cpu_us_per_request\": %s, \"note\": \"%s\"}%s\n",
-					f[1], f[2], f[3], f[17], num(f[14]), num(f[4]), num(f[16]), num(f[5]), num(f[6]), num(f[7]), num(f[11]), num(f[12]), num(f[8]), num(f[9]), num(f[10]), num(f[13]), f[15], i < n ? "," : ""
-			}
-		}' "$agg"
-	printf '  ]\n}\n'
+# report [--json]: the table (or the JSON) of every round's rows: medians,
+# "× direct" per round, issue 8's targets (bench/benchtab report).
+report() {
+	local flags=(-results "$RESULTS" -cpus "$(nproc)" -duration "$DURATION" -warmup "$WARMUP"
+		-rounds "$ROUNDS" -connections "$CONNS" -threads "$THREADS" -workers "$WORKERS") p
+	for p in "${!VERSION[@]}"; do flags+=(-version "$p=${VERSION[$p]}"); done
+	"$BENCHTAB" report "${flags[@]}" "$@"
 }
 
 # ----------------------------------------------------------------- profile
 
-# profile: the edge's request path (bench/edgeprof: edge.Handler and
-# backhaul.Proxy wired as the serve command wires them) under the http-1k
-# load, with a CPU profile, an allocation profile of the window, and the
-# per-request figures /proc gives.
+# profile: scafo-edge itself, started as the table starts it, under the
+# load of each cell of --cells, profiled through its admin listener's
+# /debug/pprof (served to loopback): a CPU profile of the measured window,
+# allocation profiles at its two ends, and the window's per-request figures
+# (bench/benchtab, as in the table). DIR/<cell>/ gets cpu.pprof,
+# allocs-before.pprof, allocs-after.pprof, the load's output and
+# summary.md; bench/pgo.sh merges the CPU profiles into default.pgo.
 profile() {
-	mkdir -p "$PROFILE_DIR"
-	[[ -n $EDGE_BIN ]] || die "bench/edgeprof: $EDGE_NOTE"
-	write_edge_routes
-	start "$WORK/edgeprof.log" env GOMAXPROCS="$WORKERS" "$EDGE_BIN" \
-		-addr "127.0.0.1:$PX_PORT" -pprof-addr "127.0.0.1:$ADMIN_PORT" -routes-file "$WORK/routes.json"
-	local pid=$PID url=http://$HOST:$PX_PORT/1k pp=http://127.0.0.1:$ADMIN_PORT/debug/pprof
-	wait_ok "$url" 1024 "$pid" || die "edgeprof did not start: $(tail -3 "$WORK/edgeprof.log")"
-	local secs=${DURATION%s}
+	[[ -n $EDGE_BIN ]] || die "scafo-edge: $EDGE_NOTE"
+	local secs=${DURATION%s} cell
 	[[ $secs =~ ^[0-9]+$ ]] || die "--profile needs --duration in whole seconds (e.g. 10s)"
-	local wrkargs=(-t "$THREADS" -c "$CONNS" --latency --timeout 10s)
-	"$WRK" "${wrkargs[@]}" -d "$WARMUP" "$url" >/dev/null 2>&1 || true
+	write_edge_routes
+	for cell in "${cell_list[@]}"; do profile_cell "$cell" "$secs"; done
+}
 
-	# Window 1: CPU profile, with the /proc figures over the same window.
-	log "profiling: CPU for ${secs}s under http-1k load"
-	"$CURL" -s -o "$PROFILE_DIR/allocs-before.pprof" "$pp/allocs"
-	local c0 s0 r0
-	c0=$(cpu_ticks "$pid"); s0=$(ctx_switches "$pid"); r0=$(rw_syscalls "$pid")
-	"$CURL" -s -o "$PROFILE_DIR/cpu.pprof" "$pp/profile?seconds=$secs" &
+profile_cell() {
+	local cell=$1 secs=$2 dir=$PROFILE_DIR/$1 pp=http://127.0.0.1:$ADMIN_PORT/debug/pprof
+	cell_spec "$cell"
+	local tls=0 url
+	[[ $SCHEME == https ]] && tls=1
+	mkdir -p "$dir"
+	rm -f "$dir/window.jsonl"
+	start_proxy scafo-edge "$tls" "$H2" "$H3"
+	local pid=$PID
+	url=$(proxy_url scafo-edge)
+	wait_ok "$url" "$SIZE" "$pid" || die "scafo-edge did not start: $(tail -3 "$WORK/scafo-edge.log")"
+	if ((H3)) && ! wait_h3 "$url" "$pid"; then die "scafo-edge: no HTTP/3 answer: $WHY"; fi
+	warm_up "$url"
+
+	log "profiling scafo-edge: CPU for ${secs}s under the $cell load"
+	"$CURL" -sf -o "$dir/allocs-before.pprof" "$pp/allocs" || die "GET $pp/allocs failed: is pprof served on the admin listener?"
+	"$CURL" -sf -o "$dir/cpu.pprof" "$pp/profile?seconds=$secs" &
 	local curl_pid=$!
-	"$WRK" "${wrkargs[@]}" -d "${secs}s" "$url" >"$PROFILE_DIR/wrk.txt" 2>&1 || true
-	wait "$curl_pid" || true
-	local c1 s1 r1
-	c1=$(cpu_ticks "$pid"); s1=$(ctx_switches "$pid"); r1=$(rw_syscalls "$pid")
-	"$CURL" -s -o "$PROFILE_DIR/allocs-after.pprof" "$pp/allocs"
-	local reqs
-	reqs=$(awk '/ requests in / { print $1 }' "$PROFILE_DIR/wrk.txt")
-	((reqs > 0)) || die "profile: wrk measured no request: $(cat "$PROFILE_DIR/wrk.txt")"
-
-	{
-		printf '## edge request path (%s) under http-1k load (%s connections, %s)\n\n' "$EDGE_VERSION" "$CONNS" "$DURATION"
-		grep -E 'Requests/sec|requests in' "$PROFILE_DIR/wrk.txt" | sed 's/^ */    /'
-		awk -v c="$((c1 - c0))" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v n="$reqs" -v tck="$CLK_TCK" 'BEGIN {
-			printf "    CPU %.1f µs/request; %.2f context switches/request; %.2f read+write syscalls/request\n\n", c * 1e6 / tck / n, s / n, r / n }'
-		printf '### CPU (go tool pprof -top -nodecount=40 %s/cpu.pprof)\n\n```\n' "$PROFILE_DIR"
-		go tool pprof -top -nodecount=40 "$EDGE_BIN" "$PROFILE_DIR/cpu.pprof" 2>/dev/null
-		printf '```\n\n### CPU, cumulative (-top -cum -nodecount=40)\n\n```\n'
-		go tool pprof -top -cum -nodecount=40 "$EDGE_BIN" "$PROFILE_DIR/cpu.pprof" 2>/dev/null
-		printf '```\n\n### Allocations in the window (alloc_objects, -base allocs-before)\n\n'
-		local objs bytes
-		objs=$(go tool pprof -top -nodecount=1 -sample_index=alloc_objects -base "$PROFILE_DIR/allocs-before.pprof" \
-			"$EDGE_BIN" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null | awk '/ total$/ { print $(NF-1) }')
-		bytes=$(go tool pprof -top -nodecount=1 -unit=B -sample_index=alloc_space -base "$PROFILE_DIR/allocs-before.pprof" \
-			"$EDGE_BIN" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null | awk '/ total$/ { print $(NF-1) + 0 }')
-		awk -v o="${objs:-0}" -v b="${bytes:-0}" -v n="$reqs" 'BEGIN {
-			printf "About %.0f objects and %.0f bytes allocated per request (the heap profile is sampled and ends at the last GC).\n\n", o / n, b / n }'
-		printf '```\n'
-		go tool pprof -top -nodecount=30 -sample_index=alloc_objects -base "$PROFILE_DIR/allocs-before.pprof" \
-			"$EDGE_BIN" "$PROFILE_DIR/allocs-after.pprof" 2>/dev/null
-		printf '```\n'
-	} | tee "$PROFILE_DIR/summary.md"
+	measure scafo-edge "$cell" "$pid" "$dir/window.jsonl" "$dir" || true
+	wait "$curl_pid" || die "GET $pp/profile failed"
+	"$CURL" -sf -o "$dir/allocs-after.pprof" "$pp/allocs" || die "GET $pp/allocs failed"
 	stop_tree "$pid"
+	"$BENCHTAB" window -results "$dir/window.jsonl" >/dev/null ||
+		die "profile: $(tail -1 "$dir/window.jsonl")"
+
+	local top=(go tool pprof -top) base=(-base "$dir/allocs-before.pprof" "$EDGE_BIN" "$dir/allocs-after.pprof")
+	{
+		printf '## scafo-edge (%s) under the %s load (%s)\n\n' "$EDGE_VERSION" "$cell" "$DURATION"
+		grep -E 'Requests/sec| requests in |^finished in|^requests:|^\{' "$OUT" | sed 's/^ */    /'
+		"$BENCHTAB" window -results "$dir/window.jsonl"
+		printf '\n### CPU (go tool pprof -top -nodecount=40 %s/cpu.pprof)\n\n```\n' "$dir"
+		"${top[@]}" -nodecount=40 "$EDGE_BIN" "$dir/cpu.pprof" 2>/dev/null
+		printf '```\n\n### CPU, cumulative (-top -cum -nodecount=40)\n\n```\n'
+		"${top[@]}" -cum -nodecount=40 "$EDGE_BIN" "$dir/cpu.pprof" 2>/dev/null
+		printf '```\n\n### Allocations in the window (alloc_objects, -base allocs-before)\n\n'
+		"${top[@]}" -nodecount=1 -sample_index=alloc_objects "${base[@]}" >"$dir/allocs-objects.top" 2>/dev/null
+		"${top[@]}" -nodecount=1 -unit=B -sample_index=alloc_space "${base[@]}" >"$dir/allocs-bytes.top" 2>/dev/null
+		"$BENCHTAB" allocs -results "$dir/window.jsonl" -objects "$dir/allocs-objects.top" -bytes "$dir/allocs-bytes.top"
+		printf '\n```\n'
+		"${top[@]}" -nodecount=30 -sample_index=alloc_objects "${base[@]}" 2>/dev/null
+		printf '```\n\n'
+	} | tee "$dir/summary.md"
 }
 
 if [[ -n $PROFILE_DIR ]]; then
+	IFS=, read -r -a cell_list <<<"$CELLS"
+	for cell in "${cell_list[@]}"; do cell_spec "$cell"; done
 	profile
 	exit 0
 fi
@@ -1211,5 +975,5 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
 	done
 done
 
-if ((JSON)); then report_json; else report_markdown; fi
-if [[ -n $JSON_FILE ]]; then report_json >"$JSON_FILE"; fi
+if ((JSON)); then report -json; else report; fi
+if [[ -n $JSON_FILE ]]; then report -json >"$JSON_FILE"; fi

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// goldenMeta is the run the golden files were rendered for. testdata/
+// report.md and report.json are what bench/run.sh's awk printed for
+// testdata/results.jsonl before the measuring moved here: the move keeps
+// every column, note and field.
+var goldenMeta = Meta{
+	Date: "2026-12-01T11:30:00Z", CPUs: 2, Duration: "3s", Warmup: "1s", Rounds: 2, Conns: 64, Threads: 2, Workers: 2,
+	Versions: map[string]string{
+		"wrk": "4.1.0", "h2load": "1.52.0", "scafo-edge": "9367f69", "scafo-edge@abc1234": "--baseline-rev abc1234",
+		"caddy": "v2.11.9", "nginx": "1.22.1", "direct": "bench/upstream (Go 1.26.8)",
+	},
+}
+
+func goldenSummaries(t *testing.T) []Summary {
+	t.Helper()
+	rows, err := readRows("testdata/results.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return aggregate(rows)
+}
+
+func TestMarkdownMatchesTheShellTable(t *testing.T) {
+	var b bytes.Buffer
+	writeMarkdown(&b, goldenMeta, goldenSummaries(t))
+	want := string(mustRead(t, "report.md"))
+	if got := b.String(); got != want {
+		t.Errorf("writeMarkdown:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestJSONMatchesTheShellJSON(t *testing.T) {
+	var b bytes.Buffer
+	if err := writeJSON(&b, goldenMeta, goldenSummaries(t)); err != nil {
+		t.Fatal(err)
+	}
+	var got, want any
+	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
+		t.Fatalf("writeJSON printed invalid JSON: %v\n%s", err, b.String())
+	}
+	if err := json.Unmarshal(mustRead(t, "report.json"), &want); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("writeJSON:\n%s\nwant the fields and values of testdata/report.json", b.String())
+	}
+	// The field order is the documented one, not Go's map order.
+	if i, j := strings.Index(b.String(), `"requests_per_sec"`), strings.Index(b.String(), `"note"`); i < 0 || j < i {
+		t.Errorf("requests_per_sec should come before note:\n%s", b.String())
+	}
+}
+
+func TestTargetsNeedAnEdgeRow(t *testing.T) {
+	var b bytes.Buffer
+	writeTargets(&b, []Summary{{Proxy: "caddy", Cell: "http-1k", Status: "ok", RPS: ptr(1)}})
+	if b.Len() != 0 {
+		t.Errorf("writeTargets without an edge row printed:\n%s", b.String())
+	}
+}
