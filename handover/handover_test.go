@@ -244,6 +244,23 @@ func wait(t *testing.T, o *Offer, socks Sockets) <-chan *Handoff {
 	return got
 }
 
+// handOver runs the exchange between a fresh old process (not serving)
+// and a successor on dir; everything is closed when the test ends.
+func handOver(t *testing.T, dir string) (*process, *Taken, *Handoff) {
+	t.Helper()
+	old := bindProcess(t, "old")
+	t.Cleanup(func() { old.socks.Close() })
+	handoffs := wait(t, listen(t, dir), old.socks)
+	tk := take(t, dir)
+	t.Cleanup(func() { tk.Sockets.Close() })
+	h := <-handoffs
+	if h == nil {
+		t.Fatal("Wait returned no handoff")
+	}
+	t.Cleanup(func() { h.Close() })
+	return old, tk, h
+}
+
 func take(t *testing.T, dir string) *Taken {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -537,13 +554,7 @@ func TestOfferSurvivesAFailedSuccessor(t *testing.T) {
 }
 
 func TestOldEdgeGoneBeforeRelease(t *testing.T) {
-	dir := t.TempDir()
-	old := bindProcess(t, "old")
-	offer := listen(t, dir)
-	handoffs := wait(t, offer, old.socks)
-	tk := take(t, dir)
-	defer tk.Sockets.Close()
-	h := <-handoffs
+	old, tk, h := handOver(t, t.TempDir())
 	old.socks.Close()
 	h.Close() // the old edge dies without a word
 
@@ -806,15 +817,7 @@ func TestGateAnswersAConnectionAcceptedBeforeStop(t *testing.T) {
 func TestReleasedDocumentKeepsItsStaleMark(t *testing.T) {
 	for _, stale := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stale=%v", stale), func(t *testing.T) {
-			dir := t.TempDir()
-			old := bindProcess(t, "old")
-			defer old.socks.Close()
-			offer := listen(t, dir)
-			handoffs := wait(t, offer, old.socks)
-			tk := take(t, dir)
-			defer tk.Sockets.Close()
-			h := <-handoffs
-			defer h.Close()
+			_, tk, h := handOver(t, t.TempDir())
 			u := testUpdate(t)
 			u.Stale = stale
 			if err := h.release(u); err != nil {
@@ -834,15 +837,7 @@ func TestReleasedDocumentKeepsItsStaleMark(t *testing.T) {
 }
 
 func TestRunGoesOnWhenAStepFails(t *testing.T) {
-	dir := t.TempDir()
-	old := bindProcess(t, "old")
-	defer old.socks.Close()
-	offer := listen(t, dir)
-	handoffs := wait(t, offer, old.socks)
-	tk := take(t, dir)
-	defer tk.Sockets.Close()
-	h := <-handoffs
-	defer h.Close()
+	_, tk, h := handOver(t, t.TempDir())
 	err := h.Run(Steps{
 		StopAccepting: func() {},
 		// A client that connected and never sent a request.
