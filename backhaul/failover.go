@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/scafo/scafo-edge/backhaul/internal/h1"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -163,7 +164,7 @@ func (p *Proxy) try(w http.ResponseWriter, r *http.Request, out *http.Request, b
 	if rtErr == nil && (resp.StatusCode < 100 || resp.StatusCode > 999) {
 		// Go's client takes "HTTP/1.1 099"; its server panics on it.
 		resp.Body.Close()
-		rtErr = fmt.Errorf("%w: status %d", errMalformedResponse, resp.StatusCode)
+		rtErr = fmt.Errorf("%w: status %d", h1.ErrMalformedResponse, resp.StatusCode)
 	}
 	if rtErr != nil {
 		return p.failed(r, body, u, s, rtErr)
@@ -192,7 +193,7 @@ func (p *Proxy) failed(r *http.Request, body *requestBody, u node.Upstream, s *h
 	// Connected, so reachable: whatever went wrong next is no reason to
 	// eject it, nor to try another (the request may have been acted on).
 	p.connected(u, s)
-	if isTimeout(err) {
+	if h1.IsTimeout(err) {
 		return false, fmt.Errorf("%w: %s: %w", ErrUpstreamTimeout, u.Address, err)
 	}
 	return false, fmt.Errorf("%w: %w: %s: %w", ErrNoUpstream, ErrUpstreamFailed, u.Address, err)

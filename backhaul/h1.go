@@ -2,18 +2,20 @@ package backhaul
 
 // Every request but an upgrade, CONNECT, one with trailers and one that
 // expects 100-continue takes a small HTTP/1.1 client of the package's own
-// rather than http.Transport: a bodiless request is written and its
-// response read on the handler's goroutine, over a pooled keep-alive
-// connection. http.Transport hands every request to a persistConn's
-// writeLoop and takes the response from its readLoop, which costs two
-// goroutine wake-ups, several channel operations, a context and ~60
-// allocations per request, and keeps a goroutine blocked on every idle
-// connection (issue 8). The request's header is written straight from the
-// client's, without building an outbound map, and the response head is
-// parsed straight into the client's response header. A request with a
-// body has its body written by a second goroutine while the response is
-// read, so that an upstream's early answer reaches the client
-// (roundTripH1Body).
+// (internal/h1: the pool, the response-head parser, the body readers)
+// rather than http.Transport: the request is written and its response
+// read on the handler's goroutine, over a pooled keep-alive connection.
+// http.Transport hands every request to a persistConn's writeLoop and
+// takes the response from its readLoop, which costs two goroutine
+// wake-ups, several channel operations, a context and ~60 allocations per
+// request, and keeps a goroutine blocked on every idle connection. The
+// request's header is written straight from the client's, without
+// building an outbound map (h1request.go), and the response head is
+// parsed straight into the client's response header (h1response.go). A
+// request with a body (read whole first up to 64 KiB, streamed beyond)
+// has it written by a second goroutine while the response is read, so
+// that an upstream's early answer reaches the client (roundTripH1Body).
+// This file is the exchange: retries, timeouts and that second goroutine.
 
 import (
 	"context"
@@ -23,6 +25,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/scafo/scafo-edge/backhaul/internal/h1"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -36,14 +39,11 @@ func h1Eligible(r *http.Request, upgrade string) bool {
 	return !expect
 }
 
-// Failures of the pooled client that are not I/O errors. They match
-// nothing exported: Forward wraps them in ErrUpstreamFailed.
-var (
-	errMalformedResponse = errors.New("malformed HTTP response")
-	errHeaderTooLarge    = errors.New("response header too large")
-	errUnaskedSwitch     = errors.New("101 switching protocols without an upgrade asked for")
-	errInvalidRequest    = errors.New("request cannot be written as HTTP/1.1")
-)
+// errInvalidRequest is a request the pooled client cannot write: a byte
+// HTTP/1.1 does not allow in its method, target or a header. Like the
+// h1 package's errors it matches nothing exported: Forward wraps it in
+// ErrUpstreamFailed.
+var errInvalidRequest = errors.New("request cannot be written as HTTP/1.1")
 
 // tryH1 is try for a request the pooled client takes: it sends r, with
 // body (nil for none), to u and, when u answers, writes the response to w.
@@ -70,16 +70,16 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 			ctl.EnableFullDuplex()
 		}
 	}
-	pc, reused, err := p.pool.get(ctx, u.Address, start)
+	pc, reused, err := p.pool.Get(ctx, u.Address, start)
 	if err != nil {
-		return p.failed(r, body, u, s, err)
+		return p.failed(r, body, u, s, &connectError{addr: u.Address, err: err})
 	}
 	for {
 		var resend bool
 		if resend, err = p.roundTripH1(pc, ctl, r, body, start, headBy); err == nil {
 			break
 		}
-		pc.nc.Close()
+		pc.NC.Close()
 		// A pooled connection may have been closed by the upstream just
 		// as it was taken (the keep-alive race, which the peek before
 		// reuse narrows but cannot close). Only then is the request sent
@@ -88,25 +88,25 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 		if !reused || !resend || ctx.Err() != nil {
 			return p.failed(r, body, u, s, err)
 		}
-		if pc, err = p.pool.dial(ctx, u.Address); err != nil {
-			return p.failed(r, body, u, s, err)
+		if pc, err = p.pool.Dial(ctx, u.Address); err != nil {
+			return p.failed(r, body, u, s, &connectError{addr: u.Address, err: err})
 		}
 		reused = false
 	}
 	p.connected(u, s)
 	clean, err := p.respondH1(w, r, pc, res)
 	if body != nil {
-		clean = pc.endWrite(ctl, body) && clean
+		clean = endWrite(pc, ctl, body) && clean
 		res.BytesIn = body.sent()
 	}
-	pc.rd.end()
-	if clean && pc.reusable() {
+	pc.End()
+	if clean && pc.Reusable() {
 		// Stamped with the exchange's start: the idle time is
 		// overestimated by the exchange, which only makes the idle
 		// timeout close it a little sooner.
-		p.pool.put(pc, start)
+		p.pool.Put(pc, start)
 	} else {
-		pc.nc.Close()
+		pc.NC.Close()
 	}
 	if _, cut := err.(*cutShortError); cut {
 		// Closing the client's connection is what shows it the
@@ -123,18 +123,7 @@ type cutShortError struct{ err error }
 func (e *cutShortError) Error() string { return e.err.Error() }
 func (e *cutShortError) Unwrap() error { return e.err }
 
-// reusable reports whether pc may carry another request once its response
-// was read to its end: the upstream wants to keep it, nothing it sent is
-// left unread, and the response did not declare a body it does not carry.
-// A HEAD, 204 or 304 response with a length or chunked framing is where an
-// upstream that gets framing wrong sends the body anyway, a moment later,
-// where the next request's response is expected (issue 13): the peek
-// before reuse sees such bytes only if they arrived before it looked.
-func (pc *h1Conn) reusable() bool {
-	return pc.head.keepAlive && pc.br.Buffered() == 0 && !pc.head.declaredUnsent
-}
-
-// roundTripH1 sends r on pc and reads the response head into pc.head.
+// roundTripH1 sends r on pc and reads the response head into pc.Head.
 // When it fails, resend reports whether r may be sent again on another
 // connection without risk of the upstream acting on it twice:
 //   - when none of its bytes were written, for every method;
@@ -149,34 +138,34 @@ func (pc *h1Conn) reusable() bool {
 // request, slowly. A write that failed part way is not "nothing was sent":
 // the upstream may have read the request's start and answered early (a 413
 // before closing), and that answer is read and relayed.
-func (p *Proxy) roundTripH1(pc *h1Conn, ctl *http.ResponseController, r *http.Request, body *requestBody, now, headBy time.Time) (resend bool, err error) {
-	before := pc.out.written.Load()
+func (p *Proxy) roundTripH1(pc *h1.Conn, ctl *http.ResponseController, r *http.Request, body *requestBody, now, headBy time.Time) (resend bool, err error) {
+	before := pc.Written()
 	if body != nil {
 		// The response-header timeout counts from the body's last byte
 		// (roundTripH1Body), as the transport counts it: an upload takes
 		// as long as the client takes to send it.
-		pc.rd.begin(r.Context(), now, time.Time{})
+		pc.Begin(r.Context(), now, time.Time{})
 		return p.roundTripH1Body(pc, ctl, r, body, before)
 	}
-	pc.rd.begin(r.Context(), now, headBy)
-	werr := p.writeRequest(pc.bw, r, pc.addr, nil)
-	sent := pc.out.written.Load() > before
-	if werr != nil && (!sent || isTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
-		return !sent && !isTimeout(werr) && !errors.Is(werr, errInvalidRequest), werr
+	pc.Begin(r.Context(), now, headBy)
+	werr := p.writeRequest(pc.BW, r, pc.Addr, nil)
+	sent := pc.Written() > before
+	if werr != nil && (!sent || h1.IsTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
+		return !sent && !h1.IsTimeout(werr) && !errors.Is(werr, errInvalidRequest), werr
 	}
-	anyRead, err := pc.readHead(r.Method == http.MethodHead)
+	anyRead, err := pc.ReadHead(r.Method == http.MethodHead)
 	if err == nil {
 		if werr != nil {
 			// Answered before the whole request was taken: what follows
 			// on this connection cannot be trusted to frame.
-			pc.head.keepAlive = false
+			pc.Head.KeepAlive = false
 		}
 		return false, nil
 	}
 	if werr != nil {
 		err = werr
 	}
-	return !anyRead && !isTimeout(err) && idempotent(r), err
+	return !anyRead && !h1.IsTimeout(err) && idempotent(r), err
 }
 
 // roundTripH1Body is roundTripH1 for a request with a body. The request is
@@ -188,43 +177,43 @@ func (p *Proxy) roundTripH1(pc *h1Conn, ctl *http.ResponseController, r *http.Re
 // running; endWrite waits for it once the response has been relayed. ctl
 // is the client's response's controller, through which a writer blocked
 // reading the client's body is woken.
-func (p *Proxy) roundTripH1Body(pc *h1Conn, ctl *http.ResponseController, r *http.Request, body *requestBody, before int64) (resend bool, err error) {
-	if pc.wrote == nil {
-		pc.wrote = make(chan error, 1)
+func (p *Proxy) roundTripH1Body(pc *h1.Conn, ctl *http.ResponseController, r *http.Request, body *requestBody, before int64) (resend bool, err error) {
+	if pc.Wrote == nil {
+		pc.Wrote = make(chan error, 1)
 	}
-	pc.head.state.Store(headAwaited)
-	pc.headTimer = nil
+	pc.HeadState.Store(headAwaited)
+	pc.HeadTimer = nil
 	go func() {
-		err := p.writeRequest(pc.bw, r, pc.addr, body)
+		err := p.writeRequest(pc.BW, r, pc.Addr, body)
 		switch {
 		case err == nil && p.rhTimeout:
-			pc.headTimer = time.AfterFunc(p.rhTimeoutDur, func() {
-				if pc.head.state.CompareAndSwap(headAwaited, headTimedOut) {
-					pc.nc.Close()
+			pc.HeadTimer = time.AfterFunc(p.rhTimeoutDur, func() {
+				if pc.HeadState.CompareAndSwap(headAwaited, headTimedOut) {
+					pc.NC.Close()
 				}
 			})
-		case err != nil && (isTimeout(err) || body.clientFailed.Load() || errors.Is(err, errInvalidRequest)):
+		case err != nil && (h1.IsTimeout(err) || body.clientFailed.Load() || errors.Is(err, errInvalidRequest)):
 			// The request cannot be sent whole: the upstream stopped
 			// reading, or the client's body broke off. The upstream
 			// waits in vain for the rest, before its answer or while
 			// sending it; closing ends the exchange for the reader too.
-			pc.head.state.CompareAndSwap(headAwaited, headAbandoned)
-			pc.nc.Close()
+			pc.HeadState.CompareAndSwap(headAwaited, headAbandoned)
+			pc.NC.Close()
 		}
-		pc.wrote <- err
+		pc.Wrote <- err
 	}()
-	pc.stopWatch = context.AfterFunc(r.Context(), func() { pc.nc.Close() })
-	anyRead, err := pc.readHead(r.Method == http.MethodHead)
-	if err == nil && pc.head.state.CompareAndSwap(headAwaited, headArrived) {
+	pc.StopWatch = context.AfterFunc(r.Context(), func() { pc.NC.Close() })
+	anyRead, err := pc.ReadHead(r.Method == http.MethodHead)
+	if err == nil && pc.HeadState.CompareAndSwap(headAwaited, headArrived) {
 		return false, nil
 	}
-	pc.nc.Close()
-	werr := pc.awaitWriter(ctl, body)
-	pc.stopWatch()
-	if pc.headTimer != nil {
-		pc.headTimer.Stop()
+	pc.NC.Close()
+	werr := awaitWriter(pc, ctl, body)
+	pc.StopWatch()
+	if pc.HeadTimer != nil {
+		pc.HeadTimer.Stop()
 	}
-	switch pc.head.state.Load() {
+	switch pc.HeadState.Load() {
 	case headTimedOut:
 		return false, fmt.Errorf("read response head: %w", os.ErrDeadlineExceeded)
 	case headAbandoned:
@@ -232,10 +221,10 @@ func (p *Proxy) roundTripH1Body(pc *h1Conn, ctl *http.ResponseController, r *htt
 		// read, which may have had a head by then): its error decides.
 		return false, werr
 	}
-	if isTimeout(err) || !body.replayable() {
+	if h1.IsTimeout(err) || !body.replayable() {
 		return false, err
 	}
-	if pc.out.written.Load() == before {
+	if pc.Written() == before {
 		return true, err
 	}
 	return !anyRead && idempotent(r), err
@@ -257,9 +246,9 @@ const (
 // still running means the upstream answered without reading the whole
 // body: the connection is closed to stop it, and cannot carry another
 // request.
-func (pc *h1Conn) endWrite(ctl *http.ResponseController, body *requestBody) (complete bool) {
+func endWrite(pc *h1.Conn, ctl *http.ResponseController, body *requestBody) (complete bool) {
 	select {
-	case err := <-pc.wrote:
+	case err := <-pc.Wrote:
 		complete = err == nil
 	default:
 		// Usually the writer is done and about to say so; an upstream
@@ -267,22 +256,22 @@ func (pc *h1Conn) endWrite(ctl *http.ResponseController, body *requestBody) (com
 		// http.Transport gives it (maxWriteWaitBeforeConnReuse).
 		t := time.NewTimer(maxWriteWait)
 		select {
-		case err := <-pc.wrote:
+		case err := <-pc.Wrote:
 			complete = err == nil
 		case <-t.C:
-			pc.nc.Close()
-			pc.awaitWriter(ctl, body)
+			pc.NC.Close()
+			awaitWriter(pc, ctl, body)
 		}
 		t.Stop()
 	}
-	if pc.headTimer != nil && !pc.headTimer.Stop() {
+	if pc.HeadTimer != nil && !pc.HeadTimer.Stop() {
 		// It ran (finding the head arrived, so closing nothing) or is
 		// about to: not stopped in time, it must not find a later
 		// exchange on this connection.
 		complete = false
 	}
 	// A watch that fired (the client left) is closing the connection.
-	return pc.stopWatch() && complete
+	return pc.StopWatch() && complete
 }
 
 // awaitWriter returns the writer's result once nc is closed. A writer
@@ -291,18 +280,18 @@ func (pc *h1Conn) endWrite(ctl *http.ResponseController, body *requestBody) (com
 // deadline on the client's side, so that an answer is never held back for
 // as long as the client pauses. The client cannot then send another
 // request on its connection: its body was not read to the end.
-func (pc *h1Conn) awaitWriter(ctl *http.ResponseController, body *requestBody) error {
+func awaitWriter(pc *h1.Conn, ctl *http.ResponseController, body *requestBody) error {
 	if body.buffered != nil {
 		// Sent from memory: the writer never waits on the client.
-		return <-pc.wrote
+		return <-pc.Wrote
 	}
 	select {
-	case err := <-pc.wrote:
+	case err := <-pc.Wrote:
 		return err
 	default:
 	}
 	ctl.SetReadDeadline(time.Now())
-	return <-pc.wrote
+	return <-pc.Wrote
 }
 
 // maxWriteWait is how long a relayed response waits for its request's

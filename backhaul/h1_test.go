@@ -344,26 +344,8 @@ func TestPooledConnections(t *testing.T) {
 		}
 	})
 
-	t.Run("a connection idle past its read deadline is peeked and reused", func(t *testing.T) {
-		var conns atomic.Int32
-		up := rawKeepAlive(t, &conns, func(*http.Request, int) (string, bool) { return ok, false })
-		p := newProxy(t, Options{})
-		e := startEdge(t, p, node.Upstream{Node: "a", Address: up})
-		getN(t, e.addr, 1)
-		e.next(t)
-		// Age the idle connection instead of waiting for it to age.
-		pc := p.pool.pop(up)
-		if pc == nil {
-			t.Fatal("no idle connection after a keep-alive response")
-		}
-		long := time.Now().Add(-time.Minute)
-		pc.rd.arm(long)
-		p.pool.put(pc, long)
-		getN(t, e.addr, 1)
-		if n := conns.Load(); n != 1 {
-			t.Errorf("upstream accepted %d connections, want 1", n)
-		}
-	})
+	// A connection idle past its read deadline is peeked and reused: h1's
+	// TestPoolReusesAConnectionIdlePastItsReadDeadline.
 
 	t.Run("a connection that said close is not reused", func(t *testing.T) {
 		var conns atomic.Int32
@@ -485,7 +467,7 @@ func TestPooledConnections(t *testing.T) {
 		e := startEdge(t, p, up)
 		getN(t, e.addr, 1)
 		waitFor(t, "the idle connection to close", func() bool {
-			return p.pool.idleCount(up.Address) == 0 && closedConns.Load() == 1
+			return p.pool.IdleCount(up.Address) == 0 && closedConns.Load() == 1
 		})
 	})
 
@@ -513,11 +495,11 @@ func TestPooledConnections(t *testing.T) {
 		for i := 0; i < inFlight; i++ {
 			<-done
 		}
-		if n := p.pool.idleCount(up.Address); n != maxIdle {
+		if n := p.pool.IdleCount(up.Address); n != maxIdle {
 			t.Errorf("idle connections = %d, want %d", n, maxIdle)
 		}
 		p.Close()
-		if n := p.pool.idleCount(up.Address); n != 0 {
+		if n := p.pool.IdleCount(up.Address); n != 0 {
 			t.Errorf("after Close, idle connections = %d, want 0", n)
 		}
 	})
@@ -532,7 +514,7 @@ func TestResponseHeaderTimeoutOnThePooledClient(t *testing.T) {
 	if resp.StatusCode != 504 || !errors.Is(c.err, ErrUpstreamTimeout) {
 		t.Errorf("got %d, %v; want 504 and ErrUpstreamTimeout", resp.StatusCode, c.err)
 	}
-	if n := p.pool.idleCount(up.Address); n != 0 {
+	if n := p.pool.IdleCount(up.Address); n != 0 {
 		t.Errorf("idle connections = %d, want 0: a timed-out connection is not reused", n)
 	}
 }
@@ -574,7 +556,7 @@ func TestHTTP2GetsTakeThePooledClient(t *testing.T) {
 			r.Method, r.RequestURI, r.Header.Get("X-Forwarded-Proto"), r.ContentLength)
 	}
 	// Only the pooled client keeps connections in p.pool.
-	if n := p.pool.idleCount(up); n != 1 {
+	if n := p.pool.IdleCount(up); n != 1 {
 		t.Errorf("pooled idle connections = %d, want 1: an HTTP/2 GET takes the pooled client", n)
 	}
 

@@ -6,9 +6,10 @@ package backhaul
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
+
+	"github.com/scafo/scafo-edge/backhaul/internal/h1"
 )
 
 // writeRequest writes r's head to bw, then body (nil for none), and
@@ -27,7 +28,7 @@ func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string, bod
 	if host == "" {
 		host = addr
 	}
-	if !validMethod(r.Method) || !validTarget(target) || !validValue(host) {
+	if !h1.ValidMethod(r.Method) || !h1.ValidTarget(target) || !h1.ValidValue(host) {
 		return errInvalidRequest
 	}
 	bw.WriteString(r.Method)
@@ -62,11 +63,11 @@ func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string, bod
 				hasXFHost = true
 			}
 		}
-		if !validToken(k) {
+		if !h1.ValidToken(k) {
 			return errInvalidRequest
 		}
 		for _, v := range vs {
-			if !validValue(v) {
+			if !h1.ValidValue(v) {
 				return errInvalidRequest
 			}
 			bw.WriteString(k)
@@ -83,7 +84,7 @@ func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string, bod
 	if clientOK {
 		bw.WriteString("X-Forwarded-For: ")
 		for _, v := range priorXFF {
-			if !validValue(v) {
+			if !h1.ValidValue(v) {
 				return errInvalidRequest
 			}
 			bw.WriteString(v)
@@ -128,105 +129,15 @@ func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string, bod
 	return nil
 }
 
-// writeBody writes body to bw: its declared length exactly, or chunked
-// when the length is unknown. A streamed body is flushed as it is read,
-// the head first, so that an upload flows and an upstream can answer from
-// the head alone. A body that ends short of its declared length is the
-// client's failure (body.clientFailed is set).
+// writeBody writes body to bw after the request's head (h1.WriteBody),
+// through a pooled copy buffer. A body that ends short of its declared
+// length is the client's failure: body.clientFailed is set.
 func writeBody(bw *bufio.Writer, body *requestBody) error {
-	if body.buffered != nil {
-		if _, err := bw.Write(body.buffered); err != nil {
-			return fmt.Errorf("write request body: %w", err)
-		}
-		return nil
-	}
-	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("write request: %w", err)
-	}
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
-	buf := *bp
-	left := body.length
-	for left != 0 {
-		chunk := buf
-		if left > 0 && int64(len(chunk)) > left {
-			chunk = chunk[:left]
-		}
-		n, rerr := body.Read(chunk)
-		if n > 0 {
-			var err error
-			if left > 0 {
-				left -= int64(n)
-				bw.Write(chunk[:n])
-				err = bw.Flush()
-			} else {
-				err = writeChunk(bw, chunk[:n])
-			}
-			if err != nil {
-				return fmt.Errorf("write request body: %w", err)
-			}
-		}
-		switch {
-		case rerr == io.EOF && left > 0:
-			body.clientFailed.Store(true)
-			return fmt.Errorf("read request body: %w", io.ErrUnexpectedEOF)
-		case rerr == io.EOF:
-			left = 0
-		case rerr != nil:
-			return fmt.Errorf("read request body: %w", rerr)
-		}
+	err := h1.WriteBody(bw, body.buffered, body.length, body, *bp)
+	if err == h1.ErrShortBody {
+		body.clientFailed.Store(true)
 	}
-	if body.length < 0 {
-		// The last chunk; the request's trailers are the transport's.
-		bw.WriteString("0\r\n\r\n")
-	}
-	return nil
-}
-
-// writeChunk writes p as one chunk and flushes it.
-func writeChunk(bw *bufio.Writer, p []byte) error {
-	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(p)), 16))
-	bw.WriteString("\r\n")
-	bw.Write(p)
-	bw.WriteString("\r\n")
-	return bw.Flush()
-}
-
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if !tokenChars[s[i]] {
-			return false
-		}
-	}
-	return true
-}
-
-func validMethod(m string) bool { return validToken(m) }
-
-// validValue reports whether a header value has no control byte other than
-// tab: a CR or LF would end the line and smuggle a header in.
-func validValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < ' ' && c != '\t') || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
-// validTarget reports whether a request target can go on the request line:
-// no space or control byte.
-func validTarget(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c <= ' ' || c == 0x7f {
-			return false
-		}
-	}
-	return true
+	return err
 }

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/scafo/scafo-edge/backhaul/internal/h1"
 )
 
 // isHopByHop reports whether a canonical header key names a hop-by-hop
@@ -96,24 +98,11 @@ func isAlnum(c byte) bool {
 
 // namedByConnection reports whether key is listed in h's Connection header,
 // which makes it hop-by-hop for this message (RFC 7230 §6.1).
-func namedByConnection(conn []string, key string) bool {
-	for _, v := range conn {
-		for v != "" {
-			var tok string
-			tok, v, _ = strings.Cut(v, ",")
-			if strings.EqualFold(strings.TrimSpace(tok), key) {
-				return true
-			}
-		}
-	}
-	return false
-}
+func namedByConnection(conn []string, key string) bool { return h1.HasToken(conn, key) }
 
 // hasToken reports whether the comma-separated header values contain tok,
 // compared case-insensitively.
-func hasToken(values []string, tok string) bool {
-	return namedByConnection(values, tok)
-}
+func hasToken(values []string, tok string) bool { return h1.HasToken(values, tok) }
 
 // isForwarding reports whether key is a header through which a client claims
 // an origin for the request; only a trusted proxy's are believed.

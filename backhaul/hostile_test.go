@@ -1,7 +1,7 @@
 //go:build linux || darwin || freebsd || netbsd || openbsd
 
 // The rules these tests hold the edge to rest on the peek at reuse
-// (h1peek_unix.go), which exists only on these systems; the origins also
+// (internal/h1/peek_unix.go), which exists only on these systems; the origins also
 // size their receive buffers through the socket.
 
 package backhaul

@@ -2,80 +2,11 @@ package backhaul
 
 import (
 	"context"
-	"errors"
 	"net"
-	"sync/atomic"
-	"syscall"
 	"time"
+
+	"github.com/scafo/scafo-edge/backhaul/internal/h1"
 )
-
-// progressConn bounds how long one write to an upstream may make no
-// progress (Options.SendTimeout), as the edge's --send-timeout does towards
-// clients: an upstream that stops reading an upload is given up on, while
-// one that keeps reading takes as long as it likes. It also counts the bytes
-// the kernel accepted, which tells a request that never left from one that
-// partly did: only the first may be sent again for every method.
-//
-// A net.Conn may be written from several goroutines (a tunnel's pump after
-// the transport's write loop), so its counters are atomic.
-type progressConn struct {
-	net.Conn
-	timeout time.Duration // <= 0: no bound
-	armed   atomic.Int64  // the write deadline set on Conn, Unix nanoseconds
-	written atomic.Int64
-
-	// absorbReset makes a write the upstream refused with a reset report
-	// success, and every later one too until the connection is closed.
-	// http.Transport races a failed write against the response: an
-	// upstream that answers an upload early (a 201, a 413) and closes
-	// with the upload unread makes the kernel reset, the rest of the
-	// upload fails to write, and when that failure wins the client gets
-	// a 502 for a request the upstream answered (issue 13). Swallowing
-	// the failure leaves the transport's read side to end the exchange:
-	// with the answer that arrived before the reset, or with the reset
-	// itself, a failure after bytes were written, which the transport
-	// never resends (it opens a connection per request).
-	absorbReset bool
-	reset       atomic.Bool // a write was refused; later ones are dropped
-	closed      atomic.Bool // Close was called
-}
-
-// Close closes the connection; writes after it fail even when resets are
-// absorbed, which is what stops the transport copying the rest of an
-// upload nobody will read.
-func (c *progressConn) Close() error {
-	c.closed.Store(true)
-	return c.Conn.Close()
-}
-
-func (c *progressConn) Write(p []byte) (int, error) {
-	if c.reset.Load() {
-		if c.closed.Load() {
-			return 0, net.ErrClosed
-		}
-		return len(p), nil
-	}
-	if c.timeout > 0 {
-		// The deadline moves only when less than the bound is left, so a
-		// busy connection does not pay a deadline update per write; a
-		// write that makes no progress fails after between one and one
-		// and a half bounds.
-		now := time.Now()
-		if c.armed.Load()-now.UnixNano() < int64(c.timeout) {
-			d := now.Add(c.timeout + c.timeout/2)
-			c.armed.Store(d.UnixNano())
-			c.Conn.SetWriteDeadline(d)
-		}
-	}
-	n, err := c.Conn.Write(p)
-	c.written.Add(int64(n))
-	if err != nil && c.absorbReset && !c.closed.Load() &&
-		(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
-		c.reset.Store(true)
-		return len(p), nil
-	}
-	return n, err
-}
 
 // dialProgress dials addr for the transport, wrapping the connection so
 // that its writes are bounded like the pooled client's and a reset does
@@ -86,15 +17,6 @@ func dialProgress(d *net.Dialer, sendTimeout time.Duration) func(ctx context.Con
 		if err != nil {
 			return nil, &connectError{addr: addr, err: err}
 		}
-		return &progressConn{Conn: c, timeout: sendTimeout, absorbReset: true}, nil
+		return &h1.ProgressConn{Conn: c, Timeout: sendTimeout, AbsorbReset: true}, nil
 	}
-}
-
-// isTimeout reports whether err is a deadline passing: the response-header
-// timeout or a write that made no progress. Either is final for the
-// request: sending it again would double the load on an upstream already
-// too slow (issue 13).
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }

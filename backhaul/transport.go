@@ -26,7 +26,7 @@
 //
 // Every request but upgrades, CONNECT, requests with trailers and those
 // that expect 100-continue does not take http.Transport but a small
-// HTTP/1.1 client of the package's own (h1.go, h1pool.go) that works on
+// HTTP/1.1 client of the package's own (h1.go, internal/h1) that works on
 // the handler's goroutine over pooled keep-alive connections, without the
 // transport's per-request goroutine handoffs (issue 8); a request body is
 // read whole first up to 64 KiB and streamed beyond, written beside the
@@ -83,6 +83,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/backhaul/internal/h1"
 )
 
 // Options configures a Proxy. The zero value is usable.
@@ -130,7 +132,7 @@ type Options struct {
 // zero value is not usable, call New.
 type Proxy struct {
 	transport *http.Transport
-	pool      *connPool // the pooled HTTP/1.1 client's connections (h1.go)
+	pool      *h1.Pool // the pooled HTTP/1.1 client's connections (h1.go)
 	trusted   []netip.Prefix
 	now       func() time.Time
 	log       zerolog.Logger
@@ -152,7 +154,6 @@ const (
 	defaultSendTimeout     = 60 * time.Second
 	defaultEjectBase       = time.Second
 	defaultEjectMax        = 30 * time.Second
-	maxResponseHeaderBytes = 1 << 20
 )
 
 // New returns a Proxy configured by opts.
@@ -183,7 +184,7 @@ func New(opts Options) *Proxy {
 	}
 	p := &Proxy{
 		transport:    newTransport(opts),
-		pool:         newConnPool(opts.DialTimeout, opts.IdleConnTimeout, opts.SendTimeout, opts.MaxIdleConnsPerHost),
+		pool:         h1.NewPool(opts.DialTimeout, opts.IdleConnTimeout, opts.SendTimeout, opts.MaxIdleConnsPerHost),
 		trusted:      opts.TrustedProxies,
 		now:          opts.Now,
 		log:          opts.Log,
@@ -199,7 +200,7 @@ func New(opts Options) *Proxy {
 // connections are left to finish; the Proxy stays usable.
 func (p *Proxy) Close() {
 	p.transport.CloseIdleConnections()
-	p.pool.closeIdle()
+	p.pool.CloseIdle()
 }
 
 // newTransport builds the one http.Transport every upstream shares; it keeps
@@ -229,7 +230,7 @@ func newTransport(opts Options) *http.Transport {
 		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
 		// An upstream's headers are held in memory whole; Go's default
 		// allows 10 MiB per response.
-		MaxResponseHeaderBytes: maxResponseHeaderBytes,
+		MaxResponseHeaderBytes: h1.MaxHeaderBytes,
 		// Large enough for typical response headers and small bodies in
 		// one read, without the 64 KiB per connection the copy buffers use.
 		WriteBufferSize: 16 << 10,

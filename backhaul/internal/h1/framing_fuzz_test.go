@@ -1,4 +1,4 @@
-package backhaul
+package h1
 
 import (
 	"bufio"
@@ -109,19 +109,20 @@ type framingResult struct {
 }
 
 func readOursFraming(raw []byte, headRequest bool) (res framingResult) {
-	pc := &h1Conn{}
+	pc := &Conn{}
 	pc.setReader(bytes.NewReader(raw))
-	if _, res.headErr = pc.readHead(headRequest); res.headErr != nil {
+	if _, res.headErr = pc.ReadHead(headRequest); res.headErr != nil {
 		return res
 	}
-	res.status = pc.head.status
+	res.status = pc.Head.Status
 	hdr := http.Header{}
-	pc.head.copyHeader(hdr)
+	// No field is hop-by-hop here: Content-Length, the one compared, never is.
+	pc.Head.CopyHeader(hdr, func(string) bool { return false })
 	res.contentLength = oneValue(hdr["Content-Length"])
-	if body := pc.bodyReader(); body != nil {
+	if body := pc.BodyReader(); body != nil {
 		res.body, res.bodyErr = io.ReadAll(body)
 	}
-	res.keepAlive = pc.head.keepAlive
+	res.keepAlive = pc.Head.KeepAlive
 	return res
 }
 

@@ -1,0 +1,171 @@
+package h1
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+)
+
+// Pool keeps idle keep-alive connections per upstream address, most
+// recently used first, so that under light load the same few connections
+// stay warm and the rest age out.
+type Pool struct {
+	dialer      net.Dialer
+	maxIdle     int
+	idleTimeout time.Duration
+	sendTimeout time.Duration // Options.SendTimeout; <= 0: none
+
+	mu    sync.Mutex
+	hosts map[string]*idleConns
+}
+
+// idleConns is one address's idle connections, oldest first. Its timer
+// closes the ones idle longer than the pool's idleTimeout; it is armed only
+// while the list is not empty.
+type idleConns struct {
+	conns []*Conn
+	timer *time.Timer
+}
+
+func NewPool(dialTimeout, idleTimeout, sendTimeout time.Duration, maxIdle int) *Pool {
+	return &Pool{
+		dialer:      net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
+		maxIdle:     maxIdle,
+		idleTimeout: idleTimeout,
+		sendTimeout: sendTimeout,
+		hosts:       map[string]*idleConns{},
+	}
+}
+
+// get returns an idle connection to addr, reporting reused, or dials one.
+// A dial failure is returned as the dialer gave it.
+//
+// Every idle connection is peeked before reuse, however briefly it was
+// idle: nothing reads an idle connection (that is what saves a goroutine
+// per connection), so this is where a close from the upstream, or bytes
+// it sent unasked, are seen. Bytes that arrive after a response has ended
+// belong to no request: parsed as the next response they would hand one
+// client another's answer (issue 13), so the connection is closed instead.
+// The peek is one non-blocking system call.
+func (cp *Pool) Get(ctx context.Context, addr string, now time.Time) (pc *Conn, reused bool, err error) {
+	for {
+		pc = cp.Pop(addr)
+		if pc == nil {
+			break
+		}
+		if !pc.rd.deadline.After(now) {
+			// A passed deadline fails the peek before it looks.
+			pc.rd.arm(now.Add(firstTick))
+		}
+		if pc.peek.alive() {
+			return pc, true, nil
+		}
+		pc.NC.Close()
+	}
+	pc, err = cp.Dial(ctx, addr)
+	return pc, false, err
+}
+
+func (cp *Pool) Dial(ctx context.Context, addr string) (*Conn, error) {
+	nc, err := cp.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return NewConn(nc, addr, cp.sendTimeout), nil
+}
+
+func (cp *Pool) Pop(addr string) *Conn {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	l := cp.hosts[addr]
+	if l == nil || len(l.conns) == 0 {
+		return nil
+	}
+	last := len(l.conns) - 1
+	pc := l.conns[last]
+	l.conns[last] = nil
+	l.conns = l.conns[:last]
+	return pc
+}
+
+// put returns pc to the pool, or closes it when the pool is full.
+func (cp *Pool) Put(pc *Conn, now time.Time) {
+	pc.idleAt = now
+	cp.mu.Lock()
+	l := cp.hosts[pc.Addr]
+	if l == nil {
+		l = &idleConns{}
+		cp.hosts[pc.Addr] = l
+	}
+	if len(l.conns) >= cp.maxIdle {
+		cp.mu.Unlock()
+		pc.NC.Close()
+		return
+	}
+	l.conns = append(l.conns, pc)
+	if l.timer == nil {
+		addr := pc.Addr
+		l.timer = time.AfterFunc(cp.idleTimeout, func() { cp.sweep(addr) })
+	}
+	cp.mu.Unlock()
+}
+
+// sweep closes addr's connections idle longer than idleTimeout and re-arms
+// the timer for the oldest that remains; an address left with none is
+// forgotten, so addresses that come and go with deploys do not accumulate.
+func (cp *Pool) sweep(addr string) {
+	now := time.Now()
+	var expired []*Conn
+	cp.mu.Lock()
+	l := cp.hosts[addr]
+	if l == nil {
+		cp.mu.Unlock()
+		return
+	}
+	n := 0
+	for n < len(l.conns) && now.Sub(l.conns[n].idleAt) >= cp.idleTimeout {
+		n++
+	}
+	expired = append(expired, l.conns[:n]...)
+	l.conns = append(l.conns[:0], l.conns[n:]...)
+	clear(l.conns[len(l.conns):cap(l.conns)])
+	if len(l.conns) == 0 {
+		l.timer = nil
+		delete(cp.hosts, addr)
+	} else {
+		l.timer.Reset(cp.idleTimeout - now.Sub(l.conns[0].idleAt))
+	}
+	cp.mu.Unlock()
+	for _, pc := range expired {
+		pc.NC.Close()
+	}
+}
+
+// closeIdle closes every idle connection. The pool stays usable.
+func (cp *Pool) CloseIdle() {
+	cp.mu.Lock()
+	hosts := cp.hosts
+	cp.hosts = map[string]*idleConns{}
+	for _, l := range hosts {
+		if l.timer != nil {
+			l.timer.Stop()
+		}
+	}
+	cp.mu.Unlock()
+	for _, l := range hosts {
+		for _, pc := range l.conns {
+			pc.NC.Close()
+		}
+	}
+}
+
+// idleCount returns the number of idle connections to addr.
+func (cp *Pool) IdleCount(addr string) int {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if l := cp.hosts[addr]; l != nil {
+		return len(l.conns)
+	}
+	return 0
+}
