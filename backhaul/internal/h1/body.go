@@ -9,7 +9,7 @@ import (
 	"io"
 )
 
-// bodyReader returns the reader of the body whose head pc.Head holds, nil
+// BodyReader returns the reader of the body whose head pc.Head holds, nil
 // when it has none.
 func (pc *Conn) BodyReader() io.Reader {
 	switch pc.Head.Body {

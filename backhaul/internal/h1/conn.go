@@ -68,7 +68,7 @@ func (pc *Conn) setReader(src io.Reader) {
 	pc.fixed.br, pc.chunks.br, pc.close.br = pc.br, pc.br, pc.br
 }
 
-// reusable reports whether pc may carry another request once its response
+// Reusable reports whether pc may carry another request once its response
 // was read to its end: the upstream wants to keep it, nothing it sent is
 // left unread, and the response did not declare a body it does not carry.
 // A HEAD, 204 or 304 response with a length or chunked framing is where an
@@ -149,7 +149,7 @@ func (t *tickReader) Read(p []byte) (int, error) {
 		}
 		now := time.Now()
 		if !t.headBy.IsZero() && !now.Before(t.headBy) {
-			return 0, err // a timeout: the edge answers 504
+			return 0, err // a timeout: the caller answers 504
 		}
 		next := now.Add(t.tick)
 		t.tick = min(2*t.tick, maxTick)

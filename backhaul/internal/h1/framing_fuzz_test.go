@@ -8,10 +8,11 @@ import (
 	"testing"
 )
 
-// framingSeeds are response byte streams from the hostile-origin cases of
-// issue 13 and the framing rules around them: late bytes after HEAD and
-// short bodies, repeated and signed lengths, Transfer-Encoding on HTTP/1.0
-// and beside a length, framing fields in trailers, 1xx floods, folds.
+// framingSeeds are response byte streams from backhaul's hostile-origin
+// cases (TestHostileOrigins) and the framing rules around them: late bytes
+// after HEAD and short bodies, repeated and signed lengths,
+// Transfer-Encoding on HTTP/1.0 and beside a length, framing fields in
+// trailers, 1xx floods, folds.
 var framingSeeds = []struct {
 	raw  string
 	head bool

@@ -51,10 +51,12 @@ const (
 	BodyToClose          // neither: the body ends when the upstream closes
 )
 
-// readHead reads a response head on pc into pc.Head, skipping 1xx
-// responses (not passed on, as with the transport; their bytes count
-// against the 1 MiB bound on the head, which is what bounds them). anyRead reports whether any byte of a response arrived, which
-// tells a keep-alive race from an upstream failing mid-answer.
+// ReadHead reads a response head on pc into pc.Head, skipping 1xx
+// responses (not passed on, as http.Transport does not; their bytes count
+// against MaxHeaderBytes, which is what bounds them). anyRead reports
+// whether any byte of a response arrived, which tells a keep-alive race
+// from an upstream failing mid-answer. headRequest says the request was a
+// HEAD: its response has no body, whatever it declares.
 func (pc *Conn) ReadHead(headRequest bool) (anyRead bool, err error) {
 	h := &pc.Head
 	total := 0

@@ -14,7 +14,7 @@ type Pool struct {
 	dialer      net.Dialer
 	maxIdle     int
 	idleTimeout time.Duration
-	sendTimeout time.Duration // Options.SendTimeout; <= 0: none
+	sendTimeout time.Duration // each Conn's ProgressConn bound; <= 0: none
 
 	mu    sync.Mutex
 	hosts map[string]*idleConns
@@ -28,6 +28,9 @@ type idleConns struct {
 	timer *time.Timer
 }
 
+// NewPool returns a pool that dials with dialTimeout, closes a connection
+// idle for idleTimeout, keeps at most maxIdle idle connections per address,
+// and bounds each write by sendTimeout (<= 0: no bound).
 func NewPool(dialTimeout, idleTimeout, sendTimeout time.Duration, maxIdle int) *Pool {
 	return &Pool{
 		dialer:      net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
@@ -38,7 +41,7 @@ func NewPool(dialTimeout, idleTimeout, sendTimeout time.Duration, maxIdle int) *
 	}
 }
 
-// get returns an idle connection to addr, reporting reused, or dials one.
+// Get returns an idle connection to addr, reporting reused, or dials one.
 // A dial failure is returned as the dialer gave it.
 //
 // Every idle connection is peeked before reuse, however briefly it was
@@ -46,11 +49,11 @@ func NewPool(dialTimeout, idleTimeout, sendTimeout time.Duration, maxIdle int) *
 // per connection), so this is where a close from the upstream, or bytes
 // it sent unasked, are seen. Bytes that arrive after a response has ended
 // belong to no request: parsed as the next response they would hand one
-// client another's answer (issue 13), so the connection is closed instead.
+// client another's answer, so the connection is closed instead.
 // The peek is one non-blocking system call.
 func (cp *Pool) Get(ctx context.Context, addr string, now time.Time) (pc *Conn, reused bool, err error) {
 	for {
-		pc = cp.Pop(addr)
+		pc = cp.pop(addr)
 		if pc == nil {
 			break
 		}
@@ -67,6 +70,8 @@ func (cp *Pool) Get(ctx context.Context, addr string, now time.Time) (pc *Conn, 
 	return pc, false, err
 }
 
+// Dial opens a new connection to addr, for a request that must not take
+// an idle one (a resend after a pooled connection failed).
 func (cp *Pool) Dial(ctx context.Context, addr string) (*Conn, error) {
 	nc, err := cp.dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -75,7 +80,8 @@ func (cp *Pool) Dial(ctx context.Context, addr string) (*Conn, error) {
 	return NewConn(nc, addr, cp.sendTimeout), nil
 }
 
-func (cp *Pool) Pop(addr string) *Conn {
+// pop takes addr's most recently used idle connection, nil for none.
+func (cp *Pool) pop(addr string) *Conn {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
 	l := cp.hosts[addr]
@@ -89,7 +95,7 @@ func (cp *Pool) Pop(addr string) *Conn {
 	return pc
 }
 
-// put returns pc to the pool, or closes it when the pool is full.
+// Put returns pc to the pool, or closes it when the pool is full.
 func (cp *Pool) Put(pc *Conn, now time.Time) {
 	pc.idleAt = now
 	cp.mu.Lock()
@@ -142,7 +148,7 @@ func (cp *Pool) sweep(addr string) {
 	}
 }
 
-// closeIdle closes every idle connection. The pool stays usable.
+// CloseIdle closes every idle connection. The pool stays usable.
 func (cp *Pool) CloseIdle() {
 	cp.mu.Lock()
 	hosts := cp.hosts
@@ -160,7 +166,7 @@ func (cp *Pool) CloseIdle() {
 	}
 }
 
-// idleCount returns the number of idle connections to addr.
+// IdleCount returns the number of idle connections to addr.
 func (cp *Pool) IdleCount(addr string) int {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()

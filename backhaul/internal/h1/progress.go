@@ -9,11 +9,12 @@ import (
 )
 
 // ProgressConn bounds how long one write to an upstream may make no
-// progress (Options.SendTimeout), as the edge's --send-timeout does towards
-// clients: an upstream that stops reading an upload is given up on, while
+// progress (Timeout, backhaul's Options.SendTimeout), as the edge's
+// --send-timeout does towards clients: an upstream that stops reading an upload is given up on, while
 // one that keeps reading takes as long as it likes. It also counts the bytes
 // the kernel accepted, which tells a request that never left from one that
-// partly did: only the first may be sent again for every method.
+// partly did: only the first may be sent again for every method. Every
+// Conn writes through one; backhaul's http.Transport dials through one too.
 //
 // A net.Conn may be written from several goroutines (a tunnel's pump after
 // the transport's write loop), so its counters are atomic.
@@ -24,12 +25,13 @@ type ProgressConn struct {
 	written atomic.Int64
 
 	// AbsorbReset makes a write the upstream refused with a reset report
-	// success, and every later one too until the connection is closed.
-	// http.Transport races a failed write against the response: an
+	// success, and every later one too until the connection is closed;
+	// only for http.Transport's connections, never a Conn's. The transport
+	// races a failed write against the response: an
 	// upstream that answers an upload early (a 201, a 413) and closes
 	// with the upload unread makes the kernel reset, the rest of the
 	// upload fails to write, and when that failure wins the client gets
-	// a 502 for a request the upstream answered (issue 13). Swallowing
+	// a 502 for a request the upstream answered. Swallowing
 	// the failure leaves the transport's read side to end the exchange:
 	// with the answer that arrived before the reset, or with the reset
 	// itself, a failure after bytes were written, which the transport
@@ -82,7 +84,7 @@ func (c *ProgressConn) Write(p []byte) (int, error) {
 // IsTimeout reports whether err is a deadline passing: the response-header
 // timeout or a write that made no progress. Either is final for the
 // request: sending it again would double the load on an upstream already
-// too slow (issue 13).
+// too slow.
 func IsTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()

@@ -58,7 +58,7 @@ func WriteBody(bw *bufio.Writer, buffered []byte, length int64, r io.Reader, buf
 		}
 	}
 	if length < 0 {
-		// The last chunk; the request's trailers are the transport's.
+		// The last chunk; a request with trailers never takes this client.
 		bw.WriteString("0\r\n\r\n")
 	}
 	return nil
