@@ -49,6 +49,9 @@ const (
 	// about its first hundred streams.
 	resetBurst  = http2MaxStreams
 	resetRefill = 100 // per second
+
+	// e2e/hostile_test.go holds the binary to the bound these three give,
+	// with its own copy of them: change both together.
 )
 
 // resetGuard is the per-connection budget of requests cancelled before an

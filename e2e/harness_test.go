@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -20,18 +20,22 @@ import (
 	"github.com/scafo/scafo-edge/certs/certstest"
 )
 
-// edgeBinary is the scafo-edge binary the end-to-end tests run, built once
-// per test process by TestMain.
+// edgeBinary is the scafo-edge binary the end-to-end tests run, built with
+// the race detector once per test process by TestMain.
 var edgeBinary string
 
+// internalRootFile is where the binary writes the root of --tls internal,
+// under its state dir, for clients to trust.
+const internalRootFile = "internal-ca.pem"
+
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "scafo-edge-test-")
+	dir, err := os.MkdirTemp("", "scafo-edge-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	edgeBinary = filepath.Join(dir, "scafo-edge")
-	build := exec.Command("go", "build", "-race", "-o", edgeBinary, ".")
+	build := exec.Command("go", "build", "-race", "-o", edgeBinary, "../cmd/scafo-edge")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build scafo-edge:", err)
@@ -274,3 +278,18 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// runRoutes runs the binary's routes command with args and returns its
+// standard output.
+func runRoutes(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, edgeBinary, append([]string{"routes"}, args...)...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if stderr.Len() > 0 {
+		t.Logf("routes stderr: %s", stderr.String())
+	}
+	return stdout.String(), err
+}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -28,9 +28,9 @@ import (
 )
 
 const (
-	dashboardFile = "../../deploy/grafana/scafo-edge.json"
-	alertsFile    = "../../deploy/prometheus/alerts.yaml"
-	alertTestFile = "../../deploy/prometheus/alerts_test.yaml"
+	dashboardFile = "../deploy/grafana/scafo-edge.json"
+	alertsFile    = "../deploy/prometheus/alerts.yaml"
+	alertTestFile = "../deploy/prometheus/alerts_test.yaml"
 )
 
 // exportedFamilies is every scafo_edge_* metric family a running edge
@@ -216,7 +216,7 @@ func TestAlertRulesPassPromtool(t *testing.T) {
 	for _, args := range [][]string{
 		{"check", "rules", alertsFile},
 		{"test", "rules", alertTestFile},
-		{"check", "config", "../../deploy/prometheus/prometheus.yml"},
+		{"check", "config", "../deploy/prometheus/prometheus.yml"},
 	} {
 		out, err := exec.Command(promtool, args...).CombinedOutput()
 		if err != nil {
@@ -306,7 +306,7 @@ func (s scrape) check(sel selector) string {
 // only upstream is down, so every figure the assets plot has a series.
 func monitoringDocument(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("../../testdata/demo/routes.json")
+	b, err := os.ReadFile("../testdata/demo/routes.json")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // Reliability through faults (issue 9, "Faults"): each test drives the real
 // binary on loopback, counts the requests it sent and the ones that failed,

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 // Hostile input (issue 9, "Hostile input"): slowloris and slow readers,
 // malformed and smuggling-shaped requests, and a flood of TLS handshakes
@@ -1205,6 +1205,16 @@ func TestHTTP2Floods(t *testing.T) {
 		return nil
 	})
 }
+
+// The binary's HTTP/2 limits, as cmd/scafo-edge/http2.go sets them: the
+// stream limit it advertises and its per-connection budget of requests
+// cancelled before an answer (a burst, and a refill a second). The rapid-
+// reset test holds the binary to the bound they give; change them together.
+const (
+	http2MaxStreams = 100
+	resetBurst      = http2MaxStreams
+	resetRefill     = 100 // per second
+)
 
 // TestHTTP2RapidResetCostsTheOriginAFixedAmount: a client that opens and at
 // once resets 5,000 streams on one connection (rapid reset,
