@@ -38,6 +38,8 @@ type Status struct {
 	routeIndex  map[string]bool  // page only: hosts that are routes, for links
 }
 
+// DocumentStatus is the live routing document: where it came from, how old
+// it is and what it holds.
 type DocumentStatus struct {
 	Fingerprint  string    `json:"fingerprint"`
 	FetchedAt    time.Time `json:"fetched_at"`
@@ -48,6 +50,7 @@ type DocumentStatus struct {
 	APIHosts     int       `json:"api_hosts"`
 }
 
+// PollStatus is how the routing source fares.
 type PollStatus struct {
 	Source              string     `json:"source"`
 	LastAttempt         *time.Time `json:"last_attempt,omitempty"`
@@ -58,6 +61,7 @@ type PollStatus struct {
 	Stale               bool       `json:"stale"`
 }
 
+// RouteStatus is one route of the document, with its path prefixes.
 type RouteStatus struct {
 	Host        string           `json:"host"`
 	Application string           `json:"application"`
@@ -67,12 +71,14 @@ type RouteStatus struct {
 	Paths       []PathStatus     `json:"paths,omitempty"` // sorted by prefix
 }
 
+// PathStatus is one path prefix and the route it selects.
 type PathStatus struct {
 	Prefix      string `json:"prefix"` // bare first segment, as in the document
 	Target      string `json:"target"`
 	Application string `json:"application"`
 }
 
+// UpstreamStatus is one upstream and the health backhaul has seen.
 type UpstreamStatus struct {
 	Node         string     `json:"node"`
 	Address      string     `json:"address"`
@@ -81,12 +87,14 @@ type UpstreamStatus struct {
 	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
 }
 
+// APIStatus is the API apex: its hosts, upstreams and denied prefixes.
 type APIStatus struct {
 	Hosts     []string         `json:"hosts"`
 	Upstreams []UpstreamStatus `json:"upstreams"`
 	Denied    []string         `json:"denied"`
 }
 
+// CertStatus is one managed certificate.
 type CertStatus struct {
 	Names     []string  `json:"names"`
 	Issuer    string    `json:"issuer"`
