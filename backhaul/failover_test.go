@@ -8,13 +8,14 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -297,64 +298,26 @@ func TestSkippedUpstreamsAreTriedLastWhenTheOthersFail(t *testing.T) {
 	}
 }
 
-// counter reads a counter with the given node label from reg.
+// counter reads a counter with the given node label from reg (0 when the
+// series does not exist yet).
 func counter(t *testing.T, reg *prometheus.Registry, name, nodeName string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "node" && l.GetValue() == nodeName {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	v, _ := testsupport.MetricValue(t, reg, name, testsupport.Labels{"node": nodeName})
+	return v
 }
 
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	v, ok := testsupport.MetricValue(t, reg, name, nil)
+	if !ok {
+		t.Fatalf("metric %s not found", name)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("metric %s not found", name)
-	return 0
-}
-
-// syncBuffer is a log sink safe for the handler goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	return v
 }
 
 func TestAFailureEpisodeIsLoggedOnceAndItsRecoveryOnce(t *testing.T) {
 	clock := newFakeClock()
-	var logs syncBuffer
+	var logs testsupport.SyncBuffer
 	p := newProxy(t, Options{Now: clock.Now, Log: zerolog.New(&logs)})
 	a := refused(t, "a")
 	e := startEdge(t, p, a, named(t, "b"))

@@ -53,11 +53,11 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 	ctx := r.Context()
 	start := time.Now()
 	var headBy time.Time
-	if p.rhTimeout {
+	if p.responseHeaderTimeout > 0 {
 		// Counted from the start rather than from the request's write, as
 		// the transport counts it: the difference is one write to a
 		// connected socket.
-		headBy = start.Add(p.rhTimeoutDur)
+		headBy = start.Add(p.responseHeaderTimeout)
 	}
 	var ctl *http.ResponseController
 	if body != nil {
@@ -186,8 +186,8 @@ func (p *Proxy) roundTripH1Body(pc *h1.Conn, ctl *http.ResponseController, r *ht
 	go func() {
 		err := p.writeRequest(pc.BW, r, pc.Addr, body)
 		switch {
-		case err == nil && p.rhTimeout:
-			pc.HeadTimer = time.AfterFunc(p.rhTimeoutDur, func() {
+		case err == nil && p.responseHeaderTimeout > 0:
+			pc.HeadTimer = time.AfterFunc(p.responseHeaderTimeout, func() {
 				if pc.HeadState.CompareAndSwap(headAwaited, headTimedOut) {
 					pc.NC.Close()
 				}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -466,7 +467,7 @@ func TestPooledConnections(t *testing.T) {
 		p := newProxy(t, Options{IdleConnTimeout: 20 * time.Millisecond})
 		e := startEdge(t, p, up)
 		getN(t, e.addr, 1)
-		waitFor(t, "the idle connection to close", func() bool {
+		testsupport.WaitFor(t, 5*time.Second, "the idle connection to close", func() bool {
 			return p.pool.IdleCount(up.Address) == 0 && closedConns.Load() == 1
 		})
 	})
@@ -635,7 +636,7 @@ func TestAClientLeavingDuringASmallUploadNeverReachesTheUpstream(t *testing.T) {
 
 // The response-header timeout counts from the request's last byte: an
 // upload that takes longer to send than the timeout is not cut off
-// (issue 13 review: streamed uploads got a 504 mid-body).
+// (a streamed upload used to get a 504 mid-body).
 func TestAnUploadSlowerThanTheResponseHeaderTimeoutIsAnswered(t *testing.T) {
 	for _, path := range paths {
 		t.Run(path.name, func(t *testing.T) {
@@ -677,7 +678,7 @@ func TestAnUploadSlowerThanTheResponseHeaderTimeoutIsAnswered(t *testing.T) {
 
 // An upstream that breaks off a body under an HTTP/2 client, where the
 // edge aborts the stream with a panic, still has its connection closed
-// (issue 13 review: the connection leaked until a GC).
+// (it used to leak until a GC).
 func TestAResponseCutShortReleasesTheUpstreamConnectionUnderAPanic(t *testing.T) {
 	closed := make(chan struct{})
 	up := rawListener(t, func(c net.Conn) {
@@ -725,7 +726,7 @@ func TestNoContentTypeIsAddedOnBothPaths(t *testing.T) {
 }
 
 // Uploads over HTTP/1 and an upstream that answers before it has read
-// them (issue 13, second review): the whole body still reaches it when it
+// them: the whole body still reaches it when it
 // goes on reading, an answer is not held back while the client pauses, and
 // a client that gives up leaves no handler waiting.
 func TestStreamedUploadsAndEarlyAnswers(t *testing.T) {

@@ -2,7 +2,6 @@ package backhaul
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -14,8 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/scafo/scafo-edge/node"
 	"go.uber.org/goleak"
+
+	"github.com/scafo/scafo-edge/node"
 )
 
 func TestMain(m *testing.M) {
@@ -201,22 +201,6 @@ func get(t *testing.T, c *http.Client, url string) (int, string) {
 		t.Fatalf("GET %s: read body: %v", url, err)
 	}
 	return resp.StatusCode, string(b)
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-tick.C:
-		}
-	}
 }
 
 // fakeClock is a settable clock for ejection periods.

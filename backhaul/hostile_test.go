@@ -24,10 +24,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
-// Hostile origins (issue 13): raw TCP upstreams that write exact bytes with
+// Hostile origins: raw TCP upstreams that write exact bytes with
 // exact timing. Each case runs on both paths and asserts what every client
 // received and how many times the origin read each request head, so that a
 // response delivered to the wrong client, a request sent twice or a
@@ -183,23 +184,7 @@ func (h *hostileOrigin) count(key string) int {
 // ended waits up to d for every connection's script to end, reporting
 // whether they did.
 func (h *hostileOrigin) ended(d time.Duration) bool {
-	return waitUntil(d, func() bool { return h.active.Load() == 0 })
-}
-
-// waitUntil polls cond until it holds or d passes, reporting which.
-func waitUntil(d time.Duration, cond func() bool) bool {
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			return cond()
-		case <-tick.C:
-		}
-	}
-	return true
+	return testsupport.Poll(d, func() bool { return h.active.Load() == 0 })
 }
 
 // The steps.

@@ -7,8 +7,8 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// metrics are the figures an operator needs to see failing upstreams
-// (issue 6). Labels are node names from the routing document, a bounded set
+// metrics are the figures an operator needs to see failing upstreams.
+// Labels are node names from the routing document, a bounded set
 // the fleet controls. A nil *metrics records nothing.
 type metrics struct {
 	connectFailures *prometheus.CounterVec

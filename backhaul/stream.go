@@ -17,8 +17,8 @@ import (
 //
 // A body of known length at least bigCopyBufSize long takes a bigger buffer:
 // each piece costs a read, a write and usually a park and wake-up, and with
-// 32 KiB pieces that overhead was a quarter of the CPU of a 1 MiB response
-// (issue 8). Streams and shorter bodies keep the small one, so that ten
+// 32 KiB pieces that overhead was a quarter of the CPU of a 1 MiB response.
+// Streams and shorter bodies keep the small one, so that ten
 // thousand server-sent event streams do not hold 2.5 GiB.
 const (
 	copyBufSize    = 32 << 10

@@ -22,21 +22,21 @@
 //     http.ErrAbortHandler, where the edge wants to answer with its own text
 //     and keep its access log;
 //   - it clones the whole request (headers included) on every call, which
-//     costs allocations on the hot path (issue 8).
+//     costs allocations on the hot path.
 //
 // Every request but upgrades, CONNECT, requests with trailers and those
 // that expect 100-continue does not take http.Transport but a small
 // HTTP/1.1 client of the package's own (h1.go, internal/h1) that works on
 // the handler's goroutine over pooled keep-alive connections, without the
-// transport's per-request goroutine handoffs (issue 8); a request body is
+// transport's per-request goroutine handoffs; a request body is
 // read whole first up to 64 KiB and streamed beyond, written beside the
 // read of the response so that an early answer is relayed. The transport
 // takes the rest, on a new connection each time: it reuses a connection
 // before its read loop has looked for bytes left after the previous
 // response (golang/go#31259).
 //
-// What either path guarantees about the upstream leg (issue 13; each rule
-// is a case of TestHostileOrigins, on both paths):
+// What either path guarantees about the upstream leg (each rule is a case
+// of TestHostileOrigins, on both paths):
 //   - A pooled connection is reused only when the previous response ended
 //     exactly at its framing and nothing unasked arrived after it: it is
 //     checked at reuse whatever the idle time, and bytes that arrive after
@@ -138,9 +138,9 @@ type Proxy struct {
 	log       zerolog.Logger
 	health    health
 	metrics   *metrics
-	rhTimeout bool
-	// rhTimeoutDur is Options.ResponseHeaderTimeout, for the pooled client.
-	rhTimeoutDur time.Duration
+	// responseHeaderTimeout is Options.ResponseHeaderTimeout, for the
+	// pooled client; zero means none.
+	responseHeaderTimeout time.Duration
 	// h1Off sends every request through the transport, so that tests can
 	// hold both paths to the same behaviour.
 	h1Off bool
@@ -183,13 +183,12 @@ func New(opts Options) *Proxy {
 		opts.Now = time.Now
 	}
 	p := &Proxy{
-		transport:    newTransport(opts),
-		pool:         h1.NewPool(opts.DialTimeout, opts.IdleConnTimeout, opts.SendTimeout, opts.MaxIdleConnsPerHost),
-		trusted:      opts.TrustedProxies,
-		now:          opts.Now,
-		log:          opts.Log,
-		rhTimeout:    opts.ResponseHeaderTimeout > 0,
-		rhTimeoutDur: opts.ResponseHeaderTimeout,
+		transport:             newTransport(opts),
+		pool:                  h1.NewPool(opts.DialTimeout, opts.IdleConnTimeout, opts.SendTimeout, opts.MaxIdleConnsPerHost),
+		trusted:               opts.TrustedProxies,
+		now:                   opts.Now,
+		log:                   opts.Log,
+		responseHeaderTimeout: opts.ResponseHeaderTimeout,
 	}
 	p.health.init(opts.EjectBase, opts.EjectMax)
 	p.metrics = newMetrics(opts.Registerer, p, opts.Log)
@@ -216,7 +215,7 @@ func newTransport(opts Options) *http.Transport {
 		// connection to the next request before its read loop has seen
 		// bytes an upstream sent after the previous response (golang/go
 		// #31259), so a misbehaving upstream could give one client
-		// another's answer (issue 13). Keep-alive reuse is the pooled
+		// another's answer. Keep-alive reuse is the pooled
 		// client's, which checks every connection before reuse. With
 		// Connection: close sent, the upstream closes first and keeps
 		// the TIME_WAIT, not the edge.
