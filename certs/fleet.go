@@ -88,17 +88,17 @@ type FleetOptions struct {
 //
 // Close stops the background retries; queued writes stay queued.
 type FleetStorage struct {
-	remote *node.StorageClient
-	local  *BoltStorage
-	holder string
-	ttl    time.Duration
-	poll   time.Duration
-	tmo    time.Duration
-	rmin   time.Duration
-	rmax   time.Duration
-	log    zerolog.Logger
-	m      fleetMetrics
-	clock  clock
+	remote      *node.StorageClient
+	local       *BoltStorage
+	holder      string
+	ttl         time.Duration
+	poll        time.Duration
+	nodeTimeout time.Duration
+	retryMin    time.Duration
+	retryMax    time.Duration
+	log         zerolog.Logger
+	m           fleetMetrics
+	clock       clock
 
 	// flushMu orders writes to the node: a new write goes out only after
 	// the queue before it has landed.
@@ -141,20 +141,20 @@ func NewFleetStorage(remote *node.StorageClient, local *BoltStorage, opts FleetO
 		return nil, errors.New("fleet storage: nil node client or local store")
 	}
 	s := &FleetStorage{
-		remote:   remote,
-		local:    local,
-		holder:   opts.Holder,
-		ttl:      orDur(opts.LockTTL, DefaultLockTTL),
-		tmo:      orDur(opts.NodeTimeout, DefaultFleetNodeTimeout),
-		rmin:     orDur(opts.RetryMin, DefaultFleetRetryMin),
-		rmax:     orDur(opts.RetryMax, DefaultFleetRetryMax),
-		log:      opts.Log,
-		clock:    opts.clock,
-		held:     map[string]fleetHeld{},
-		noRecord: map[string]noRecordSeen{},
-		kick:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		remote:      remote,
+		local:       local,
+		holder:      opts.Holder,
+		ttl:         orDur(opts.LockTTL, DefaultLockTTL),
+		nodeTimeout: orDur(opts.NodeTimeout, DefaultFleetNodeTimeout),
+		retryMin:    orDur(opts.RetryMin, DefaultFleetRetryMin),
+		retryMax:    orDur(opts.RetryMax, DefaultFleetRetryMax),
+		log:         opts.Log,
+		clock:       opts.clock,
+		held:        map[string]fleetHeld{},
+		noRecord:    map[string]noRecordSeen{},
+		kick:        make(chan struct{}, 1),
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
 	}
 	if s.clock == nil {
 		s.clock = realClock{}
@@ -203,7 +203,7 @@ func (s *FleetStorage) Pending() int {
 
 // nodeCtx bounds one call to the node.
 func (s *FleetStorage) nodeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.tmo)
+	return context.WithTimeout(ctx, s.nodeTimeout)
 }
 
 // available reports whether a call should ask the node now. After a
@@ -220,7 +220,7 @@ func (s *FleetStorage) available() bool {
 	if now.Before(s.downUntil) {
 		return false
 	}
-	s.downUntil = now.Add(s.tmo + s.rmin) // this caller's probe
+	s.downUntil = now.Add(s.nodeTimeout + s.retryMin) // this caller's probe
 	return true
 }
 
@@ -244,7 +244,7 @@ func (s *FleetStorage) outage(ctx context.Context, err error) bool {
 	}
 	s.mu.Lock()
 	was := s.down
-	s.down, s.downUntil = true, s.clock.Now().Add(s.rmin)
+	s.down, s.downUntil = true, s.clock.Now().Add(s.retryMin)
 	s.mu.Unlock()
 	if !was {
 		s.m.nodeUp.Set(0)

@@ -228,7 +228,7 @@ func (s *FleetStorage) run() {
 		<-s.stop
 		cancel()
 	}()
-	wait := s.rmin
+	wait := s.retryMin
 	var timer <-chan time.Time
 	for {
 		select {
@@ -245,11 +245,11 @@ func (s *FleetStorage) run() {
 		err := s.flushLocked(ctx)
 		s.flushMu.Unlock()
 		if err == nil {
-			wait = s.rmin
+			wait = s.retryMin
 			continue
 		}
 		timer = s.clock.After(jitter(wait))
-		wait = min(wait*2, s.rmax)
+		wait = min(wait*2, s.retryMax)
 	}
 }
 

@@ -2,7 +2,6 @@ package certs
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -30,6 +29,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/scafo/scafo-edge/certs/certstest"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 	"github.com/scafo/scafo-edge/node/nodetest"
 )
@@ -121,7 +121,7 @@ func TestFleetStorageOutage(t *testing.T) {
 		if err := n.Restart(); err != nil {
 			t.Fatal(err)
 		}
-		waitUntilFleet(t, 10*time.Second, "the queued write to reach the node", func() bool {
+		testsupport.WaitFor(t, 10*time.Second, "the queued write to reach the node", func() bool {
 			v, ok := n.StorageObject("certificates/ca/a.test/a.test.crt")
 			return ok && string(v) == "cert" && s.Pending() == 0
 		})
@@ -153,7 +153,7 @@ func TestFleetStorageOutage(t *testing.T) {
 		if err := n.Restart(); err != nil {
 			t.Fatal(err)
 		}
-		waitUntilFleet(t, 10*time.Second, "the queue to drain", func() bool { return s.Pending() == 0 })
+		testsupport.WaitFor(t, 10*time.Second, "the queue to drain", func() bool { return s.Pending() == 0 })
 		if got, want := n.StorageKeys(), []string{"a/c"}; !slices.Equal(got, want) {
 			t.Errorf("node keys = %q, want %q (the delete replayed between the puts)", got, want)
 		}
@@ -288,7 +288,7 @@ func TestFleetStorageOutage(t *testing.T) {
 		if err := n.Restart(); err != nil {
 			t.Fatal(err)
 		}
-		waitUntilFleet(t, 10*time.Second, "the node to count as up again", func() bool {
+		testsupport.WaitFor(t, 10*time.Second, "the node to count as up again", func() bool {
 			return fleetGauge(t, reg, "scafo_edge_cert_store_node_up") == 1 &&
 				fleetGauge(t, reg, "scafo_edge_cert_store_pending_writes") == 0
 		})
@@ -490,18 +490,6 @@ func lockInBackground(ctx context.Context, s *FleetStorage, name string) <-chan 
 	return done
 }
 
-// waitUntilFleet polls cond until it holds or the deadline passes.
-func waitUntilFleet(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		<-time.After(10 * time.Millisecond)
-	}
-}
-
 // fleetEdge is one edge of a fleet in this process: its two listeners on
 // loopback, serving through whichever Manager is current, its own bbolt
 // file, and a FleetStorage on the shared test node.
@@ -598,7 +586,7 @@ func acmeOptions(pb *certstest.Pebble, names ...string) Options {
 	}
 }
 
-// TestFleetOneOrderForManyEdges is issue 5's headline: N edges sharing one
+// TestFleetOneOrderForManyEdges is what the fleet store is for: N edges sharing one
 // node, each with its own bbolt file and listeners, asked for the same new
 // name at the same moment, place one ACME order between them and serve
 // the same certificate.
@@ -731,7 +719,7 @@ func TestFleetNodeOutage(t *testing.T) {
 		if err := n.Restart(); err != nil {
 			t.Fatal(err)
 		}
-		waitUntilFleet(t, 10*time.Second, "A's queued writes to land", func() bool { return a.store.Pending() == 0 })
+		testsupport.WaitFor(t, 10*time.Second, "A's queued writes to land", func() bool { return a.store.Pending() == 0 })
 		if !slices.ContainsFunc(n.StorageKeys(), func(k string) bool { return strings.HasSuffix(k, "/late.fleet.test.crt") }) {
 			t.Fatalf("node keys %q lack late.fleet.test's certificate", n.StorageKeys())
 		}
@@ -832,7 +820,7 @@ func TestFleetEdgeProcess(t *testing.T) {
 	io.Copy(io.Discard, os.Stdin)
 }
 
-// TestFleetEdgeProcesses is the headline of issue 5 as production runs it:
+// TestFleetEdgeProcesses is TestFleetOneOrderForManyEdges as production runs it:
 // N edge processes (copies of this test binary), each with its own bbolt
 // file and listeners, one test node, one Pebble validating at the first
 // edge; N simultaneous TLS handshakes for one new name, one per edge.
@@ -947,7 +935,7 @@ func startFleetChild(t *testing.T, i int, files []*os.File, cfg fleetChild, read
 	// TestMain, so it uses the Pebble built here instead of building it.
 	cmd.Env = append(os.Environ(), fleetChildEnv+"="+string(raw))
 	cmd.ExtraFiles = files
-	var output lines
+	var output testsupport.SyncBuffer
 	cmd.Stderr = &output
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -972,7 +960,7 @@ func startFleetChild(t *testing.T, i int, files []*os.File, cfg fleetChild, read
 				ready <- i
 				continue
 			}
-			output.Add(sc.Text())
+			fmt.Fprintln(&output, sc.Text())
 		}
 	}()
 	return func() {
@@ -993,24 +981,4 @@ func startFleetChild(t *testing.T, i int, files []*os.File, cfg fleetChild, read
 			t.Logf("edge %d output:\n%s", i, output.String())
 		}
 	}
-}
-
-// lines collects a child's output from two writers.
-type lines struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lines) Add(s string) { l.Write([]byte(s + "\n")) }
-
-func (l *lines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
