@@ -16,6 +16,7 @@ import (
 
 	"github.com/scafo/scafo-edge/certs/certstest"
 	"github.com/scafo/scafo-edge/certs/prefetch"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node/nodetest"
 )
 
@@ -55,6 +56,13 @@ func prefetchEntry(m *Manager, name string) (prefetch.Entry, bool) {
 	return m.PrefetchStatus()[i], true
 }
 
+// series returns the value of the series name{labels} in reg, or 0.
+func series(t *testing.T, reg *prometheus.Registry, name string, labels testsupport.Labels) float64 {
+	t.Helper()
+	v, _ := testsupport.MetricValue(t, reg, name, labels)
+	return v
+}
+
 // prefetchOptions is Options for an edge with prefetch p against pb,
 // approving what names approves.
 func prefetchOptions(pb *certstest.Pebble, names *nameSet, reg prometheus.Registerer, p *prefetch.Options) Options {
@@ -78,12 +86,12 @@ func TestPrefetch(t *testing.T) {
 	m := e.start(t, t.TempDir(), prefetchOptions(pb, names, reg, &prefetch.Options{
 		RetryBase:   100 * time.Millisecond,
 		RetryMax:    time.Second,
-		DialContext: dialRoutes(e.httpLn.Addr().String(), map[string]string{"dark.test": elsewhere}),
+		DialContext: dialRoutes(e.httpLn.Addr().String(), testsupport.Labels{"dark.test": elsewhere}),
 	}))
 	doc := []string{"old.test"}
 	names.set("old.test", true)
 	m.Prefetch(doc)
-	waitUntil(t, 30*time.Second, "old.test prefetched", func() bool { return storedCert(m, "old.test") })
+	testsupport.WaitFor(t, 30*time.Second, "old.test prefetched", func() bool { return storedCert(m, "old.test") })
 	pb.WaitOrderCount(t, 1)
 
 	added := []string{"one.test", "two.test", "three.test"}
@@ -93,12 +101,12 @@ func TestPrefetch(t *testing.T) {
 		}
 		doc = append(doc, added...)
 		m.Prefetch(doc)
-		waitUntil(t, 60*time.Second, "three certificates in storage", func() bool {
+		testsupport.WaitFor(t, 60*time.Second, "three certificates in storage", func() bool {
 			return storedCert(m, "one.test") && storedCert(m, "two.test") && storedCert(m, "three.test")
 		})
 		pb.WaitOrderCount(t, 4)
-		waitUntil(t, 5*time.Second, "the queue to empty", func() bool { return len(m.PrefetchStatus()) == 0 })
-		if got := metricValue(t, reg, "scafo_edge_tls_prefetch_turns_total", map[string]string{"result": "obtained"}); got != 4 {
+		testsupport.WaitFor(t, 5*time.Second, "the queue to empty", func() bool { return len(m.PrefetchStatus()) == 0 })
+		if got := series(t, reg, "scafo_edge_tls_prefetch_turns_total", testsupport.Labels{"result": "obtained"}); got != 4 {
 			t.Errorf("prefetch obtained metric = %v, want 4", got)
 		}
 	})
@@ -131,11 +139,11 @@ func TestPrefetch(t *testing.T) {
 		names.set("dark.test", true)
 		doc = append(doc, "dark.test")
 		m.Prefetch(doc)
-		waitUntil(t, 10*time.Second, "dark.test reported unreachable twice", func() bool {
+		testsupport.WaitFor(t, 10*time.Second, "dark.test reported unreachable twice", func() bool {
 			en, ok := prefetchEntry(m, "dark.test")
 			return ok && en.State == prefetch.Unreachable && en.Failures >= 2
 		})
-		if got := metricValue(t, reg, "scafo_edge_tls_prefetch_unreachable_names", nil); got != 1 {
+		if got := series(t, reg, "scafo_edge_tls_prefetch_unreachable_names", nil); got != 1 {
 			t.Errorf("unreachable names metric = %v, want 1", got)
 		}
 		if got := pb.OrderCount(); got != before {
@@ -160,7 +168,7 @@ func TestPrefetch(t *testing.T) {
 			t.Error(err)
 		}
 		pb.WaitOrderCount(t, before+1)
-		waitUntil(t, 10*time.Second, "the queue to drop dark.test once held", func() bool {
+		testsupport.WaitFor(t, 10*time.Second, "the queue to drop dark.test once held", func() bool {
 			_, ok := prefetchEntry(m, "dark.test")
 			return !ok
 		})
@@ -195,19 +203,19 @@ func TestPrefetchBudgetAndRemoval(t *testing.T) {
 
 	t.Run("more names than the budget: the rest wait, counted", func(t *testing.T) {
 		// The first two names in the document go first.
-		waitUntil(t, 60*time.Second, "b1 and b2 obtained, b3 and b4 held back", func() bool {
+		testsupport.WaitFor(t, 60*time.Second, "b1 and b2 obtained, b3 and b4 held back", func() bool {
 			st := m.PrefetchStatus()
 			return storedCert(m, "b1.test") && storedCert(m, "b2.test") &&
 				len(st) == 2 && st[0].State == prefetch.Budget && st[1].State == prefetch.Budget
 		})
 		pb.WaitOrderCount(t, 2)
-		if got := metricValue(t, reg, "scafo_edge_tls_prefetch_budget_waits_total", nil); got < 2 {
+		if got := series(t, reg, "scafo_edge_tls_prefetch_budget_waits_total", nil); got < 2 {
 			t.Errorf("budget waits = %v, want at least 2", got)
 		}
-		if got := metricValue(t, reg, "scafo_edge_tls_prefetch_queue_names", nil); got != 2 {
+		if got := series(t, reg, "scafo_edge_tls_prefetch_queue_names", nil); got != 2 {
 			t.Errorf("queue metric = %v, want 2", got)
 		}
-		if got := metricValue(t, reg, "scafo_edge_tls_prefetch_budget_remaining", nil); got >= 1 {
+		if got := series(t, reg, "scafo_edge_tls_prefetch_budget_remaining", nil); got >= 1 {
 			t.Errorf("budget remaining = %v, want < 1", got)
 		}
 	})
@@ -221,8 +229,8 @@ func TestPrefetchBudgetAndRemoval(t *testing.T) {
 		}
 		skew.Add(int64(time.Hour))
 		m.Prefetch(doc) // an unchanged document: only wakes the queue
-		waitUntil(t, 60*time.Second, "b3.test obtained once the budget refills", func() bool { return storedCert(m, "b3.test") })
-		waitUntil(t, 5*time.Second, "the queue to empty", func() bool { return len(m.PrefetchStatus()) == 0 })
+		testsupport.WaitFor(t, 60*time.Second, "b3.test obtained once the budget refills", func() bool { return storedCert(m, "b3.test") })
+		testsupport.WaitFor(t, 5*time.Second, "the queue to empty", func() bool { return len(m.PrefetchStatus()) == 0 })
 		pb.WaitOrderCount(t, 3)
 		if storedCert(m, "b4.test") {
 			t.Error("b4.test was obtained after leaving the document")
@@ -259,7 +267,7 @@ func TestPrefetchFleetOneOrderPerName(t *testing.T) {
 		wg.Go(func() { m.Prefetch(doc) })
 	}
 	wg.Wait()
-	waitUntil(t, 90*time.Second, "every name in the fleet store and every queue empty", func() bool {
+	testsupport.WaitFor(t, 90*time.Second, "every name in the fleet store and every queue empty", func() bool {
 		for _, m := range ms {
 			if len(m.PrefetchStatus()) > 0 {
 				return false

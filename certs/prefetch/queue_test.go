@@ -12,6 +12,8 @@ import (
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/goleak"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
 func TestMain(m *testing.M) {
@@ -97,17 +99,6 @@ func startQueue(t *testing.T, f *fakeCerts, storage certmagic.Storage, opts Opti
 	return q
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-time.After(5 * time.Millisecond)
-	}
-}
-
 func nextOrder(t *testing.T, f *fakeCerts) string {
 	t.Helper()
 	select {
@@ -136,7 +127,7 @@ func TestQueueOrder(t *testing.T) {
 		if got, want := f.ordered(), []string{"a.test", "d.test", "b.test", "c.test"}; !slices.Equal(got, want) {
 			t.Errorf("orders = %q, want %q", got, want)
 		}
-		waitFor(t, "an empty queue", func() bool { return len(q.Status()) == 0 })
+		testsupport.WaitFor(t, 10*time.Second, "an empty queue", func() bool { return len(q.Status()) == 0 })
 	})
 
 	t.Run("a name that leaves the document before its turn is never ordered", func(t *testing.T) {
@@ -147,7 +138,7 @@ func TestQueueOrder(t *testing.T) {
 		nextOrder(t, f)
 		q.Update([]string{"a.test"})
 		close(f.gate)
-		waitFor(t, "an empty queue", func() bool { return len(q.Status()) == 0 })
+		testsupport.WaitFor(t, 10*time.Second, "an empty queue", func() bool { return len(q.Status()) == 0 })
 		if got := f.ordered(); !slices.Equal(got, []string{"a.test"}) {
 			t.Errorf("orders = %q, want only a.test", got)
 		}
@@ -158,7 +149,7 @@ func TestQueueOrder(t *testing.T) {
 		f.held["held.test"] = true
 		q := startQueue(t, f, newStorage(t), Options{})
 		q.Update([]string{"held.test", "*.wild.test", "stranger.test", "new.test"})
-		waitFor(t, "an empty queue", func() bool { return len(q.Status()) == 0 })
+		testsupport.WaitFor(t, 10*time.Second, "an empty queue", func() bool { return len(q.Status()) == 0 })
 		if got := f.ordered(); !slices.Equal(got, []string{"new.test"}) {
 			t.Errorf("orders = %q, want only new.test", got)
 		}
@@ -168,7 +159,7 @@ func TestQueueOrder(t *testing.T) {
 		f := newFakeCerts("a.test")
 		q := startQueue(t, f, newStorage(t), Options{DialContext: dialTo(closedAddr(t)), RetryBase: time.Hour})
 		q.Update([]string{"a.test"})
-		waitFor(t, "a.test unreachable", func() bool { return stateOf(q, "a.test") == Unreachable })
+		testsupport.WaitFor(t, 10*time.Second, "a.test unreachable", func() bool { return stateOf(q, "a.test") == Unreachable })
 		q.Update(nil)
 		if st := q.Status(); len(st) != 0 {
 			t.Fatalf("status after the name left = %+v, want empty", st)
@@ -201,7 +192,7 @@ func TestQueueBackOff(t *testing.T) {
 	})
 	q.Update([]string{"dark.test"})
 	for i, want := range []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 4 * time.Minute} {
-		waitFor(t, "a failed check", func() bool {
+		testsupport.WaitFor(t, 10*time.Second, "a failed check", func() bool {
 			st := q.Status()
 			return len(st) == 1 && st[0].Failures == i+1 && st[0].State == Unreachable
 		})
@@ -225,7 +216,7 @@ func TestQueueBudget(t *testing.T) {
 		Now:     func() time.Time { return time.Now().Add(time.Duration(skew.Load())) },
 	})
 	q.Update([]string{"a.test", "b.test", "c.test"})
-	waitFor(t, "one order and two names held back by the budget", func() bool {
+	testsupport.WaitFor(t, 10*time.Second, "one order and two names held back by the budget", func() bool {
 		return len(f.ordered()) == 1 && stateOf(q, "b.test") == Budget && stateOf(q, "c.test") == Budget
 	})
 	if got := f.ordered(); !slices.Equal(got, []string{"a.test"}) {
@@ -233,7 +224,7 @@ func TestQueueBudget(t *testing.T) {
 	}
 	skew.Add(int64(time.Hour))
 	q.Kick()
-	waitFor(t, "a second order an hour later", func() bool { return len(f.ordered()) == 2 })
+	testsupport.WaitFor(t, 10*time.Second, "a second order an hour later", func() bool { return len(f.ordered()) == 2 })
 	if stateOf(q, "c.test") != Budget {
 		t.Errorf("c.test is %q, want still held back by the budget", stateOf(q, "c.test"))
 	}
@@ -256,7 +247,7 @@ func TestQueueFleet(t *testing.T) {
 	}
 	wg.Wait()
 	for _, q := range qs {
-		waitFor(t, "every queue to empty", func() bool { return len(q.Status()) == 0 })
+		testsupport.WaitFor(t, 10*time.Second, "every queue to empty", func() bool { return len(q.Status()) == 0 })
 	}
 	got := f.ordered()
 	slices.Sort(got)
