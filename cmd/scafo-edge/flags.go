@@ -42,6 +42,7 @@ type config struct {
 	proxyProtocol    string
 	sendTimeout      time.Duration
 	http3            bool
+	handover         bool
 	idleTimeout      time.Duration
 	maxHeaderBytes   int
 }
@@ -163,6 +164,7 @@ func serveFlags(c *config) *flagSet {
 
 	fs.group = "State"
 	fs.stringVar(&c.stateDir, "state-dir", "SCAFO_EDGE_STATE_DIR", "/var/lib/scafo-edge", "directory for edge.db (last good document, certificates, ACME account)")
+	fs.boolVar(&c.handover, "handover", "SCAFO_EDGE_HANDOVER", true, "take the listening sockets of an edge already running on --state-dir (it drains and exits 0), and offer this edge's to the next one, over <state-dir>/handover.sock: upgrades refuse no connection")
 
 	fs.group = "TLS"
 	fs.stringVar(&c.tlsMode, "tls", "SCAFO_EDGE_TLS", "acme", "acme, internal (a local CA kept in state) or off (HTTP only)")

@@ -13,6 +13,8 @@ import (
 	proxyproto "github.com/pires/go-proxyproto"
 	"github.com/quic-go/quic-go/http3"
 	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/handover"
 )
 
 // withProxyProtocol makes l read a PROXY protocol (v1 or v2) header from
@@ -52,10 +54,15 @@ type http3Listener struct {
 	conn net.PacketConn
 }
 
-func newHTTP3(httpsAddr net.Addr, tlsConf *tls.Config, h http.Handler, maxHeaderBytes int, idle time.Duration) (*http3Listener, error) {
-	conn, err := net.ListenPacket("udp", httpsAddr.String())
-	if err != nil {
-		return nil, fmt.Errorf("listen udp %s for HTTP/3: %w", httpsAddr, err)
+// newHTTP3 binds the UDP side of httpsAddr, or takes inherited (the socket
+// a previous edge handed over) when it is bound there.
+func newHTTP3(httpsAddr net.Addr, inherited net.PacketConn, tlsConf *tls.Config, h http.Handler, maxHeaderBytes int, idle time.Duration) (*http3Listener, error) {
+	conn := inherited
+	if conn == nil || !handover.SameAddr(httpsAddr.String(), conn.LocalAddr()) {
+		var err error
+		if conn, err = net.ListenPacket("udp", httpsAddr.String()); err != nil {
+			return nil, fmt.Errorf("listen udp %s for HTTP/3: %w", httpsAddr, err)
+		}
 	}
 	return &http3Listener{
 		conn: conn,

@@ -35,8 +35,10 @@ type parts struct {
 }
 
 // buildParts opens the state file and builds the parts from the validated
-// flags. On error nothing is left open.
-func buildParts(c *config, s settings, log zerolog.Logger) (_ *parts, err error) {
+// flags. handed is the document the edge this one replaces handed over
+// (nil: none); it is served instead of the persisted one. On error nothing
+// is left open.
+func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) (_ *parts, err error) {
 	p := &parts{}
 	var warnings []string
 	if p.token, warnings, err = node.LoadToken(c.token, c.tokenFile); err != nil {
@@ -64,11 +66,16 @@ func buildParts(c *config, s settings, log zerolog.Logger) (_ *parts, err error)
 
 	p.live = &edge.Live{}
 	p.updater = edge.NewUpdater(p.live, log.With().Str("component", "routing").Logger(), p.reg)
-	if p.seed, err = node.LoadDocument(p.db); err != nil {
+	if handed != nil {
+		p.seed = handed
+		p.updater.Apply(*handed)
+		log.Info().Str("fingerprint", handed.Fingerprint).Time("fetched_at", handed.FetchedAt).Bool("stale", handed.Stale).
+			Msg("serving the routing document the previous edge handed over until the source answers")
+	} else if p.seed, err = node.LoadDocument(p.db); err != nil {
 		log.Warn().Err(err).Msg("persisted routing document unreadable; waiting for the source")
 		p.seed, err = nil, nil
 	}
-	if p.seed != nil {
+	if p.seed != nil && handed == nil {
 		p.updater.Apply(*p.seed)
 		log.Warn().Str("fingerprint", p.seed.Fingerprint).Time("fetched_at", p.seed.FetchedAt).
 			Msg("serving the persisted routing document, marked stale, until the source answers")

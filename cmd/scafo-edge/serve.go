@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/handover"
 )
 
 func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -37,25 +40,42 @@ func newLogger(level zerolog.Level, format string, w io.Writer) zerolog.Logger {
 
 // serve runs the edge until ctx ends or a listener fails, then shuts down
 // gracefully: the listeners close, in-flight requests get
-// --shutdown-timeout, and only then does the routing source stop.
+// --shutdown-timeout, and only then does the routing source stop. With
+// --handover it first takes over from an edge already serving the state
+// directory, and hands over to the next one: then it stops as package
+// handover orders and returns nil.
 func serve(ctx context.Context, c *config, s settings, log zerolog.Logger) error {
-	p, err := buildParts(c, s, log)
+	hlog := log.With().Str("component", "handover").Logger()
+	in := takeOver(ctx, c, hlog)
+	defer in.close()
+	defer in.sockets.Close() // those not served on; the rest are closed already
+	p, err := buildParts(c, s, in.doc, log)
 	if err != nil {
 		return err
 	}
 	defer p.close()
-	sv, err := openServers(ctx, c, s, p, log)
+	handovers := in.count(p.reg)
+	sv, err := openServers(ctx, c, s, p, in.sockets, log)
 	if err != nil {
 		return err
 	}
-	defer sv.tls.stop()
+	in.closeUnused(sv.raw, hlog)
+	stopTLS := sync.OnceFunc(sv.tls.stop)
+	defer stopTLS()
 
 	sv.logStarted(c, s, p, log)
-	errc := sv.start()
+	errc := sv.start(in.http3Released(hlog))
 	stopSource := p.runSource(log)
+	handoffs, stopOffer := offer(c, sv, hlog)
+	defer stopOffer()
 
 	var runErr error
 	select {
+	case h := <-handoffs:
+		handovers.WithLabelValues(handover.ResultGiven).Inc()
+		handOff(h, c, p, sv, stopSource, stopTLS, hlog)
+		log.Info().Msg("scafo-edge stopped")
+		return nil
 	case <-ctx.Done():
 		log.Info().Dur("timeout", c.shutdownTimeout).Msg("shutting down: listeners closed, waiting for in-flight requests")
 	case runErr = <-errc:

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/scafo/scafo-edge/admin"
+	"github.com/scafo/scafo-edge/handover"
 )
 
 // servers are the edge's listeners and the servers on them: plain HTTP,
@@ -28,12 +29,20 @@ type servers struct {
 	httpsSrv  *http.Server   // nil with --tls off
 	h3        *http3Listener // nil unless --http3 with TLS on
 	adminSrv  *http.Server
+	// raw are the bound sockets themselves, offered to a successor; gate
+	// stops the servers accepting on them for a handover; requests counts
+	// what is in flight, tunnels included, for the drain after one.
+	raw      handover.Sockets
+	gate     handover.Gate
+	requests handover.Requests
 }
 
-// openServers binds the listeners, starts certificate management on the
-// bound ports and builds a server for each listener. On error nothing is
-// left open. sv.tls.stop must be called once the servers are shut down.
-func openServers(ctx context.Context, c *config, s settings, p *parts, log zerolog.Logger) (_ *servers, err error) {
+// openServers binds the listeners (or serves on the ones a previous edge
+// handed over, where the flags ask for their addresses), starts certificate
+// management on the bound ports and builds a server for each listener. On
+// error nothing is left open. sv.tls.stop must be called once the servers
+// are shut down.
+func openServers(ctx context.Context, c *config, s settings, p *parts, in handover.Sockets, log zerolog.Logger) (_ *servers, err error) {
 	sv := &servers{}
 	defer func() {
 		if err != nil {
@@ -42,15 +51,15 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, log zerol
 			}
 		}
 	}()
-	if sv.httpLn, err = sv.listen(c.httpAddr); err != nil {
+	if sv.httpLn, err = sv.listen(c.httpAddr, in.HTTP, &sv.raw.HTTP); err != nil {
 		return nil, err
 	}
 	if c.tlsMode != "off" {
-		if sv.httpsLn, err = sv.listen(c.httpsAddr); err != nil {
+		if sv.httpsLn, err = sv.listen(c.httpsAddr, in.HTTPS, &sv.raw.HTTPS); err != nil {
 			return nil, err
 		}
 	}
-	if sv.adminLn, err = sv.listen(c.adminAddr); err != nil {
+	if sv.adminLn, err = sv.listen(c.adminAddr, in.Admin, &sv.raw.Admin); err != nil {
 		return nil, err
 	}
 	// Certificate management learns the bound ports: certmagic must not
@@ -60,15 +69,16 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, log zerol
 	}
 	p.handler.Covers = sv.tls.covers
 
-	edgeHandler := p.metrics.InFlight(p.handler)
+	edgeHandler := sv.requests.Handler(p.metrics.InFlight(p.handler))
 	sv.httpSrv = sv.newServer(c, p, p.handler.Screen(sv.tls.httpHandler(edgeHandler)), nil, "http", log)
 	if sv.httpsLn != nil {
 		httpsHandler := edgeHandler
 		if c.http3 {
-			if sv.h3, err = newHTTP3(sv.httpsLn.Addr(), sv.tls.config, edgeHandler, c.maxHeaderBytes, c.idleTimeout); err != nil {
+			if sv.h3, err = newHTTP3(sv.httpsLn.Addr(), in.HTTP3, sv.tls.config, edgeHandler, c.maxHeaderBytes, c.idleTimeout); err != nil {
 				sv.tls.stop()
 				return nil, err
 			}
+			sv.raw.HTTP3 = sv.h3.conn
 			httpsHandler = sv.h3.advertiseHTTP3(edgeHandler)
 		}
 		sv.httpsSrv = sv.newServer(c, p, httpsHandler, sv.tls.config, "https", log)
@@ -88,13 +98,19 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, log zerol
 	return sv, nil
 }
 
-func (sv *servers) listen(addr string) (net.Listener, error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", addr, err)
+// listen binds addr, or takes inherited when it is bound where addr asks;
+// the socket goes to raw, and through the gate to the server.
+func (sv *servers) listen(addr string, inherited net.Listener, raw *net.Listener) (net.Listener, error) {
+	l := inherited
+	if l == nil || !handover.SameAddr(addr, l.Addr()) {
+		var err error
+		if l, err = net.Listen("tcp", addr); err != nil {
+			return nil, fmt.Errorf("listen %s: %w", addr, err)
+		}
 	}
 	sv.listeners = append(sv.listeners, l)
-	return l, nil
+	*raw = l
+	return sv.gate.Listener(l), nil
 }
 
 func (sv *servers) newServer(c *config, p *parts, h http.Handler, tlsConf *tls.Config, name string, log zerolog.Logger) *http.Server {
@@ -108,6 +124,7 @@ func (sv *servers) newServer(c *config, p *parts, h http.Handler, tlsConf *tls.C
 		MaxHeaderBytes:    c.maxHeaderBytes,
 		TLSConfig:         tlsConf,
 		ErrorLog:          newStdLogger(log.With().Str("component", name).Logger(), p.handshakeErrors),
+		ConnState:         sv.gate.ConnState,
 	}
 	sv.all = append(sv.all, srv)
 	return srv
@@ -130,12 +147,16 @@ func (sv *servers) logStarted(c *config, s settings, p *parts, log zerolog.Logge
 	ev.Bool("token_set", p.token != "").Msg("scafo-edge started")
 }
 
-// start serves every listener; the channel receives the first listener
-// that fails.
-func (sv *servers) start() <-chan error {
+// start serves every listener, HTTP/3 once h3Ready is closed (the edge it
+// replaces no longer reads the socket); the channel receives the first
+// listener that fails.
+func (sv *servers) start(h3Ready <-chan struct{}) <-chan error {
 	errc := make(chan error, 4)
 	if sv.h3 != nil {
-		go func() { errc <- sv.h3.serve() }()
+		go func() {
+			<-h3Ready
+			errc <- sv.h3.serve()
+		}()
 	}
 	go func() { errc <- serveOn(sv.httpSrv, sv.httpLn, false) }()
 	if sv.httpsSrv != nil {

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/handover"
+	"github.com/scafo/scafo-edge/node"
+)
+
+// Bounds of the handover between an old and a new edge (package handover
+// has the sequence).
+const (
+	// takeTimeout bounds hello, sockets, ack: an old edge that does not
+	// answer within it is treated as absent.
+	takeTimeout = 5 * time.Second
+	// settleTimeout bounds the old edge's wait for connections it accepted
+	// to send their first request. Nobody accepts meanwhile: keep it short.
+	settleTimeout = 2 * time.Second
+	// http3DrainTimeout bounds the old edge's HTTP/3 drain. New QUIC
+	// connections wait (their Initial packets retransmitted) meanwhile;
+	// browsers fall back to TCP sooner.
+	http3DrainTimeout = 2 * time.Second
+	// releaseTimeout bounds the new edge's wait for the old one to stop its
+	// work and close edge.db: settling plus stopping the source and ACME.
+	releaseTimeout = 30 * time.Second
+)
+
+// inherited is what a new edge took over from the edge it replaces; the
+// zero value is a start without one.
+type inherited struct {
+	sockets  handover.Sockets
+	doc      *node.Update    // the old edge's last good document; nil: none
+	taken    *handover.Taken // nil: nothing was handed over
+	fellBack bool            // an edge was there but did not hand over
+}
+
+// takeOver asks an edge already serving --state-dir for its listening
+// sockets and waits until it has released edge.db. Whatever fails, the
+// edge starts the ordinary way: one log line says why.
+func takeOver(ctx context.Context, c *config, log zerolog.Logger) inherited {
+	if !c.handover {
+		return inherited{}
+	}
+	tctx, cancel := context.WithTimeout(ctx, takeTimeout)
+	tk, err := handover.Take(tctx, c.stateDir)
+	cancel()
+	switch {
+	case errors.Is(err, handover.ErrNoPeer):
+		log.Debug().Err(err).Msg("handover: none")
+		return inherited{}
+	case err != nil:
+		log.Warn().Err(err).Msg("handover: the running edge did not hand over its sockets; binding the listeners and waiting for edge.db as without one")
+		return inherited{fellBack: true}
+	}
+	log.Info().Msg("handover: took the running edge's listening sockets; waiting for it to release edge.db")
+	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	doc, err := tk.Released(rctx)
+	if err != nil {
+		log.Warn().Err(err).Msg("handover: the old edge did not say it released edge.db; opening it anyway")
+	}
+	return inherited{sockets: tk.Sockets, doc: doc, taken: tk}
+}
+
+// count records this start in scafo_edge_handovers_total, registered
+// with reg, and returns the counter for a later handover to a successor.
+func (in inherited) count(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := handover.NewCounter(reg)
+	switch {
+	case in.taken != nil:
+		c.WithLabelValues(handover.ResultReceived).Inc()
+	case in.fellBack:
+		c.WithLabelValues(handover.ResultFellBack).Inc()
+	}
+	return c
+}
+
+// http3Released is closed once the old edge no longer reads the HTTP/3
+// socket: at once without a handover, at the latest after releaseTimeout.
+func (in inherited) http3Released(log zerolog.Logger) <-chan struct{} {
+	ready := make(chan struct{})
+	if in.taken == nil {
+		close(ready)
+		return ready
+	}
+	go func() {
+		defer close(ready)
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		if err := in.taken.HTTP3Released(ctx); err != nil {
+			log.Warn().Err(err).Msg("handover: the old edge did not say it stopped reading the HTTP/3 socket; serving HTTP/3 anyway")
+		}
+	}()
+	return ready
+}
+
+// closeUnused closes the inherited sockets this edge does not serve on (a
+// role it does not have, or an address its flags moved), so none keeps a
+// port listening that nobody accepts on. used are the sockets served.
+func (in inherited) closeUnused(used handover.Sockets, log zerolog.Logger) {
+	for _, pair := range []struct {
+		role     string
+		got, use any
+	}{
+		{"http", in.sockets.HTTP, used.HTTP},
+		{"https", in.sockets.HTTPS, used.HTTPS},
+		{"admin", in.sockets.Admin, used.Admin},
+		{"http3", in.sockets.HTTP3, used.HTTP3},
+	} {
+		if c, ok := pair.got.(interface{ Close() error }); ok && pair.got != pair.use {
+			log.Info().Str("role", pair.role).Msg("handover: not serving on a handed-over socket (this edge's flags differ); closed it")
+			c.Close()
+		}
+	}
+}
+
+// close ends the line to the old edge.
+func (in inherited) close() {
+	if in.taken != nil {
+		in.taken.Close()
+	}
+}
+
+// offer lets the next edge started on --state-dir take this one's sockets.
+// The channel receives the handoff once a successor holds them; stop ends
+// the offer (and a handoff nobody received).
+func offer(c *config, sv *servers, log zerolog.Logger) (handoffs <-chan *handover.Handoff, stop func()) {
+	if !c.handover {
+		return nil, func() {}
+	}
+	o, err := handover.Listen(c.stateDir, log)
+	if err != nil {
+		log.Warn().Err(err).Msg("handover: cannot offer this edge's sockets to a successor; an upgrade will have to stop it first")
+		return nil, func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan *handover.Handoff, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if h, err := o.Wait(ctx, sv.raw); err == nil {
+			got <- h
+		}
+	}()
+	return got, func() {
+		cancel()
+		<-done
+		o.Close()
+		select {
+		case h := <-got:
+			h.Close()
+		default:
+		}
+	}
+}
+
+// handOff lets go of everything in the order of package handover, for the
+// successor that took the sockets, then drains what is left in flight
+// (tunnels included) within --shutdown-timeout.
+func handOff(h *handover.Handoff, c *config, p *parts, sv *servers, stopSource, stopTLS func(), log zerolog.Logger) {
+	defer h.Close()
+	log.Info().Dur("timeout", c.shutdownTimeout).Msg("handover: a new edge took the listening sockets; stopping, in-flight requests get the shutdown timeout")
+	steps := handover.Steps{
+		StopAccepting: sv.gate.Stop,
+		Settle:        sv.gate.Wait,
+		SettleTimeout: settleTimeout,
+		StopWork: func() *node.Update {
+			stopSource()
+			stopTLS()
+			doc, err := node.LoadDocument(p.db)
+			if err != nil {
+				log.Warn().Err(err).Msg("handover: persisted routing document unreadable; the successor waits for its source")
+				return nil
+			}
+			if doc != nil {
+				doc.Stale = p.source.Status().Stale
+			}
+			return doc
+		},
+		CloseState: p.db.Close,
+		Log:        log,
+	}
+	if sv.h3 != nil {
+		steps.StopHTTP3 = func(ctx context.Context) { sv.h3.shutdown(ctx, log) }
+		steps.HTTP3Timeout = http3DrainTimeout
+	}
+	deadline := time.Now().Add(c.shutdownTimeout)
+	if err := h.Run(steps); err != nil {
+		log.Warn().Err(err).Msg("handover: the successor was not told everything; it finds out when this process exits")
+	}
+	sv.shutdown(time.Until(deadline), log)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if err := sv.requests.Wait(ctx); err != nil {
+		log.Warn().Msg("handover: shutdown timeout passed with upgraded connections (WebSockets) still open; closing them")
+	}
+}
