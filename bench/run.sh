@@ -24,7 +24,7 @@ Usage: bench/run.sh [flags]
                        (default: the four HTTP/1.1 cells; the h2 cells, h2load
                        over TLS, are opt-in: with them a default run passes
                        ten minutes; so is h3-1k, HTTP/3 with bench/h3load,
-                       scafo-edge and Caddy only)
+                       scafo-edge, Caddy and Traefik only)
   --connections N      wrk connections (default 64; the h2 and h3 cells set
                        their own)
   --threads N          wrk threads (default 2)
