@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -857,4 +858,71 @@ func TestRunGoesOnWhenAStepFails(t *testing.T) {
 	if err := tk.HTTP3Released(ctx); err != nil {
 		t.Errorf("HTTP3Released = %v, want nil (no HTTP/3 is released at once)", err)
 	}
+}
+
+func TestRequestsWaitUnderConcurrentRequests(t *testing.T) {
+	var reqs Requests
+	release := make(chan struct{})
+	h := reqs.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
+	var running sync.WaitGroup
+	for range 50 {
+		running.Add(1)
+		go func() {
+			defer running.Done()
+			h.ServeHTTP(nil, nil)
+		}()
+	}
+	testsupport.WaitFor(t, 5*time.Second, "50 requests in flight", func() bool { return reqs.n.Load() == 50 })
+	waited := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		waited <- reqs.Wait(ctx)
+	}()
+	close(release)
+	if err := <-waited; err != nil {
+		t.Fatalf("Wait = %v, want nil once all 50 ended", err)
+	}
+	running.Wait()
+}
+
+func BenchmarkRequestsHandler(b *testing.B) {
+	var reqs Requests
+	h := reqs.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			h.ServeHTTP(nil, nil)
+		}
+	})
+}
+
+// net/http skips the ConnState hook when it hands a connection to HTTP/2;
+// the HTTP/2 server reports its states itself. An open HTTP/2 connection
+// must not hold the gate until the settle timeout.
+func TestGateSettlesWithHTTP2ConnectionsOpen(t *testing.T) {
+	var gate Gate
+	srv := httptest.NewUnstartedServer(named("h2"))
+	srv.EnableHTTP2 = true
+	srv.Config.ConnState = gate.ConnState
+	srv.Listener = gate.Listener(srv.Listener)
+	srv.StartTLS()
+	defer srv.Close()
+	c := srv.Client()
+	resp, err := c.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("negotiated %s, want HTTP/2", resp.Proto)
+	}
+	gate.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := gate.Wait(ctx); err != nil {
+		t.Errorf("Wait with an idle HTTP/2 connection open = %v, want nil", err)
+	}
+	c.CloseIdleConnections()
 }
