@@ -68,17 +68,17 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 	p.updater = edge.NewUpdater(p.live, log.With().Str("component", "routing").Logger(), p.reg)
 	if handed != nil {
 		p.seed = handed
-		p.updater.Apply(*handed)
 		log.Info().Str("fingerprint", handed.Fingerprint).Time("fetched_at", handed.FetchedAt).Bool("stale", handed.Stale).
 			Msg("serving the routing document the previous edge handed over until the source answers")
 	} else if p.seed, err = node.LoadDocument(p.db); err != nil {
 		log.Warn().Err(err).Msg("persisted routing document unreadable; waiting for the source")
 		p.seed, err = nil, nil
-	}
-	if p.seed != nil && handed == nil {
-		p.updater.Apply(*p.seed)
+	} else if p.seed != nil {
 		log.Warn().Str("fingerprint", p.seed.Fingerprint).Time("fetched_at", p.seed.FetchedAt).
 			Msg("serving the persisted routing document, marked stale, until the source answers")
+	}
+	if p.seed != nil {
+		p.updater.Apply(*p.seed)
 	}
 
 	if p.source, p.sourceName, err = newSource(c, p.token, log, p.reg); err != nil {
