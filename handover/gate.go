@@ -6,34 +6,43 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
+// quiet is how long a new connection must have been accepted and have
+// received nothing before Wait stops waiting for it: a TLS handshake or a
+// request on its way keeps arriving; a connection a client opened ahead of
+// need (browsers and Go's transport do) sends nothing, or nothing after its
+// handshake, and is treated like an idle one.
+const quiet = 100 * time.Millisecond
+
 // Gate stops HTTP servers accepting without starting their shutdown, and
-// tells when every connection they accepted has had its first request read.
+// tells when the connections they accepted have stopped arriving: their
+// first request read, or nothing more coming.
 //
 // http.Server.Shutdown closes the listeners, then drops any request it
 // reads from then on: a connection accepted a moment before, whose request
 // (or TLS handshake) was still on its way, is closed unanswered. A client
 // that sent its request on a fresh connection sees it fail. So the old edge
-// stops accepting through a Gate, waits until no connection is new, and
-// only then calls Shutdown, which closes idle connections (a client retries
-// an idempotent request on a reused connection that closes) and waits for
-// the active ones. Waiting for new connections also lets TLS handshakes in
-// progress finish while edge.db is still open.
+// stops accepting through a Gate, waits, and only then calls Shutdown,
+// which closes idle connections (a client retries an idempotent request on
+// a reused or pre-opened connection that closes) and waits for the active
+// ones. The wait also lets TLS handshakes in progress finish while edge.db
+// is still open.
 //
-// Wrap each server's listener with Listener (innermost, around the bound
-// socket) and set each server's ConnState to the Gate's. The zero value is
-// ready to use; its methods are safe for concurrent use.
+// Wrap each server's listener with Listener (outermost, below TLS: the gate
+// sees the bytes a connection receives) and set each server's ConnState to
+// the Gate's. The zero value is ready to use; its methods are safe for
+// concurrent use.
 type Gate struct {
 	mu        sync.Mutex
 	listeners []*gatedListener
 	// handedOut counts connections Accept returned that the server has
 	// not yet reported as new; fresh holds those it reported as new and
-	// that have not moved on. Together they are the connections that may
-	// still be waiting for their first request to be read.
+	// that have not moved on, by the server's conn, with the gate's own.
 	handedOut int
-	fresh     map[net.Conn]bool
-	changed   chan struct{} // closed and replaced whenever the counts drop
+	fresh     map[net.Conn]*gateConn
+	changed   chan struct{} // closed and replaced whenever the counts move
 }
 
 // Listener returns l gated: it accepts until Stop, then blocks until
@@ -52,18 +61,38 @@ func (g *Gate) ConnState(c net.Conn, st http.ConnState) {
 	defer g.mu.Unlock()
 	if st == http.StateNew {
 		if g.fresh == nil {
-			g.fresh = map[net.Conn]bool{}
+			g.fresh = map[net.Conn]*gateConn{}
 		}
-		g.fresh[c] = true
+		g.fresh[c] = gateConnOf(c)
 		if g.handedOut > 0 {
 			g.handedOut--
 		}
+		g.notify()
 		return
 	}
-	if g.fresh[c] {
+	if gc, ok := g.fresh[c]; ok {
+		if gc != nil {
+			gc.watched.Store(false)
+		}
 		delete(g.fresh, c)
 		g.notify()
 	}
+}
+
+// gateConnOf finds the gate's connection under c (a *tls.Conn's, say);
+// nil when c is not from a gated listener.
+func gateConnOf(c net.Conn) *gateConn {
+	for range 8 { // wrappers do not nest deeper than this
+		if gc, ok := c.(*gateConn); ok {
+			return gc
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return nil
+		}
+		c = u.NetConn()
+	}
+	return nil
 }
 
 // notify wakes Wait; g.mu is held.
@@ -87,13 +116,27 @@ func (g *Gate) Stop() {
 	}
 }
 
-// Wait returns once no connection accepted through the gate is waiting for
-// its first request, or with ctx's error when ctx ends first (a client
-// that connects and sends nothing). Call it after Stop.
+// Wait returns once no connection accepted through the gate is still
+// receiving its TLS handshake or first request (a new connection that has
+// received something within the last 100ms), or with ctx's error when ctx
+// ends first (a client trickling its request). Call it after Stop.
 func (g *Gate) Wait(ctx context.Context) error {
 	for {
 		g.mu.Lock()
-		if g.handedOut == 0 && len(g.fresh) == 0 {
+		busy, recheck := g.handedOut > 0, time.Duration(0)
+		now := time.Now()
+		for _, gc := range g.fresh {
+			if gc == nil {
+				continue
+			}
+			if left := quiet - now.Sub(time.Unix(0, gc.last.Load())); left > 0 {
+				busy = true
+				if recheck == 0 || left < recheck {
+					recheck = left
+				}
+			}
+		}
+		if !busy {
 			g.mu.Unlock()
 			return nil
 		}
@@ -102,10 +145,22 @@ func (g *Gate) Wait(ctx context.Context) error {
 		}
 		ch := g.changed
 		g.mu.Unlock()
+		var timer *time.Timer
+		var fired <-chan time.Time
+		if recheck > 0 {
+			timer = time.NewTimer(recheck)
+			fired = timer.C
+		}
 		select {
 		case <-ch:
+		case <-fired:
 		case <-ctx.Done():
-			return ctx.Err()
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if err := ctx.Err(); err != nil {
+			return err
 		}
 	}
 }
@@ -132,7 +187,10 @@ func (l *gatedListener) Accept() (net.Conn, error) {
 	l.gate.mu.Lock()
 	l.gate.handedOut++
 	l.gate.mu.Unlock()
-	return c, nil
+	gc := &gateConn{Conn: c}
+	gc.watched.Store(true)
+	gc.last.Store(time.Now().UnixNano())
+	return gc, nil
 }
 
 func (l *gatedListener) Close() error {
@@ -141,4 +199,20 @@ func (l *gatedListener) Close() error {
 		return nil // Stop closed the socket already
 	}
 	return l.Listener.Close()
+}
+
+// gateConn notes when it last received bytes, until its server reports it
+// past its first request.
+type gateConn struct {
+	net.Conn
+	watched atomic.Bool
+	last    atomic.Int64 // unix nanoseconds of the accept or of the last read that got bytes
+}
+
+func (c *gateConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && c.watched.Load() {
+		c.last.Store(time.Now().UnixNano())
+	}
+	return n, err
 }

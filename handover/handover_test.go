@@ -3,6 +3,7 @@ package handover
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -925,4 +926,92 @@ func TestGateSettlesWithHTTP2ConnectionsOpen(t *testing.T) {
 		t.Errorf("Wait with an idle HTTP/2 connection open = %v, want nil", err)
 	}
 	c.CloseIdleConnections()
+}
+
+// gatedServer serves "answered" behind a gate, over TLS when tls is set.
+func gatedServer(t *testing.T, useTLS bool) (*Gate, *httptest.Server) {
+	t.Helper()
+	gate := &Gate{}
+	srv := httptest.NewUnstartedServer(named("answered"))
+	srv.Config.ConnState = gate.ConnState
+	srv.Listener = gate.Listener(srv.Listener)
+	if useTLS {
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+	return gate, srv
+}
+
+func TestGateWaitsOnlyForConnectionsStillArriving(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		tls  bool
+		// open opens a connection and leaves it as the case says.
+		open func(t *testing.T, srv *httptest.Server) net.Conn
+		// trickle, if set, keeps sending on the connection while Wait runs.
+		trickle bool
+		settles bool
+	}{
+		{"a connection opened ahead of need and silent does not hold it", false, func(t *testing.T, srv *httptest.Server) net.Conn {
+			c, err := net.Dial("tcp", srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}, false, true},
+		{"a TLS connection opened ahead of need, handshake done, does not hold it", true, func(t *testing.T, srv *httptest.Server) net.Conn {
+			c, err := tls.Dial("tcp", srv.Listener.Addr().String(), srv.Client().Transport.(*http.Transport).TLSClientConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}, false, true},
+		{"a request still trickling in holds it", false, func(t *testing.T, srv *httptest.Server) net.Conn {
+			c, err := net.Dial("tcp", srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gate, srv := gatedServer(t, tc.tls)
+			c := tc.open(t, srv)
+			defer c.Close()
+			testsupport.WaitFor(t, 5*time.Second, "the connection to be accepted", func() bool {
+				gate.mu.Lock()
+				defer gate.mu.Unlock()
+				return len(gate.fresh) == 1
+			})
+			stop := make(chan struct{})
+			var trickling sync.WaitGroup
+			if tc.trickle {
+				trickling.Add(1)
+				go func() {
+					defer trickling.Done()
+					tick := time.NewTicker(quiet / 4)
+					defer tick.Stop()
+					for _, b := range []byte("GET / HTTP/1.1\r\nHost: slow.example\r\n") {
+						select {
+						case <-stop:
+							return
+						case <-tick.C:
+						}
+						c.Write([]byte{b})
+					}
+				}()
+			}
+			gate.Stop()
+			ctx, cancel := context.WithTimeout(context.Background(), 6*quiet)
+			defer cancel()
+			err := gate.Wait(ctx)
+			close(stop)
+			trickling.Wait()
+			if settled := err == nil; settled != tc.settles {
+				t.Errorf("Wait = %v; want settled=%v", err, tc.settles)
+			}
+		})
+	}
 }

@@ -88,10 +88,13 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	}
 	// The PROXY header is read in Accept's connection wrapper, before TLS
 	// and HTTP, so the client address reaches logs and forwarded headers.
-	sv.httpLn = withProxyProtocol(withSendTimeout(sv.httpLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimout)
+	// The gate goes on last, right below TLS: it sees what each connection
+	// receives, to know when the ones accepted have arrived.
+	sv.httpLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(sv.httpLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimout))
 	if sv.httpsLn != nil {
-		sv.httpsLn = withProxyProtocol(withSendTimeout(sv.httpsLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimout)
+		sv.httpsLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(sv.httpsLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimout))
 	}
+	sv.adminLn = sv.gate.Listener(sv.adminLn)
 	status := &admin.Server{Live: p.live, Source: p.source, Registry: p.reg, Proxy: p.proxy, Token: p.token,
 		Certificates: sv.tls.certificates, Version: version, Started: time.Now()}
 	sv.adminSrv = sv.newServer(c, p, status.Handler(), nil, "admin", log)
@@ -99,7 +102,7 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 }
 
 // listen binds addr, or takes inherited when it is bound where addr asks;
-// the socket goes to raw, and through the gate to the server.
+// the socket is also kept in raw, to be offered to a successor.
 func (sv *servers) listen(addr string, inherited net.Listener, raw *net.Listener) (net.Listener, error) {
 	l := inherited
 	if l == nil || !handover.SameAddr(addr, l.Addr()) {
@@ -110,7 +113,7 @@ func (sv *servers) listen(addr string, inherited net.Listener, raw *net.Listener
 	}
 	sv.listeners = append(sv.listeners, l)
 	*raw = l
-	return sv.gate.Listener(l), nil
+	return l, nil
 }
 
 func (sv *servers) newServer(c *config, p *parts, h http.Handler, tlsConf *tls.Config, name string, log zerolog.Logger) *http.Server {
