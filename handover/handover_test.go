@@ -944,6 +944,14 @@ func gatedServer(t *testing.T, useTLS bool) (*Gate, *httptest.Server) {
 	return gate, srv
 }
 
+func dialPlain(t *testing.T, srv *httptest.Server) net.Conn {
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func TestGateWaitsOnlyForConnectionsStillArriving(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -954,13 +962,7 @@ func TestGateWaitsOnlyForConnectionsStillArriving(t *testing.T) {
 		trickle bool
 		settles bool
 	}{
-		{"a connection opened ahead of need and silent does not hold it", false, func(t *testing.T, srv *httptest.Server) net.Conn {
-			c, err := net.Dial("tcp", srv.Listener.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			return c
-		}, false, true},
+		{"a connection opened ahead of need and silent does not hold it", false, dialPlain, false, true},
 		{"a TLS connection opened ahead of need, handshake done, does not hold it", true, func(t *testing.T, srv *httptest.Server) net.Conn {
 			c, err := tls.Dial("tcp", srv.Listener.Addr().String(), srv.Client().Transport.(*http.Transport).TLSClientConfig)
 			if err != nil {
@@ -968,13 +970,7 @@ func TestGateWaitsOnlyForConnectionsStillArriving(t *testing.T) {
 			}
 			return c
 		}, false, true},
-		{"a request still trickling in holds it", false, func(t *testing.T, srv *httptest.Server) net.Conn {
-			c, err := net.Dial("tcp", srv.Listener.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			return c
-		}, true, false},
+		{"a request still trickling in holds it", false, dialPlain, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gate, srv := gatedServer(t, tc.tls)
