@@ -22,6 +22,7 @@ import (
 
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/certs"
+	"github.com/scafo/scafo-edge/certs/prefetch"
 	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/node"
 )
@@ -42,6 +43,9 @@ type Server struct {
 	// Certificates lists the managed certificates; nil: TLS is off or not
 	// managed by this edge, and the page says so.
 	Certificates func() []certs.CertInfo
+	// Prefetch lists the names waiting for a prefetched certificate (and
+	// those not reaching the fleet); nil: prefetch is off.
+	Prefetch func() []prefetch.Entry
 	// Version is the build's version, reported in status.json.
 	Version string
 	// Started is when the process started, shown as uptime on the status

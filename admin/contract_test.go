@@ -12,13 +12,15 @@ import (
 )
 
 // statusJSONKeys is every key path status.json carries with a document, an
-// API apex, an ejected upstream and a certificate: the contract with
-// scripts. Adding a field adds a line here; renaming or removing one fails
-// this test on purpose.
+// API apex, an ejected upstream, a certificate and names waiting for
+// prefetch: the contract with scripts. Adding a field adds a line here;
+// renaming or removing one fails this test on purpose.
 var statusJSONKeys = []string{
 	"api", "api.denied", "api.hosts", "api.upstreams",
 	"api.upstreams.address", "api.upstreams.consecutive_failures", "api.upstreams.health", "api.upstreams.node",
 	"certificates", "certificates.expires_in", "certificates.expiring", "certificates.issuer", "certificates.names", "certificates.not_after",
+	"certificate_prefetch", "certificate_prefetch.added", "certificate_prefetch.error", "certificate_prefetch.failures",
+	"certificate_prefetch.name", "certificate_prefetch.next_try", "certificate_prefetch.state",
 	"document", "document.age_seconds", "document.api_hosts", "document.fetched_at", "document.fingerprint",
 	"document.path_prefixes", "document.routes", "document.stale",
 	"generated_at",
@@ -39,6 +41,7 @@ func TestStatusJSONKeysAreAContract(t *testing.T) {
 	a.Certificates = func() []certs.CertInfo {
 		return []certs.CertInfo{{Names: []string{"shop.example.test"}, Issuer: "Scafo internal CA", NotAfter: statusT0.Add(time.Hour)}}
 	}
+	a.Prefetch = prefetchFixture
 	rec := serveAdmin(a.Handler(), "/status.json", "127.0.0.1:1", "")
 	var doc any
 	if err := json.Unmarshal(rec.Body.Bytes(), &doc); err != nil {

@@ -34,6 +34,7 @@ type Status struct {
 	Upstreams   []UpstreamStatus `json:"upstream_health"` // every upstream backhaul has seen, by address
 	Certs       []CertStatus     `json:"certificates"`
 	CertsNote   string           `json:"certificates_note,omitempty"`
+	Prefetch    []PrefetchStatus `json:"certificate_prefetch,omitempty"` // names waiting; absent when prefetch is off or none wait
 	pathLimit   int              // page only: prefixes listed per host
 	routeIndex  map[string]bool  // page only: hosts that are routes, for links
 }
@@ -101,6 +102,18 @@ type CertStatus struct {
 	NotAfter  time.Time `json:"not_after"`
 	ExpiresIn string    `json:"expires_in"` // rounded, for humans
 	Expiring  bool      `json:"expiring"`   // within certExpiryWarning
+}
+
+// PrefetchStatus is one name waiting for a prefetched certificate.
+type PrefetchStatus struct {
+	Name string `json:"name"`
+	// State is waiting, working, budget, unreachable (the name does not
+	// reach this fleet yet), failed or elsewhere (another edge works on it).
+	State    string    `json:"state"`
+	Added    time.Time `json:"added"`
+	NextTry  time.Time `json:"next_try"`
+	Failures int       `json:"failures"`
+	Error    string    `json:"error,omitempty"`
 }
 
 // certExpiryWarning is when the page flags a certificate: the same 14 days
@@ -190,6 +203,13 @@ func (a *Server) snapshot() *Status {
 		}
 		if len(v.Certs) == 0 {
 			v.CertsNote = "none yet: certificates are obtained on the first handshake for a name the document allows"
+		}
+	}
+	if a.Prefetch != nil {
+		for _, e := range a.Prefetch() {
+			v.Prefetch = append(v.Prefetch, PrefetchStatus{
+				Name: e.Name, State: string(e.State), Added: e.Added.UTC(), NextTry: e.Next.UTC(), Failures: e.Failures, Error: e.Error,
+			})
 		}
 	}
 	return v

@@ -22,6 +22,7 @@ import (
 
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/certs"
+	"github.com/scafo/scafo-edge/certs/prefetch"
 	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/node"
 )
@@ -301,6 +302,24 @@ func TestStatusJSONDescribesTheLiveTable(t *testing.T) {
 			t.Errorf("certificates = %+v", v.Certs)
 		}
 	})
+	t.Run("names waiting for a prefetched certificate, one not reaching the fleet", func(t *testing.T) {
+		a := *f.admin
+		a.Prefetch = prefetchFixture
+		v := fetchStatusJSON(t, &a)
+		if len(v.Prefetch) != 2 || v.Prefetch[1].State != "unreachable" || v.Prefetch[1].Failures != 3 ||
+			!v.Prefetch[1].NextTry.Equal(statusT0.Add(4*time.Minute)) {
+			t.Errorf("certificate_prefetch = %+v", v.Prefetch)
+		}
+		_, page := fetchPage(t, a.Handler(), "/")
+		for _, want := range []string{"Waiting for a prefetched certificate", "new.example.test", "dark.example.test", "does not reach this fleet", "answered 404 Not Found"} {
+			if !strings.Contains(page, want) {
+				t.Errorf("page lacks %q", want)
+			}
+		}
+		if v := fetchStatusJSON(t, f.admin); v.Prefetch != nil {
+			t.Errorf("certificate_prefetch with prefetch off = %+v, want absent", v.Prefetch)
+		}
+	})
 	t.Run("before the first document the document is null and routes empty", func(t *testing.T) {
 		a := *f.admin
 		a.Live = &edge.Live{}
@@ -309,6 +328,16 @@ func TestStatusJSONDescribesTheLiveTable(t *testing.T) {
 			t.Errorf("status = %+v", v)
 		}
 	})
+}
+
+// prefetchFixture is a prefetch queue with one name waiting its turn and
+// one whose DNS does not reach the fleet yet.
+func prefetchFixture() []prefetch.Entry {
+	return []prefetch.Entry{
+		{Name: "new.example.test", State: prefetch.Waiting, Added: statusT0, Next: statusT0},
+		{Name: "dark.example.test", State: prefetch.Unreachable, Added: statusT0.Add(-time.Hour), Next: statusT0.Add(4 * time.Minute),
+			Failures: 3, Error: "name does not reach this fleet: answered 404 Not Found"},
+	}
 }
 
 func fetchPage(t *testing.T, h http.Handler, path string) (*httptest.ResponseRecorder, string) {

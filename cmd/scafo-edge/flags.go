@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/scafo/scafo-edge/certs/prefetch"
 )
 
 // config is every setting of the serve command. Each field has a flag and an
@@ -30,6 +32,8 @@ type config struct {
 	dnsProvider      string
 	wildcardDomains  string
 	certStore        string
+	certPrefetch     bool
+	prefetchPerHour  int
 	trustedProxies   string
 	dialTimeout      time.Duration
 	responseTimeout  time.Duration
@@ -175,6 +179,8 @@ func serveFlags(c *config) *flagSet {
 	fs.stringVar(&c.wildcardDomains, "wildcard-domains", "SCAFO_EDGE_WILDCARD_DOMAINS", "", "comma-separated bases to keep *.<base> certificates for (needs --dns-provider)")
 	fs.boolVar(&c.http3, "http3", "SCAFO_EDGE_HTTP3", true, "serve HTTP/3 over UDP on the HTTPS port and advertise it with Alt-Svc (only with TLS on)")
 	fs.stringVar(&c.certStore, "cert-store", "SCAFO_EDGE_CERT_STORE", "", "local (bbolt only) or fleet (through the node, bbolt as local copy); default fleet with --node, local with --routes-file")
+	fs.boolVar(&c.certPrefetch, "cert-prefetch", "SCAFO_EDGE_CERT_PREFETCH", true, "with --tls acme, obtain certificates for names a new document adds before their first visitor, once each name answers a reachability check through its DNS (false: on demand only)")
+	fs.intVar(&c.prefetchPerHour, "cert-prefetch-per-hour", "SCAFO_EDGE_CERT_PREFETCH_PER_HOUR", prefetch.DefaultPerHour, "most ACME orders prefetch places an hour (and at most 10 per registered domain a week); the rest wait")
 
 	fs.group = "Logging"
 	fs.stringVar(&c.logLevel, "log-level", "SCAFO_EDGE_LOG_LEVEL", "info", "debug, info, warn or error")

@@ -118,16 +118,19 @@ func (p *parts) close() {
 }
 
 // runSource polls the routing source until the returned stop is called:
-// every good document is swapped in and persisted. stop waits for the
-// source to finish.
-func (p *parts) runSource(log zerolog.Logger) (stop func()) {
+// every good document is swapped in, persisted and its table handed to
+// changed (nil: nobody). stop waits for the source to finish.
+func (p *parts) runSource(log zerolog.Logger, changed func(*edge.Table)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var done sync.WaitGroup
 	done.Add(1)
 	go func() {
 		defer done.Done()
 		p.source.Run(ctx, p.seed, func(u node.Update) {
-			p.updater.Apply(u)
+			t := p.updater.Apply(u)
+			if changed != nil {
+				changed(t)
+			}
 			if err := node.SaveDocument(p.db, u); err != nil {
 				log.Error().Err(err).Msg("persist routing document failed; the new table is served but a restart would start from the previous one")
 			}

@@ -65,7 +65,7 @@ func serve(ctx context.Context, c *config, s settings, log zerolog.Logger) error
 
 	sv.logStarted(c, s, p, log)
 	errc := sv.start(in.http3Released(hlog))
-	stopSource := p.runSource(log)
+	stopSource := p.runSource(log, sv.tls.tableChanged)
 	handoffs, stopOffer := offer(c, sv, hlog)
 	defer stopOffer()
 

@@ -12,6 +12,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/scafo/scafo-edge/certs"
+	"github.com/scafo/scafo-edge/certs/prefetch"
+	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -25,6 +27,9 @@ type tlsSetup struct {
 	wrapHTTP     func(http.Handler) http.Handler // nil: the plain handler as is
 	covers       func(sni, host string) bool     // the 421 rule's coverage test
 	certificates func() []certs.CertInfo         // for the status page; nil: none
+	// tableChanged hands each new table to certificate prefetch; nil: none.
+	tableChanged func(*edge.Table)
+	prefetch     func() []prefetch.Entry // for the status page; nil: prefetch off
 	stop         func()
 }
 
@@ -46,6 +51,10 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 	if err != nil {
 		return tlsSetup{}, err
 	}
+	var pf *prefetch.Options
+	if c.certPrefetch && c.tlsMode == "acme" {
+		pf = &prefetch.Options{PerHour: c.prefetchPerHour}
+	}
 	m, err := certs.New(ctx, certs.Options{
 		Mode:            certs.Mode(c.tlsMode),
 		DB:              p.db,
@@ -59,6 +68,7 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		WildcardDomains: s.wildcards,
 		HTTPPort:        httpPort,
 		HTTPSPort:       httpsPort,
+		Prefetch:        pf,
 		Log:             log.With().Str("component", "certs").Logger(),
 		Registerer:      p.reg,
 	})
@@ -78,13 +88,35 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		}
 		log.Info().Str("file", path).Msg("internal CA root written; trust it on clients of this edge")
 	}
-	return tlsSetup{
+	ts := tlsSetup{
 		config:       m.TLSConfig(),
 		wrapHTTP:     m.HTTPHandler,
 		covers:       m.Covers,
 		certificates: m.Certificates,
 		stop:         stop,
-	}, nil
+	}
+	if pf != nil {
+		ts.tableChanged = func(t *edge.Table) { m.Prefetch(exactNames(t)) }
+		ts.prefetch = m.PrefetchStatus
+		// The persisted or handed-over document is live already.
+		ts.tableChanged(p.live.Load())
+	}
+	return ts, nil
+}
+
+// exactNames lists the names t names exactly, route hosts then API hosts,
+// in document order: the names prefetch may obtain certificates for.
+func exactNames(t *edge.Table) []string {
+	if t == nil {
+		return nil
+	}
+	var names []string
+	for _, r := range t.Routes() {
+		if !r.Wildcard() {
+			names = append(names, r.Host)
+		}
+	}
+	return append(names, t.APIHosts()...)
 }
 
 // certStore picks where certificates, keys and issuance locks live:

@@ -84,6 +84,9 @@ func validate(c *config, getenv func(string) string) (settings, error) {
 	if s.certStore == "fleet" && c.routesFile != "" {
 		return s, fmt.Errorf("--cert-store: fleet needs a node (--node), not --routes-file")
 	}
+	if c.certPrefetch && c.prefetchPerHour < 1 {
+		return s, fmt.Errorf("--cert-prefetch-per-hour: %d: want at least 1 (--cert-prefetch=false turns prefetch off)", c.prefetchPerHour)
+	}
 	return s, nil
 }
 

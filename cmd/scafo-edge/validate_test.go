@@ -26,6 +26,8 @@ func TestValidateNamesTheFlagAtFault(t *testing.T) {
 			map[string]string{"CLOUDFLARE_API_TOKEN": "t"}, ""},
 		{"an unknown cert store", []string{"--cert-store", "s3"}, nil, "--cert-store: "},
 		{"a fleet store without a node", []string{"--cert-store", "fleet", "--routes-file", "r.json"}, nil, "--cert-store: "},
+		{"a prefetch budget under one order an hour", []string{"--cert-prefetch-per-hour", "0"}, nil, "--cert-prefetch-per-hour: "},
+		{"no prefetch budget with prefetch off", []string{"--cert-prefetch=false", "--cert-prefetch-per-hour", "0"}, nil, ""},
 		{"TLS flags are not checked with TLS off", []string{"--tls", "off", "--cert-store", "s3", "--dns-provider", "route53"}, nil, ""},
 	}
 	for _, tc := range cases {

@@ -1,0 +1,97 @@
+package e2e
+
+import (
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/scafo/scafo-edge/admin"
+	"github.com/scafo/scafo-edge/certs/certstest"
+	"github.com/scafo/scafo-edge/node"
+	"github.com/scafo/scafo-edge/node/nodetest"
+)
+
+// TestPrefetchThroughTheBinary: with --tls acme the binary prefetches the
+// names a document adds, but only once a name answers its reachability
+// check through the system resolver on port 80. Here nothing of the fleet
+// listens where the names resolve, so a new name costs no ACME order and
+// is listed as not reaching the fleet; a visitor still gets a certificate
+// on demand.
+func TestPrefetchThroughTheBinary(t *testing.T) {
+	p, acmeArgs := acmeEdge(t)
+	a := app(t, "A")
+	route := func(host string) node.Route {
+		return node.Route{Host: host, Application: "shop", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(a)}}}
+	}
+	n := nodetest.New(t, nodetest.Options{})
+	n.SetDocument(&node.Document{V: 1, Routes: []node.Route{route("first.example")}})
+	e := startEdge(t, append(acmeArgs, "--node", n.URL(), "--state-dir", t.TempDir(), "--cert-store", "local")...)
+
+	waiting := func() (map[string]admin.PrefetchStatus, error) {
+		code, body := e.admin(t, "/status.json")
+		var v admin.Status
+		if err := json.Unmarshal([]byte(body), &v); code != 200 || err != nil {
+			return nil, fmt.Errorf("status.json: %d %v", code, err)
+		}
+		out := map[string]admin.PrefetchStatus{}
+		for _, s := range v.Prefetch {
+			out[s.Name] = s
+		}
+		return out, nil
+	}
+	unreachable := func(names ...string) func() error {
+		return func() error {
+			w, err := waiting()
+			if err != nil {
+				return err
+			}
+			for _, name := range names {
+				if w[name].State != "unreachable" {
+					return fmt.Errorf("%s: %+v", name, w[name])
+				}
+			}
+			return nil
+		}
+	}
+	waitFor(t, 30*time.Second, "first.example listed as not reaching the fleet", unreachable("first.example"))
+
+	n.SetDocument(&node.Document{V: 1, Routes: []node.Route{route("first.example"), route("added.example")}})
+	waitFor(t, 30*time.Second, "the name the new document adds listed too", unreachable("first.example", "added.example"))
+	_, metrics := e.admin(t, "/metrics")
+	if !slices.Contains(strings.Split(metrics, "\n"), "scafo_edge_tls_prefetch_unreachable_names 2") {
+		t.Errorf("metrics lack scafo_edge_tls_prefetch_unreachable_names 2")
+	}
+	if got := p.OrderCount(); got != 0 {
+		t.Errorf("Pebble orders = %d, want 0: a name that does not reach the fleet costs none", got)
+	}
+
+	// Pebble's DNS sends every name to the edge: a visitor's handshake
+	// obtains a certificate at once, whatever prefetch's back-off.
+	d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 60 * time.Second}, Config: &tls.Config{ServerName: "added.example", RootCAs: p.IssuerRoots(t)}}
+	conn, err := d.Dial("tcp", e.HTTPSAddr)
+	if err != nil {
+		t.Fatalf("handshake for a name in prefetch back-off: %v\n%s", err, e.logText())
+	}
+	conn.Close()
+	p.WaitOrderCount(t, 1)
+}
+
+// acmeEdge starts a Pebble that validates on two free loopback ports and
+// returns it with the flags that make an edge listen there and use it.
+func acmeEdge(t *testing.T) (*certstest.Pebble, []string) {
+	httpPort, httpsPort := freePort(t), freePort(t)
+	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
+	root := filepath.Join(t.TempDir(), "pebble-root.pem")
+	if err := os.WriteFile(root, p.RootPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p, []string{"--tls", "acme", "--acme-ca", p.DirectoryURL, "--acme-ca-root", root,
+		"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--https-addr", fmt.Sprintf("127.0.0.1:%d", httpsPort)}
+}
