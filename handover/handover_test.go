@@ -1011,3 +1011,30 @@ func TestGateWaitsOnlyForConnectionsStillArriving(t *testing.T) {
 		})
 	}
 }
+
+func TestStatelessResetKey(t *testing.T) {
+	dir := t.TempDir()
+	first, err := StatelessResetKey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first == ([32]byte{}) {
+		t.Fatal("key is all zeros")
+	}
+	again, err := StatelessResetKey(dir)
+	if err != nil || again != first {
+		t.Errorf("second call = %x, %v; want the same key %x (the next edge makes the same resets)", again, err, first)
+	}
+	fi, err := os.Stat(filepath.Join(dir, ResetKeyFile))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("key file: %v, %v; want mode 0600", fi, err)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		t.Errorf("state directory holds %d files, want the key alone (no temporary left)", len(ents))
+	}
+	os.WriteFile(filepath.Join(dir, ResetKeyFile), []byte("short"), 0o600)
+	if _, err := StatelessResetKey(dir); err == nil {
+		t.Error("a key file of the wrong size was accepted")
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/scafo/scafo-edge/internal/testsupport"
@@ -63,13 +64,11 @@ func TestHTTP3ClientsCarryOver(t *testing.T) {
 	dir := t.TempDir()
 	old, tk, h := handOver(t, dir)
 
-	oldSrv := &http3.Server{TLSConfig: http3.ConfigureTLSConfig(tlsConf), Handler: named("old")}
-	var serving sync.WaitGroup
-	serving.Add(1)
-	go func() {
-		defer serving.Done()
-		oldSrv.Serve(old.socks.HTTP3)
-	}()
+	key, err := StatelessResetKey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldSrv := startH3(t, old.socks.HTTP3, tlsConf, key, "old")
 
 	port := old.socks.HTTP3.LocalAddr().(*net.UDPAddr).Port
 	url := fmt.Sprintf("https://localhost:%d/", port)
@@ -123,10 +122,7 @@ func TestHTTP3ClientsCarryOver(t *testing.T) {
 			StopWork:      func() *node.Update { return nil },
 			CloseState:    func() error { return nil },
 			StopHTTP3: func(ctx context.Context) {
-				if err := oldSrv.Shutdown(ctx); err != nil {
-					t.Logf("old HTTP/3 shutdown: %v", err)
-				}
-				oldSrv.Close()
+				oldSrv.stop(ctx)
 				old.socks.HTTP3.Close()
 			},
 		})
@@ -136,20 +132,14 @@ func TestHTTP3ClientsCarryOver(t *testing.T) {
 	if err := tk.HTTP3Released(ctx); err != nil {
 		t.Fatalf("HTTP3Released: %v", err)
 	}
-	newSrv := &http3.Server{TLSConfig: http3.ConfigureTLSConfig(tlsConf), Handler: named("new")}
-	serving.Add(1)
-	go func() {
-		defer serving.Done()
-		newSrv.Serve(tk.Sockets.HTTP3)
-	}()
+	newSrv := startH3(t, tk.Sockets.HTTP3, tlsConf, key, "new")
 	testsupport.WaitFor(t, 10*time.Second, "HTTP/3 answers from the new server", func() bool { return count("new") >= 20 })
 	close(stop)
 	clients.Wait()
 	if err := <-ran; err != nil {
 		t.Errorf("Run: %v", err)
 	}
-	newSrv.Close()
-	serving.Wait()
+	newSrv.stop(ctx)
 	t.Logf("figures: HTTP/3 requests answered by old %d, by new %d, failed %d, retried %d, slowest %v", count("old"), count("new"), failed.Load(), retried.Load(), slowest)
 }
 
@@ -182,6 +172,42 @@ func h3once(tr *http3.Transport, url string) ([]byte, error) {
 	}
 	defer resp.Body.Close()
 	return io.ReadAll(resp.Body)
+}
+
+// h3server is HTTP/3 on a QUIC transport of its own over conn, as the edge
+// runs it: stateless resets made with the state directory's key.
+type h3server struct {
+	tr     *quic.Transport
+	ln     *quic.EarlyListener
+	srv    *http3.Server
+	served chan struct{}
+}
+
+func startH3(t *testing.T, conn net.PacketConn, tlsConf *tls.Config, key [32]byte, name string) *h3server {
+	t.Helper()
+	rk := quic.StatelessResetKey(key)
+	s := &h3server{tr: &quic.Transport{Conn: conn, StatelessResetKey: &rk}, srv: &http3.Server{Handler: named(name)}, served: make(chan struct{})}
+	var err error
+	if s.ln, err = s.tr.ListenEarly(http3.ConfigureTLSConfig(tlsConf), &quic.Config{Allow0RTT: true}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(s.served)
+		s.srv.ServeListener(s.ln)
+	}()
+	t.Cleanup(func() { s.stop(context.Background()) })
+	return s
+}
+
+// stop refuses new connections (their Initial packets go unanswered until
+// the successor reads), sends GOAWAY, waits for requests until ctx ends,
+// then closes everything.
+func (s *h3server) stop(ctx context.Context) {
+	s.ln.Close()
+	s.srv.Shutdown(ctx)
+	s.srv.Close()
+	s.tr.Close()
+	<-s.served
 }
 
 func named(name string) http.Handler {

@@ -200,3 +200,15 @@ func handOff(h *handover.Handoff, c *config, p *parts, sv *servers, stopSource, 
 		log.Warn().Msg("handover: shutdown timeout passed with upgraded connections (WebSockets) still open; closing them")
 	}
 }
+
+// resetKey is the state directory's key for HTTP/3 stateless resets,
+// shared with the edges before and after this one; nil, and a log line,
+// when it cannot be read or made (HTTP/3 then runs without resets).
+func resetKey(dir string, log zerolog.Logger) *[32]byte {
+	key, err := handover.StatelessResetKey(dir)
+	if err != nil {
+		log.Warn().Err(err).Msg("HTTP/3 without stateless resets: a client of a QUIC connection the previous edge held waits out its idle timeout")
+		return nil
+	}
+	return &key
+}

@@ -8,9 +8,11 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync"
 	"time"
 
 	proxyproto "github.com/pires/go-proxyproto"
+	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 	"github.com/rs/zerolog"
 
@@ -48,15 +50,25 @@ func withProxyProtocol(l net.Listener, from []netip.Prefix, headerTimeout time.D
 }
 
 // http3Listener serves HTTP/3 on the UDP side of the HTTPS port with the
-// same certificates and handler as HTTPS over TCP.
+// same certificates and handler as HTTPS over TCP, on a QUIC transport of
+// its own so that its stateless resets use the state directory's key
+// (handover.StatelessResetKey).
 type http3Listener struct {
-	srv  *http3.Server
-	conn net.PacketConn
+	srv      *http3.Server
+	conn     net.PacketConn
+	tlsConf  *tls.Config
+	resetKey *quic.StatelessResetKey // nil: no stateless resets
+
+	mu     sync.Mutex
+	closed bool
+	tr     *quic.Transport     // set by serve
+	ln     *quic.EarlyListener // set by serve
 }
 
 // newHTTP3 binds the UDP side of httpsAddr, or takes inherited (the socket
-// a previous edge handed over) when it is bound there.
-func newHTTP3(httpsAddr net.Addr, inherited net.PacketConn, tlsConf *tls.Config, h http.Handler, maxHeaderBytes int, idle time.Duration) (*http3Listener, error) {
+// a previous edge handed over) when it is bound there. Nothing reads the
+// socket until serve.
+func newHTTP3(httpsAddr net.Addr, inherited net.PacketConn, resetKey *[32]byte, tlsConf *tls.Config, h http.Handler, maxHeaderBytes int, idle time.Duration) (*http3Listener, error) {
 	conn := inherited
 	if conn == nil || !handover.SameAddr(httpsAddr.String(), conn.LocalAddr()) {
 		var err error
@@ -64,30 +76,61 @@ func newHTTP3(httpsAddr net.Addr, inherited net.PacketConn, tlsConf *tls.Config,
 			return nil, fmt.Errorf("listen udp %s for HTTP/3: %w", httpsAddr, err)
 		}
 	}
-	return &http3Listener{
-		conn: conn,
+	h3 := &http3Listener{
+		conn:    conn,
+		tlsConf: http3.ConfigureTLSConfig(tlsConf),
 		srv: &http3.Server{
-			TLSConfig:      http3.ConfigureTLSConfig(tlsConf),
 			Handler:        h,
 			MaxHeaderBytes: maxHeaderBytes,
 			IdleTimeout:    idle,
+			// Alt-Svc names the port before serve has a listener.
+			Port: conn.LocalAddr().(*net.UDPAddr).Port,
 		},
-	}, nil
+	}
+	if resetKey != nil {
+		h3.resetKey = (*quic.StatelessResetKey)(resetKey)
+	}
+	return h3, nil
 }
 
 func (h *http3Listener) serve() error {
-	err := h.srv.Serve(h.conn)
-	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.tr = &quic.Transport{Conn: h.conn, StatelessResetKey: h.resetKey}
+	ln, err := h.tr.ListenEarly(h.tlsConf, &quic.Config{Allow0RTT: true})
+	h.ln = ln
+	h.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("listen for HTTP/3 on %s: %w", h.conn.LocalAddr(), err)
+	}
+	err = h.srv.ServeListener(ln)
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, quic.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 		return nil
 	}
 	return err
 }
 
+// shutdown stops taking new QUIC connections (their Initial packets go
+// unanswered, for a successor to read), sends GOAWAY, waits for requests
+// until ctx ends, then closes the connections left and stops reading.
 func (h *http3Listener) shutdown(ctx context.Context, log zerolog.Logger) {
+	h.mu.Lock()
+	h.closed = true
+	ln, tr := h.ln, h.tr
+	h.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
 	if err := h.srv.Shutdown(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		log.Warn().Err(err).Msg("HTTP/3 shutdown deadline passed; closing remaining connections")
 	}
 	h.srv.Close()
+	if tr != nil {
+		tr.Close()
+	}
 	h.conn.Close()
 }
 

@@ -74,7 +74,7 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	if sv.httpsLn != nil {
 		httpsHandler := edgeHandler
 		if c.http3 {
-			if sv.h3, err = newHTTP3(sv.httpsLn.Addr(), in.HTTP3, sv.tls.config, edgeHandler, c.maxHeaderBytes, c.idleTimeout); err != nil {
+			if sv.h3, err = newHTTP3(sv.httpsLn.Addr(), in.HTTP3, resetKey(c.stateDir, log), sv.tls.config, edgeHandler, c.maxHeaderBytes, c.idleTimeout); err != nil {
 				sv.tls.stop()
 				return nil, err
 			}
