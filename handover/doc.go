@@ -24,17 +24,19 @@
 //     edge has given nothing up: a successor that fails or dies before it
 //     leaves the old edge serving as if nothing had happened.
 //  4. The old edge stops accepting on TCP (it closes its own descriptors;
-//     the sockets stay open through the new edge's), stops polling and ACME
-//     work, lets TLS handshakes already under way finish, closes edge.db
-//     (releasing bbolt's lock) and sends released, with the last good
-//     routing document. Then it stops HTTP/3 (see below) and sends
-//     http3-released, drains its remaining requests within
-//     --shutdown-timeout, and exits 0.
+//     the sockets stay open through the new edge's), lets the TLS
+//     handshakes and first requests already under way arrive (Gate: a
+//     connection quiet for 100ms counts as idle), stops polling and ACME
+//     work, closes edge.db (releasing bbolt's lock) and sends released,
+//     with the last good routing document. Then it stops HTTP/3 (see
+//     below) and sends http3-released, drains its remaining requests,
+//     tunnels included, within --shutdown-timeout, and exits 0.
 //  5. The new edge, on released, opens edge.db, serves the handed-over
-//     document as fresh (the old edge had it from the node a poll ago; stale
-//     if the old edge's was) until its own first poll, and accepts on the inherited TCP sockets; on
-//     http3-released it serves HTTP/3 on the inherited UDP socket. It then
-//     offers its own sockets on the handover socket for the next upgrade.
+//     document as fresh (the old edge had it from the node a poll ago;
+//     stale if the old edge's was) until its own first poll, and accepts
+//     on the inherited TCP sockets; on http3-released it serves HTTP/3 on
+//     the inherited UDP socket. It then offers its own sockets on the
+//     handover socket for the next upgrade.
 //
 // # Why the certificate cache never goes cold
 //
@@ -60,7 +62,14 @@
 // stops reading, and only then does the new edge start reading. In between,
 // a new QUIC connection's Initial packets are dropped unanswered by the old
 // edge, and the client retransmits them until the new edge reads: a delay,
-// not a failure.
+// not a failure. A handshake caught half-way as the old edge stops is
+// refused (quic-go cannot finish it without accepting the connection);
+// the client tries again, as browsers do, over TCP if need be.
+//
+// Both edges make QUIC stateless resets with one key kept in the state
+// directory (StatelessResetKey): a client still holding a connection the
+// old edge dropped as it closed gets a reset it believes from the new edge
+// and retries at once, instead of waiting out its idle timeout.
 //
 // # Falling back
 //
