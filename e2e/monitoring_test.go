@@ -71,6 +71,7 @@ var exportedFamilies = map[string]string{
 	"scafo_edge_tls_backoff_names":                "gauge",
 	"scafo_edge_tls_certificate_expiry_seconds":   "gauge",
 	"scafo_edge_tls_certificates":                 "gauge",
+	"scafo_edge_handovers_total":                  "counter",
 }
 
 // unobservedValues are label values the assets match on that this test's
