@@ -132,11 +132,15 @@ func (c *chunkedBody) line() ([]byte, error) {
 	if err != nil {
 		return nil, unexpected(err)
 	}
-	// A bare LF ends no line of chunked framing (RFC 9112 §7.1; Go
-	// refuses it too): reading one as a line end is how framing is
-	// desynchronised between two parsers.
-	if len(line) < 2 || line[len(line)-2] != '\r' {
+	// A bare LF ends no line of chunked framing (RFC 9112 §7.1), and a
+	// CR anywhere but before the LF is not part of one: Go refuses both,
+	// and reading either as a line end is how framing is desynchronised
+	// between two parsers.
+	switch i := bytes.IndexByte(line, '\r'); {
+	case i < 0:
 		return nil, fmt.Errorf("%w: chunk line ends with a bare LF", ErrMalformedResponse)
+	case i != len(line)-2:
+		return nil, fmt.Errorf("%w: CR inside a chunk line", ErrMalformedResponse)
 	}
 	return line[:len(line)-2], nil
 }
