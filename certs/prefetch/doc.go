@@ -8,12 +8,12 @@
 // new document adds and obtains their certificates in the background:
 //
 //   - Which names: only what on-demand issuance would approve today (a
-//     route host or API host named exactly, never a "*.<base>" key; the
-//     caller's Certifiable, which is the certs package's decision
-//     function), and never a name a held or managed wildcard certificate
-//     covers or a name already held in memory or storage. A name is checked
-//     again at its turn: one that left the document before then is never
-//     ordered.
+//     route host or API host named exactly, never a "*.<base>" key: the
+//     caller's Certifiable, which applies the certs package's decision
+//     rules), never a name a managed wildcard certificate covers, and
+//     nothing already held in memory or storage. A name is checked again
+//     at its turn and just before its order: one that left the document
+//     before then is never ordered.
 //   - In what order and how fast: newest names first (names added by the
 //     latest document before those of earlier ones, document order within
 //     one), at most Workers at a time, and within a budget per edge:
@@ -22,8 +22,10 @@
 //     The defaults (20 an hour, 10 per registered domain a week) stay well
 //     inside Let's Encrypt's 300 new orders per account per three hours and
 //     50 certificates per registered domain per week, leaving the rest to
-//     on-demand issuance and renewals. A name the budget holds back waits
-//     in the queue, counted.
+//     on-demand issuance and renewals. A name takes its share of the
+//     budget at its turn and spends it only on an order (a name found held
+//     or unreachable gives it back); a name the budget holds back waits in
+//     the queue, counted.
 //   - Only names that reach the fleet: a custom domain is often added to
 //     the document before its owner points DNS at the fleet, and an order
 //     for it would fail validation (Let's Encrypt allows five failed
@@ -41,11 +43,17 @@
 //     the same document at about the same moment. Before working on a
 //     name an edge try-locks "prefetch_<name>" in the storage; an edge
 //     that finds it held does not wait on it (which would be N lock waits
-//     per name on the node) but looks again later, by when the holder has
-//     usually stored the certificate. The holder
-//     checks storage again after taking the lock, and certmagic checks it
-//     once more under its own issuance lock, so the fleet places exactly
-//     one order per name.
+//     per name on the node) but looks again later (BusyRetry, growing), by
+//     when the holder has usually stored the certificate. The holder checks
+//     storage again after taking the lock, and certmagic checks it once
+//     more under its own issuance lock, so the fleet places exactly one
+//     order per name. A holder that dies leaves a lock the store treats as
+//     stale after its lifetime, and another edge takes the name over.
+//
+// A failed order (the name reached the fleet, yet validation failed) backs
+// the name off like an unreachable one; the certs package also counts it
+// as a failed issuance, so on-demand issuance waits out its own back-off
+// for that name as after any failed validation.
 //
 // It knows nothing about ACME, routing or certmagic's configuration: the
 // certs package hands it the decision, storage look-up and obtain calls.
