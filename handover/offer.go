@@ -129,7 +129,10 @@ func (o *Offer) Wait(ctx context.Context, socks Sockets) (*Handoff, error) {
 // exchange runs steps 1 to 3 of the package doc on c.
 func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 	c.SetDeadline(time.Now().Add(o.timeout))
-	hello, _, err := readFrame(c)
+	// Descriptors are only ever sent to the successor: any a peer attaches
+	// are closed, or they would stay open in this process for good.
+	hello, stray, err := readFrame(c)
+	closeFDs(stray)
 	if err != nil {
 		return fmt.Errorf("hello: %w", err)
 	}
@@ -153,7 +156,8 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 	if err := writeFrame(c, frame{Kind: kindSockets, Roles: roles}, fds); err != nil {
 		return err
 	}
-	ack, _, err := readFrame(c)
+	ack, stray, err := readFrame(c)
+	closeFDs(stray)
 	if err != nil {
 		return fmt.Errorf("ack: %w", err)
 	}
