@@ -22,6 +22,12 @@ const SocketFile = "handover.sock"
 // a successor that connects and stalls must not hold the offer forever.
 const exchangeTimeout = 5 * time.Second
 
+// helloTimeout bounds the wait for a successor's hello, which it sends as
+// soon as it connects. The offer answers one successor at a time, and the
+// one queued behind a peer that connects and says nothing has a budget of
+// its own (cmd's 5s): the silent one may cost it this much, not all of it.
+const helloTimeout = time.Second
+
 // maxSocketPath is the longest path a UNIX socket address holds on Linux
 // (sun_path is 108 bytes, NUL included).
 const maxSocketPath = 107
@@ -128,7 +134,8 @@ func (o *Offer) Wait(ctx context.Context, socks Sockets) (*Handoff, error) {
 
 // exchange runs steps 1 to 3 of the package doc on c.
 func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
-	c.SetDeadline(time.Now().Add(o.timeout))
+	start := time.Now()
+	c.SetDeadline(start.Add(min(helloTimeout, o.timeout)))
 	// Descriptors are only ever sent to the successor: any a peer attaches
 	// are closed, or they would stay open in this process for good.
 	hello, stray, err := readFrame(c)
@@ -136,6 +143,7 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 	if err != nil {
 		return fmt.Errorf("hello: %w", err)
 	}
+	c.SetDeadline(start.Add(o.timeout))
 	if hello.Kind != kindHello || hello.Protocol != protocol {
 		writeFrame(c, frame{Kind: kindRefused, Error: "want " + protocol}, nil)
 		return fmt.Errorf("hello: got %s %q, want %s", hello.Kind, hello.Protocol, protocol)

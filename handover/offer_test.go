@@ -1,10 +1,12 @@
 package handover
 
 import (
+	"context"
 	"net"
 	"os"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // Descriptors a peer attaches to its hello or its ack are not the old
@@ -47,5 +49,35 @@ func TestOfferClosesDescriptorsAPeerSends(t *testing.T) {
 	tk.Close()
 	if after := openFDs(t); after > before {
 		t.Errorf("%d descriptors open after three peers sent two each, %d before", after, before)
+	}
+}
+
+// A peer that connects to the offer and says nothing must not cost the real
+// successor behind it its handover: the successor's whole exchange is
+// bounded by its own 5s (cmd's takeTimeout), and the old edge answers one
+// successor at a time.
+func TestSilentPeerDoesNotBlockTheSuccessor(t *testing.T) {
+	dir := t.TempDir()
+	old := bindProcess(t, "old")
+	t.Cleanup(func() { old.socks.Close() })
+	offer := listen(t, dir)
+	handoffs := wait(t, offer, old.socks)
+
+	silent, err := net.Dial("unix", offer.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	tk, err := Take(ctx, dir)
+	if err != nil {
+		t.Fatalf("Take behind a silent peer: %v", err)
+	}
+	defer tk.Close()
+	defer tk.Sockets.Close()
+	if h := <-handoffs; h != nil {
+		h.Close()
 	}
 }
