@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -140,7 +141,7 @@ func TestPrintRoutes(t *testing.T) {
 		}
 	})
 	t.Run("an edge that is not there is an error naming the URL", func(t *testing.T) {
-		addr := closedPort(t)
+		addr := testsupport.ClosedAddr(t)
 		_, err := runRoutes(t, RoutesOptions{Admin: addr})
 		if err == nil || !strings.Contains(err.Error(), "http://"+addr+"/status.json") {
 			t.Errorf("err = %v", err)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -24,6 +23,7 @@ import (
 	"github.com/scafo/scafo-edge/certs"
 	"github.com/scafo/scafo-edge/certs/prefetch"
 	"github.com/scafo/scafo-edge/edge"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -55,7 +55,7 @@ func newStatusFixture(t *testing.T, extra ...node.Route) *statusFixture {
 		io.WriteString(w, "upstream\n")
 	}))
 	t.Cleanup(upstream.Close)
-	dead := closedPort(t)
+	dead := testsupport.ClosedAddr(t)
 	live := upstream.Listener.Addr().String()
 
 	doc := &node.Document{
@@ -116,18 +116,6 @@ func newStatusFixture(t *testing.T, extra ...node.Route) *statusFixture {
 		deadAddr: dead,
 		liveAddr: live,
 	}
-}
-
-// closedPort returns a loopback address nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
 
 func serveAdmin(h http.Handler, path, remote, token string) *httptest.ResponseRecorder {

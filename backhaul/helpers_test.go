@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -98,14 +99,7 @@ func named(t *testing.T, name string) node.Upstream {
 
 // refused returns an upstream on a loopback port nothing listens on.
 func refused(t *testing.T, name string) node.Upstream {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return node.Upstream{Node: name, Address: addr}
+	return node.Upstream{Node: name, Address: testsupport.ClosedAddr(t)}
 }
 
 // rawListener accepts connections and hands each to serve; it is stopped,

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -42,17 +43,6 @@ func (u *upstream) hits() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return len(u.uris)
-}
-
-// closedAddr returns a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
 
 type recorder struct {
@@ -153,9 +143,9 @@ func TestHandlerAnswersBeforeTheFirstDocument(t *testing.T) {
 
 func TestHandlerStatuses(t *testing.T) {
 	f := newHandlerFixture(t)
-	dead := closedAddr(t)
+	dead := testsupport.ClosedAddr(t)
 	f.load(t,
-		node.Route{Host: "down.example", Application: "down", Upstreams: []node.Upstream{{Node: "x", Address: dead}, {Node: "y", Address: closedAddr(t)}}},
+		node.Route{Host: "down.example", Application: "down", Upstreams: []node.Upstream{{Node: "x", Address: dead}, {Node: "y", Address: testsupport.ClosedAddr(t)}}},
 		node.Route{Host: "failover.example", Application: "failover", Upstreams: []node.Upstream{{Node: "x", Address: dead}, {Node: "b", Address: f.goapp.addr()}}},
 	)
 	addr := f.srv.Listener.Addr().String()

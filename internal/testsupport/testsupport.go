@@ -1,11 +1,13 @@
 // Package testsupport holds what the tests of every package share: waiting
 // on a condition with a deadline, a buffer that a process or a logger may
-// write while a test reads it, the JSON log lines in such a buffer, and the
-// value of one Prometheus series, read from a registry or from a scrape.
+// write while a test reads it, the JSON log lines in such a buffer, the
+// value of one Prometheus series, read from a registry or from a scrape, and
+// a loopback address nothing listens on.
 //
-// It is imported by tests only. It lives under internal/ so that it is no
-// part of the module's API, and it depends on nothing of the module, so that
-// every package's tests may use it.
+// It is imported by tests and by test-only packages such as certstest. It
+// lives under internal/ so that it is no part of the module's API, and it
+// depends on nothing of the module, so that every package's tests may use
+// it.
 package testsupport
 
 import (

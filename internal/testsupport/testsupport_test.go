@@ -2,6 +2,7 @@ package testsupport
 
 import (
 	"errors"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -62,5 +63,16 @@ func TestMetricValueAndScrapeValue(t *testing.T) {
 	}
 	if _, err := ParseScrape("x_total{node=\"a\" 3\n"); err == nil {
 		t.Error("ParseScrape accepted a malformed line")
+	}
+}
+
+func TestClosedAddrRefusesConnections(t *testing.T) {
+	addr := ClosedAddr(t)
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Fatalf("dial %s succeeded, want refused", addr)
+	}
+	if p := FreePort(t); p <= 0 || p > 65535 {
+		t.Fatalf("FreePort() = %d, want a port number", p)
 	}
 }
