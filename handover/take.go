@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/scafo/scafo-edge/node"
 )
@@ -68,13 +69,21 @@ func Take(ctx context.Context, dir string) (*Taken, error) {
 		return nil, fmt.Errorf("connect to handover socket: %w", err)
 	}
 	c := nc.(*net.UnixConn)
-	// The exchange's reads and writes end when ctx does.
-	stop := context.AfterFunc(ctx, func() { c.Close() })
+	// The exchange's reads and writes end when ctx does: a deadline in the
+	// past interrupts them and leaves c open.
+	interrupted := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		c.SetDeadline(time.Unix(1, 0))
+		close(interrupted)
+	})
 	socks, err := takeSockets(c)
-	if !stop() && err == nil {
-		err = ctx.Err()
-		socks.Close()
+	if !stop() {
+		<-interrupted
 	}
+	// Once the ack is written the old edge lets go of the sockets, whatever
+	// ctx says now: closing them here would leave nobody holding them, and
+	// the kernel would refuse connections. So a ctx that ends after the ack
+	// does not undo the handover.
 	if err != nil {
 		c.Close()
 		if ctx.Err() != nil {
@@ -82,6 +91,7 @@ func Take(ctx context.Context, dir string) (*Taken, error) {
 		}
 		return nil, fmt.Errorf("handover with the edge on %s: %w", path, err)
 	}
+	c.SetDeadline(time.Time{})
 	t := &Taken{
 		Sockets:  socks,
 		conn:     c,
