@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,26 +12,16 @@ import (
 	"time"
 
 	"github.com/scafo/scafo-edge/certs/certstest"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 	"github.com/scafo/scafo-edge/node/nodetest"
 )
-
-// freePort returns a loopback port nothing listens on right now. Pebble must
-// know the edge's challenge ports before the edge starts.
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // TestACMEThroughTheBinary obtains a certificate from Pebble through the
 // real binary, with the decision taken from the live document (DESIGN.md
 // rule 8), and serves it again after a restart with no new order.
 func TestACMEThroughTheBinary(t *testing.T) {
-	httpPort, httpsPort := freePort(t), freePort(t)
+	httpPort, httpsPort := testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
 	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
 	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
@@ -49,7 +38,7 @@ func TestACMEThroughTheBinary(t *testing.T) {
 		"--state-dir", state,
 		"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--https-addr", fmt.Sprintf("127.0.0.1:%d", httpsPort)}
 	e := startEdge(t, args...)
-	waitFor(t, 15*time.Second, "first document", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "first document", func() error {
 		if code, _ := e.get(t, "nobody.example", "/"); code != 404 {
 			return fmt.Errorf("status %d", code)
 		}
@@ -123,7 +112,7 @@ func TestACMEThroughTheBinary(t *testing.T) {
 // validates at 127.0.0.1, whichever edge started the order, because
 // challenge tokens live in the shared store.
 func TestFleetStoreThroughTheBinary(t *testing.T) {
-	httpPort, httpsPort := freePort(t), freePort(t)
+	httpPort, httpsPort := testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
 	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
 	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
@@ -142,7 +131,7 @@ func TestFleetStoreThroughTheBinary(t *testing.T) {
 		edges = append(edges, e)
 	}
 	for _, e := range edges {
-		waitFor(t, 15*time.Second, "first document", func() error {
+		testsupport.WaitForNil(t, 15*time.Second, "first document", func() error {
 			if code, _ := e.get(t, "nobody.example", "/"); code != 404 {
 				return fmt.Errorf("status %d", code)
 			}

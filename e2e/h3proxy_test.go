@@ -20,6 +20,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 	"github.com/scafo/scafo-edge/node/nodetest"
 )
@@ -29,7 +30,7 @@ func TestHTTP3(t *testing.T) {
 	n := nodetest.New(t, nodetest.Options{})
 	n.SetDocument(routesDoc(hostOf(a), hostOf(b)))
 	e := startEdge(t, "--node", n.URL(), "--tls", "internal")
-	waitFor(t, 15*time.Second, "first document", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "first document", func() error {
 		if code, _ := e.get(t, "nobody.example", "/"); code != 404 {
 			return fmt.Errorf("status %d", code)
 		}
@@ -107,7 +108,7 @@ func TestHTTP3(t *testing.T) {
 	t.Run("a table swap does not break an open HTTP/3 connection", func(t *testing.T) {
 		before := dials.Load()
 		n.SetDocument(routesDoc(hostOf(b), hostOf(a)))
-		waitFor(t, 15*time.Second, "swap seen over HTTP/3", func() error {
+		testsupport.WaitForNil(t, 15*time.Second, "swap seen over HTTP/3", func() error {
 			if _, _, body := h3get("a.example", "/after"); !strings.HasPrefix(body, "B /after") {
 				return fmt.Errorf("a.example answered %q", body)
 			}
@@ -118,7 +119,7 @@ func TestHTTP3(t *testing.T) {
 		}
 	})
 	var metrics string
-	waitFor(t, 5*time.Second, "HTTP/3 in metrics", func() error {
+	testsupport.WaitForNil(t, 5*time.Second, "HTTP/3 in metrics", func() error {
 		_, metrics = e.admin(t, "/metrics")
 		if !strings.Contains(metrics, `protocol="HTTP/3.0"`) {
 			return fmt.Errorf("no HTTP/3.0 protocol label")
@@ -145,7 +146,7 @@ func TestProxyProtocol(t *testing.T) {
 	// Only 127.0.0.1 may send headers; the tests dial from 127.0.0.2 as
 	// "another source" (all of 127/8 is loopback on Linux).
 	e := startEdge(t, "--node", n.URL(), "--tls", "off", "--proxy-protocol-from", "127.0.0.1/32")
-	waitFor(t, 15*time.Second, "first document", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "first document", func() error {
 		if code, _ := e.get(t, "a.example", "/"); code != 200 {
 			return fmt.Errorf("status %d", code)
 		}

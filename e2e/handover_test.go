@@ -24,6 +24,7 @@ import (
 
 	"github.com/scafo/scafo-edge/certs/certstest"
 	"github.com/scafo/scafo-edge/handover"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 	"github.com/scafo/scafo-edge/node/nodetest"
 )
@@ -152,7 +153,7 @@ func wsEchoServer(t *testing.T) *httptest.Server {
 // opened on the old process keeps echoing until the old one's shutdown
 // timeout.
 func TestUpgradeUnderLoad(t *testing.T) {
-	httpPort, httpsPort, adminPort := freePort(t), freePort(t), freePort(t)
+	httpPort, httpsPort, adminPort := testsupport.FreePort(t), testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
 	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
 	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
@@ -269,7 +270,7 @@ func TestUpgradeUnderLoad(t *testing.T) {
 			return nil
 		}
 	}
-	waitFor(t, 30*time.Second, "every protocol answered by the old edge", answeredEach(nil, 10))
+	testsupport.WaitForNil(t, 30*time.Second, "every protocol answered by the old edge", answeredEach(nil, 10))
 
 	// From now on the node does not answer: a fresh /readyz on the new
 	// edge can only come from the document the old one handed over.
@@ -312,7 +313,7 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	for _, proto := range protos {
 		after[proto] = ld.answered(proto)
 	}
-	waitFor(t, 30*time.Second, "every protocol answered by the new edge alone", answeredEach(after, 10))
+	testsupport.WaitForNil(t, 30*time.Second, "every protocol answered by the new edge alone", answeredEach(after, 10))
 	ld.halt()
 
 	ld.mu.Lock()
@@ -336,7 +337,7 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	if got := p.OrderCount(); got != 1 {
 		t.Errorf("Pebble orders = %d, want 1: the new edge must serve the old one's certificate from edge.db", got)
 	}
-	if got := metricValue(t, newEdge, `scafo_edge_handovers_total{result="received"}`); got != 1 {
+	if got := newEdge.metric(t, "scafo_edge_handovers_total", testsupport.Labels{"result": "received"}); got != 1 {
 		t.Errorf(`new edge's scafo_edge_handovers_total{result="received"} = %v, want 1`, got)
 	}
 	if !old.logged("handover: a new edge took the listening sockets") {
@@ -368,7 +369,7 @@ func TestUpgradeFallsBackWhenTheOldEdgeDoesNotAnswer(t *testing.T) {
 	if !e.logged("binding the listeners") {
 		t.Errorf("the fallback line does not say what the edge does instead\n%s", e.logText())
 	}
-	if got := metricValue(t, e, `scafo_edge_handovers_total{result="fell_back"}`); got != 1 {
+	if got := e.metric(t, "scafo_edge_handovers_total", testsupport.Labels{"result": "fell_back"}); got != 1 {
 		t.Errorf(`scafo_edge_handovers_total{result="fell_back"} = %v, want 1`, got)
 	}
 	assertOffers(t, state, before)
@@ -386,7 +387,7 @@ func TestStaleHandoverSocketDoesNotBlockStartUp(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("start-up took %v with a stale handover socket", took)
 	}
-	if got := metricValue(t, e, `scafo_edge_handovers_total{result="fell_back"}`); got != 0 {
+	if got := e.metric(t, "scafo_edge_handovers_total", testsupport.Labels{"result": "fell_back"}); got != 0 {
 		t.Errorf(`scafo_edge_handovers_total{result="fell_back"} = %v, want 0: a stale socket is no peer`, got)
 	}
 	assertOffers(t, state, before)
@@ -397,7 +398,7 @@ func TestStaleHandoverSocketDoesNotBlockStartUp(t *testing.T) {
 func assertOffers(t *testing.T, state string, before os.FileInfo) {
 	t.Helper()
 	path := filepath.Join(state, handover.SocketFile)
-	waitFor(t, 10*time.Second, "the edge's own handover socket", func() error {
+	testsupport.WaitForNil(t, 10*time.Second, "the edge's own handover socket", func() error {
 		fi, err := os.Lstat(path)
 		switch {
 		case err != nil:

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/scafo/scafo-edge/certs/certstest"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
 // edgeBinary is the scafo-edge binary the end-to-end tests run, built with
@@ -59,7 +61,7 @@ type runningEdge struct {
 
 	mu     sync.Mutex
 	lines  []map[string]any
-	stderr syncBuffer
+	stderr testsupport.SyncBuffer
 	done   chan struct{}
 	err    error
 }
@@ -166,6 +168,27 @@ func (e *runningEdge) stop(t *testing.T) error {
 	return e.err
 }
 
+// metric returns the value of one series of the edge's /metrics, the first
+// of family name with the given labels (a histogram's sample count), or NaN
+// when there is none.
+func (e *runningEdge) metric(t *testing.T, name string, labels testsupport.Labels) float64 {
+	t.Helper()
+	c := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get("http://" + e.AdminAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	if v, ok := testsupport.ScrapeValue(t, string(b), name, labels); ok {
+		return v
+	}
+	return math.NaN()
+}
+
 // logText returns everything the edge logged so far, one JSON object a line.
 func (e *runningEdge) logText() string {
 	e.mu.Lock()
@@ -229,26 +252,6 @@ func (e *runningEdge) admin(t *testing.T, path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// waitFor retries cond until it returns nil or the deadline passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), within)
-	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	var err error
-	for {
-		if err = cond(); err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not within %v: %v", what, within, err)
-		case <-tick.C:
-		}
-	}
-}
-
 type testWriter struct {
 	t      *testing.T
 	prefix string
@@ -257,25 +260,6 @@ type testWriter struct {
 func (w *testWriter) Write(p []byte) (int, error) {
 	w.t.Log(w.prefix + strings.TrimRight(string(p), "\n"))
 	return len(p), nil
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's writes and a test's
-// reads at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // runRoutes runs the binary's routes command with args and returns its

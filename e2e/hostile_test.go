@@ -36,6 +36,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/scafo/scafo-edge/certs/certstest"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -313,14 +314,14 @@ func TestSlowReadersAreClosedByASendTimeout(t *testing.T) {
 		io.WriteString(c, "GET /big HTTP/1.1\r\nHost: big.example\r\n\r\n")
 		conns = append(conns, c)
 	}
-	waitFor(t, 20*time.Second, "slow readers in flight", func() error {
-		if n := metricValue(t, e, "scafo_edge_requests_in_flight"); n != slowReaders {
+	testsupport.WaitForNil(t, 20*time.Second, "slow readers in flight", func() error {
+		if n := e.metric(t, "scafo_edge_requests_in_flight", nil); n != slowReaders {
 			return fmt.Errorf("%v in flight", n)
 		}
 		return nil
 	})
-	waitFor(t, 30*time.Second, "slow readers dropped by the send timeout", func() error {
-		if n := metricValue(t, e, "scafo_edge_requests_in_flight"); n != 0 {
+	testsupport.WaitForNil(t, 30*time.Second, "slow readers dropped by the send timeout", func() error {
+		if n := e.metric(t, "scafo_edge_requests_in_flight", nil); n != 0 {
 			return fmt.Errorf("%v still in flight", n)
 		}
 		return nil
@@ -741,7 +742,7 @@ func TestContentLengthWithTransferEncodingClosesTheConnection(t *testing.T) {
 // CPU. A handshake for the named host then gets a certificate from the same
 // Pebble (one order), so the zero is not vacuous.
 func TestTLSHandshakeFloodWithRandomNames(t *testing.T) {
-	httpPort, httpsPort := freePort(t), freePort(t)
+	httpPort, httpsPort := testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
 	dir := t.TempDir()
 	caRoot := filepath.Join(dir, "pebble-root.pem")
@@ -758,8 +759,8 @@ func TestTLSHandshakeFloodWithRandomNames(t *testing.T) {
 	dbPath := filepath.Join(state, node.StateFile)
 	waitDocumentPersisted(t, dbPath) // the edge's own write after start, not the flood's
 	storeBefore := stateSnapshot(t, dbPath)
-	refusalsBefore := metricValue(t, e, `scafo_edge_tls_on_demand_refusals_total{reason="not_named"}`)
-	cpuBefore := metricValue(t, e, "process_cpu_seconds_total")
+	refusalsBefore := e.metric(t, "scafo_edge_tls_on_demand_refusals_total", testsupport.Labels{"reason": "not_named"})
+	cpuBefore := e.metric(t, "process_cpu_seconds_total", nil)
 
 	randomName := func(i int) string {
 		b := make([]byte, 6)
@@ -806,8 +807,8 @@ func TestTLSHandshakeFloodWithRandomNames(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu := metricValue(t, e, "process_cpu_seconds_total") - cpuBefore
-	refusals := metricValue(t, e, `scafo_edge_tls_on_demand_refusals_total{reason="not_named"}`) - refusalsBefore
+	cpu := e.metric(t, "process_cpu_seconds_total", nil) - cpuBefore
+	refusals := e.metric(t, "scafo_edge_tls_on_demand_refusals_total", testsupport.Labels{"reason": "not_named"}) - refusalsBefore
 	storeDiff := diffSnapshots(storeBefore, stateSnapshot(t, dbPath))
 	storeChanged := len(storeDiff) > 0
 	orders := p.OrderCount()
@@ -1144,7 +1145,7 @@ func startHTTP2Edge(t *testing.T) (*recordingUpstream, *runningEdge, string) {
 // rather than buffered.
 func TestHTTP2Floods(t *testing.T) {
 	recA, e, state := startHTTP2Edge(t)
-	baseG, baseFD, baseConns := metricValue(t, e, "go_goroutines"), metricValue(t, e, "process_open_fds"), recA.open.Load()
+	baseG, baseFD, baseConns := e.metric(t, "go_goroutines", nil), e.metric(t, "process_open_fds", nil), recA.open.Load()
 
 	probe := startH2Probe(t, e, state)
 
@@ -1196,9 +1197,9 @@ func TestHTTP2Floods(t *testing.T) {
 	// Upstream connections the edge keeps pooled (idle keep-alives, up to
 	// its per-upstream limit) are allowed for: a few goroutines and one
 	// descriptor each. Anything beyond is the flood's residue.
-	waitFor(t, 30*time.Second, "goroutines and file descriptors back to the baseline", func() error {
+	testsupport.WaitForNil(t, 30*time.Second, "goroutines and file descriptors back to the baseline", func() error {
 		pooled := float64(recA.open.Load() - baseConns)
-		g, fds := metricValue(t, e, "go_goroutines"), metricValue(t, e, "process_open_fds")
+		g, fds := e.metric(t, "go_goroutines", nil), e.metric(t, "process_open_fds", nil)
 		if g > baseG+5+3*pooled || fds > baseFD+5+pooled {
 			return fmt.Errorf("goroutines %v (baseline %v), open fds %v (baseline %v), %v more upstream connections pooled", g, baseG, fds, baseFD, pooled)
 		}
@@ -1256,7 +1257,7 @@ func TestHTTP2RapidResetCostsTheOriginAFixedAmount(t *testing.T) {
 	if !closedByEdge {
 		t.Errorf("the edge kept the attacking connection open for %v after %d streams opened and reset", closedAfter.Round(time.Millisecond), sent)
 	} else {
-		waitFor(t, 5*time.Second, "the edge logs the connection it closed", func() error {
+		testsupport.WaitForNil(t, 5*time.Second, "the edge logs the connection it closed", func() error {
 			if e.countLogs("(rapid reset)") != 1 {
 				return errors.New("no log line")
 			}
@@ -1269,8 +1270,8 @@ func TestHTTP2RapidResetCostsTheOriginAFixedAmount(t *testing.T) {
 	if _, body := httpsGetInternal(t, e, state, "a.example", "/after"); !strings.HasPrefix(body, "A GET /after") {
 		t.Errorf("a request after the attack was answered %q", body)
 	}
-	waitFor(t, 10*time.Second, "the attack's requests finished", func() error {
-		if n := metricValue(t, e, "scafo_edge_requests_in_flight"); n != 0 {
+	testsupport.WaitForNil(t, 10*time.Second, "the attack's requests finished", func() error {
+		if n := e.metric(t, "scafo_edge_requests_in_flight", nil); n != 0 {
 			return fmt.Errorf("%v in flight", n)
 		}
 		return nil
@@ -1326,7 +1327,7 @@ func TestHTTP2ClientCancellingAFullWindowKeepsItsConnection(t *testing.T) {
 			t.Fatalf("stream %d: %v", 2*i+1, err)
 		}
 	}
-	waitFor(t, 20*time.Second, "a full window of requests waiting on the upstream", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "a full window of requests waiting on the upstream", func() error {
 		if n := held.Load(); n != http2MaxStreams {
 			return fmt.Errorf("%d held", n)
 		}
@@ -1339,8 +1340,8 @@ func TestHTTP2ClientCancellingAFullWindowKeepsItsConnection(t *testing.T) {
 	}
 	// Each cancelled request is counted when its handler returns, before
 	// the in-flight gauge drops.
-	waitFor(t, 20*time.Second, "the cancelled requests finished", func() error {
-		if n := metricValue(t, e, "scafo_edge_requests_in_flight"); n != 0 {
+	testsupport.WaitForNil(t, 20*time.Second, "the cancelled requests finished", func() error {
+		if n := e.metric(t, "scafo_edge_requests_in_flight", nil); n != 0 {
 			return fmt.Errorf("%v in flight, %d held by the upstream", n, held.Load())
 		}
 		return nil
@@ -1430,7 +1431,7 @@ func diffSnapshots(before, after map[string][32]byte) []string {
 
 func waitDocumentPersisted(t *testing.T, dbPath string) {
 	t.Helper()
-	waitFor(t, 20*time.Second, "routing document persisted", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "routing document persisted", func() error {
 		b, err := os.ReadFile(dbPath)
 		if err != nil {
 			return err

@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
 // pkgRoot is the module root relative to this package's directory, where
@@ -118,7 +120,7 @@ func TestImageBinary(t *testing.T) {
 			"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--state-dir", t.TempDir())
 
 		// The edge is serving: a host nothing names is answered by the edge.
-		waitFor(t, 10*time.Second, "the demo document is served", func() error {
+		testsupport.WaitForNil(t, 10*time.Second, "the demo document is served", func() error {
 			req, _ := http.NewRequest("GET", "http://"+e.HTTPAddr+"/", nil)
 			req.Host = "nothing.invalid"
 			resp, err := http.DefaultClient.Do(req)
@@ -246,7 +248,7 @@ func pkgRun(argv []string, env ...string) ([]byte, error) {
 // is killed, so a binary that unexpectedly starts serving does not outlive
 // the test.
 func runUntilExit(ctx context.Context, cmd *exec.Cmd) ([]byte, error) {
-	var out syncBuffer
+	var out testsupport.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		return nil, err

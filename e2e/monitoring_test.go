@@ -14,16 +14,20 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
 	"github.com/scafo/scafo-edge/admin"
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/edge"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -228,33 +232,52 @@ func TestAlertRulesPassPromtool(t *testing.T) {
 
 // scrape is a parsed /metrics exposition.
 type scrape struct {
-	types  map[string]string              // family → type
+	types  map[string]string              // family → type, as the text format names it
 	series map[string][]map[string]string // sample name → label sets
 }
 
-var sampleRE = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? `)
-var labelRE = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)
-
-func parseScrape(body string) scrape {
-	s := scrape{types: map[string]string{}, series: map[string][]map[string]string{}}
-	for _, l := range strings.Split(body, "\n") {
-		if f, ok := strings.CutPrefix(l, "# TYPE "); ok {
-			if name, typ, ok := strings.Cut(f, " "); ok {
-				s.types[name] = typ
-			}
-			continue
-		}
-		m := sampleRE.FindStringSubmatch(l)
-		if m == nil {
-			continue
-		}
-		labels := map[string]string{}
-		for _, lm := range labelRE.FindAllStringSubmatch(m[2], -1) {
-			labels[lm[1]] = lm[2]
-		}
-		s.series[m[1]] = append(s.series[m[1]], labels)
+// parseScrape reads a /metrics response with Prometheus's own parser and
+// indexes its samples by the names a query uses: a histogram's samples are
+// name_bucket (with le, +Inf included), name_sum and name_count, a summary's name (with
+// quantile), name_sum and name_count.
+func parseScrape(body string) (scrape, error) {
+	mfs, err := testsupport.ParseScrape(body)
+	if err != nil {
+		return scrape{}, err
 	}
-	return s
+	s := scrape{types: map[string]string{}, series: map[string][]map[string]string{}}
+	add := func(name string, m *dto.Metric, extra ...string) {
+		labels := map[string]string{}
+		for _, lp := range m.GetLabel() {
+			labels[lp.GetName()] = lp.GetValue()
+		}
+		for i := 0; i+1 < len(extra); i += 2 {
+			labels[extra[i]] = extra[i+1]
+		}
+		s.series[name] = append(s.series[name], labels)
+	}
+	for name, mf := range mfs {
+		s.types[name] = strings.ToLower(mf.GetType().String())
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.Histogram != nil:
+				for _, b := range m.Histogram.GetBucket() {
+					add(name+"_bucket", m, "le", strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64))
+				}
+				add(name+"_sum", m)
+				add(name+"_count", m)
+			case m.Summary != nil:
+				for _, q := range m.Summary.GetQuantile() {
+					add(name, m, "quantile", strconv.FormatFloat(q.GetQuantile(), 'g', -1, 64))
+				}
+				add(name+"_sum", m)
+				add(name+"_count", m)
+			default:
+				add(name, m)
+			}
+		}
+	}
+	return s, nil
 }
 
 // resolve reports whether name is exported, as a family or as a histogram's
@@ -315,7 +338,7 @@ func monitoringDocument(t *testing.T) string {
 	if err := json.Unmarshal(b, &doc); err != nil {
 		t.Fatal(err)
 	}
-	a, bb, down := hostOf(app(t, "A")), hostOf(app(t, "B")), fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	a, bb, down := hostOf(app(t, "A")), hostOf(app(t, "B")), fmt.Sprintf("127.0.0.1:%d", testsupport.FreePort(t))
 	addr := map[string]string{"127.0.0.1:9101": a, "127.0.0.1:9102": bb, "127.0.0.1:9109": down}
 	fix := func(ups []node.Upstream) {
 		for i := range ups {
@@ -401,7 +424,7 @@ func driveTraffic(t *testing.T, e *runningEdge) {
 // exported families are exactly the documented ones.
 func TestMonitoringAssetsMatchARunningEdge(t *testing.T) {
 	e := startEdge(t, "--routes-file", monitoringDocument(t), "--tls", "internal", "--poll-interval", "1s")
-	waitFor(t, 10*time.Second, "edge ready", func() error {
+	testsupport.WaitForNil(t, 10*time.Second, "edge ready", func() error {
 		if code, body := e.admin(t, "/readyz"); code != 200 {
 			return fmt.Errorf("/readyz = %d %s", code, body)
 		}
@@ -423,12 +446,15 @@ func TestMonitoringAssetsMatchARunningEdge(t *testing.T) {
 	// Expiry and issuance figures land when certmagic has finished with
 	// the certificate, a moment after the handshake that asked for it.
 	var sc scrape
-	waitFor(t, 20*time.Second, "every referenced metric exported", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "every referenced metric exported", func() error {
 		code, body := e.admin(t, "/metrics")
 		if code != 200 {
 			return fmt.Errorf("/metrics = %d", code)
 		}
-		sc = parseScrape(body)
+		var err error
+		if sc, err = parseScrape(body); err != nil {
+			return err
+		}
 		var problems []string
 		for _, s := range sels {
 			if p := sc.check(s); p != "" && !slices.Contains(problems, p) {
@@ -526,7 +552,7 @@ func TestMonitoringAssetsMatchARunningEdge(t *testing.T) {
 }
 
 func TestMetricReferenceChecker(t *testing.T) {
-	sc := parseScrape(`# HELP scafo_edge_requests_total x
+	sc, err := parseScrape(`# HELP scafo_edge_requests_total x
 # TYPE scafo_edge_requests_total counter
 scafo_edge_requests_total{application="shop",code="2xx",method="GET"} 3
 # TYPE scafo_edge_request_duration_seconds histogram
@@ -534,6 +560,9 @@ scafo_edge_request_duration_seconds_bucket{application="shop",le="0.1"} 3
 scafo_edge_request_duration_seconds_sum{application="shop"} 0.2
 scafo_edge_request_duration_seconds_count{application="shop"} 3
 `)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name, expr, want string
 	}{

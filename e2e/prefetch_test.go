@@ -14,6 +14,7 @@ import (
 
 	"github.com/scafo/scafo-edge/admin"
 	"github.com/scafo/scafo-edge/certs/certstest"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 	"github.com/scafo/scafo-edge/node/nodetest"
 )
@@ -60,10 +61,10 @@ func TestPrefetchThroughTheBinary(t *testing.T) {
 			return nil
 		}
 	}
-	waitFor(t, 30*time.Second, "first.example listed as not reaching the fleet", unreachable("first.example"))
+	testsupport.WaitForNil(t, 30*time.Second, "first.example listed as not reaching the fleet", unreachable("first.example"))
 
 	n.SetDocument(&node.Document{V: 1, Routes: []node.Route{route("first.example"), route("added.example")}})
-	waitFor(t, 30*time.Second, "the name the new document adds listed too", unreachable("first.example", "added.example"))
+	testsupport.WaitForNil(t, 30*time.Second, "the name the new document adds listed too", unreachable("first.example", "added.example"))
 	_, metrics := e.admin(t, "/metrics")
 	if !slices.Contains(strings.Split(metrics, "\n"), "scafo_edge_tls_prefetch_unreachable_names 2") {
 		t.Errorf("metrics lack scafo_edge_tls_prefetch_unreachable_names 2")
@@ -86,7 +87,7 @@ func TestPrefetchThroughTheBinary(t *testing.T) {
 // acmeEdge starts a Pebble that validates on two free loopback ports and
 // returns it with the flags that make an edge listen there and use it.
 func acmeEdge(t *testing.T) (*certstest.Pebble, []string) {
-	httpPort, httpsPort := freePort(t), freePort(t)
+	httpPort, httpsPort := testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
 	root := filepath.Join(t.TempDir(), "pebble-root.pem")
 	if err := os.WriteFile(root, p.RootPEM, 0o600); err != nil {

@@ -34,6 +34,7 @@ import (
 	"github.com/coder/websocket"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 	"github.com/scafo/scafo-edge/node/nodetest"
 )
@@ -119,34 +120,6 @@ func expectAnswer(c *http.Client, addr, host, path, want string) error {
 	return nil
 }
 
-// scrape returns the value of one series of the edge's /metrics, or NaN
-// when it is absent. series is a metric name, optionally with its labels
-// exactly as exposed (name{a="b"}).
-func metricValue(t *testing.T, e *runningEdge, series string) float64 {
-	t.Helper()
-	c := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get("http://" + e.AdminAddr + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, series+" "); ok {
-			v, err := strconv.ParseFloat(strings.Fields(rest)[0], 64)
-			if err != nil {
-				t.Fatalf("scrape %s: %v", line, err)
-			}
-			return v
-		}
-	}
-	return notFound
-}
-
-var notFound = func() float64 { var z float64; return z / z }()
-
 // writeRoutesFile writes doc as a routes file for --routes-file.
 func writeRoutesFile(t *testing.T, dir string, doc *node.Document) string {
 	t.Helper()
@@ -163,7 +136,7 @@ func writeRoutesFile(t *testing.T, dir string, doc *node.Document) string {
 
 func waitEdgeReady(t *testing.T, e *runningEdge) {
 	t.Helper()
-	waitFor(t, 20*time.Second, "edge ready", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "edge ready", func() error {
 		if code, body := e.admin(t, "/readyz"); code != 200 {
 			return fmt.Errorf("/readyz %d %q", code, body)
 		}
@@ -229,7 +202,7 @@ func TestDocumentSwapsUnderLoad(t *testing.T) {
 		}
 	}
 	echo("before the first swap")
-	changesBefore := metricValue(t, e, "scafo_edge_document_changes_total")
+	changesBefore := e.metric(t, "scafo_edge_document_changes_total", nil)
 
 	const workers = 4
 	client := faultClient(t, workers)
@@ -253,7 +226,7 @@ func TestDocumentSwapsUnderLoad(t *testing.T) {
 		n.SetDocument(docVersion(v))
 	}
 	tick.Stop()
-	waitFor(t, 20*time.Second, "the last version served", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "the last version served", func() error {
 		if code, _ := e.get(t, fmt.Sprintf("churn-%d.example", versions), "/"); code != 200 {
 			return fmt.Errorf("churn-%d.example: %d", versions, code)
 		}
@@ -261,7 +234,7 @@ func TestDocumentSwapsUnderLoad(t *testing.T) {
 	})
 	stopLoad()
 	wait()
-	swaps := metricValue(t, e, "scafo_edge_document_changes_total") - changesBefore
+	swaps := e.metric(t, "scafo_edge_document_changes_total", nil) - changesBefore
 	echo("after the last swap")
 
 	t.Logf("figures: document swaps under load: %d versions published every 100ms, %.0f swaps applied by the edge; requests %s; WebSocket opened before the first swap still echoing",
@@ -350,7 +323,7 @@ func TestFirstUpstreamKilledUnderLoad(t *testing.T) {
 		}
 		return err
 	})
-	waitFor(t, 20*time.Second, "load on the first upstream", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "load on the first upstream", func() error {
 		if n := first.served.Load(); n < 200 {
 			return fmt.Errorf("%d served", n)
 		}
@@ -360,7 +333,7 @@ func TestFirstUpstreamKilledUnderLoad(t *testing.T) {
 	inFlightAtKill := first.inFlight.Load()
 	first.srv.Close() // listener and every connection, at once
 	sentAtKill := st.sent.Load()
-	waitFor(t, 20*time.Second, "load on the second upstream", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "load on the second upstream", func() error {
 		if n := second.served.Load(); n < 100 {
 			return fmt.Errorf("%d served", n)
 		}
@@ -368,7 +341,7 @@ func TestFirstUpstreamKilledUnderLoad(t *testing.T) {
 	})
 	settled.Store(true)
 	settledAt := second.served.Load()
-	waitFor(t, 20*time.Second, "load after failing over", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "load after failing over", func() error {
 		if n := second.served.Load() - settledAt; n < 200 {
 			return fmt.Errorf("%d served", n)
 		}
@@ -416,9 +389,9 @@ func TestNodeUnreachableThenBack(t *testing.T) {
 
 	n.Stop()
 	var stale float64
-	waitFor(t, 30*time.Second, "the edge to notice the node is gone", func() error {
-		stale = metricValue(t, e, "scafo_edge_routing_seconds_since_last_good")
-		fails := metricValue(t, e, "scafo_edge_routing_consecutive_failures")
+	testsupport.WaitForNil(t, 30*time.Second, "the edge to notice the node is gone", func() error {
+		stale = e.metric(t, "scafo_edge_routing_seconds_since_last_good", nil)
+		fails := e.metric(t, "scafo_edge_routing_consecutive_failures", nil)
 		if !(stale >= 3 && fails >= 10) {
 			return fmt.Errorf("seconds since last good %v, consecutive failures %v", stale, fails)
 		}
@@ -428,15 +401,15 @@ func TestNodeUnreachableThenBack(t *testing.T) {
 	if code != 200 || !strings.Contains(readyz, "last error:") || !strings.Contains(readyz, "consecutive failures") {
 		t.Errorf("/readyz while the node is down = %d %q, want 200 with the last error and the failure count", code, readyz)
 	}
-	failuresSeen := metricValue(t, e, "scafo_edge_routing_consecutive_failures")
+	failuresSeen := e.metric(t, "scafo_edge_routing_consecutive_failures", nil)
 	if err := n.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "recovery", func() error {
+	testsupport.WaitForNil(t, 30*time.Second, "recovery", func() error {
 		if _, body := e.admin(t, "/readyz"); strings.Contains(body, "last error") {
 			return fmt.Errorf("/readyz %q", body)
 		}
-		if v := metricValue(t, e, "scafo_edge_routing_seconds_since_last_good"); !(v < 2) {
+		if v := e.metric(t, "scafo_edge_routing_seconds_since_last_good", nil); !(v < 2) {
 			return fmt.Errorf("seconds since last good %v", v)
 		}
 		return nil
@@ -572,7 +545,7 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 			results <- fmt.Sprintf("%d %s %v", resp.StatusCode, b, err)
 		}()
 	}
-	waitFor(t, 20*time.Second, "held requests in the upstream", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "held requests in the upstream", func() error {
 		if n := entered.Load(); n < held {
 			return fmt.Errorf("%d entered", n)
 		}
@@ -618,7 +591,7 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 20*time.Second, "new-connection load running", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "new-connection load running", func() error {
 		if n := served.Load(); n < 20 {
 			return fmt.Errorf("%d served", n)
 		}
@@ -627,7 +600,7 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 
 	termAt := time.Now()
 	e.cmd.Process.Signal(syscall.SIGTERM)
-	waitFor(t, 20*time.Second, "listener closed after SIGTERM", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "listener closed after SIGTERM", func() error {
 		c, err := net.Dial("tcp", e.HTTPAddr)
 		if err == nil {
 			c.Close()
@@ -844,8 +817,8 @@ func TestUpstreamFaultsThroughTheBinary(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	baseG := metricValue(t, e, "go_goroutines")
-	baseFD := metricValue(t, e, "process_open_fds")
+	baseG := e.metric(t, "go_goroutines", nil)
+	baseFD := e.metric(t, "process_open_fds", nil)
 
 	const perFault = 30
 	cases := []struct {
@@ -924,8 +897,8 @@ func TestUpstreamFaultsThroughTheBinary(t *testing.T) {
 	}
 
 	var g, fds float64
-	waitFor(t, 30*time.Second, "goroutines and file descriptors back to the baseline", func() error {
-		g, fds = metricValue(t, e, "go_goroutines"), metricValue(t, e, "process_open_fds")
+	testsupport.WaitForNil(t, 30*time.Second, "goroutines and file descriptors back to the baseline", func() error {
+		g, fds = e.metric(t, "go_goroutines", nil), e.metric(t, "process_open_fds", nil)
 		if g > baseG+5 || fds > baseFD+5 {
 			return fmt.Errorf("goroutines %v (baseline %v), open fds %v (baseline %v)", g, baseG, fds, baseFD)
 		}

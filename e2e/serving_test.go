@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 	"github.com/scafo/scafo-edge/node/nodetest"
 )
@@ -53,7 +54,7 @@ func TestNodeDrainingThenRecovery(t *testing.T) {
 	}
 
 	n.SetDocument(routesDoc(hostOf(a), hostOf(b)))
-	waitFor(t, 15*time.Second, "edge serves the first document", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "edge serves the first document", func() error {
 		if code, body := e.get(t, "a.example", "/x"); code != 200 || !strings.HasPrefix(body, "A /x") {
 			return fmt.Errorf("got %d %q", code, body)
 		}
@@ -71,7 +72,7 @@ func TestNodeDrainingThenRecovery(t *testing.T) {
 	// the bound below leaves room for a loaded CI machine).
 	doc := routesDoc(hostOf(b), hostOf(a))
 	n.SetDocument(doc)
-	waitFor(t, 15*time.Second, "the swapped document", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "the swapped document", func() error {
 		if _, body := e.get(t, "a.example", "/"); !strings.HasPrefix(body, "B ") {
 			return fmt.Errorf("a.example still answered %q", body)
 		}
@@ -84,7 +85,7 @@ func TestKeepLastGoodUnderNodeFailures(t *testing.T) {
 	n := nodetest.New(t, nodetest.Options{Token: "tok"})
 	n.SetDocument(routesDoc(hostOf(a), hostOf(b)))
 	e := startEdge(t, "--node", n.URL(), "--ingress-token", "tok", "--tls", "off")
-	waitFor(t, 15*time.Second, "first document", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "first document", func() error {
 		if code, _ := e.get(t, "a.example", "/"); code != 200 {
 			return fmt.Errorf("status %d", code)
 		}
@@ -112,7 +113,7 @@ func TestKeepLastGoodUnderNodeFailures(t *testing.T) {
 			before := n.Requests()
 			f.fail()
 			// Let a few polls fail, then check traffic is unaffected.
-			waitFor(t, 15*time.Second, "polls during the failure", func() error {
+			testsupport.WaitForNil(t, 15*time.Second, "polls during the failure", func() error {
 				if f.name != "node is unreachable" && n.Requests() < before+3 {
 					return fmt.Errorf("%d polls so far", n.Requests()-before)
 				}
@@ -125,7 +126,7 @@ func TestKeepLastGoodUnderNodeFailures(t *testing.T) {
 				t.Errorf("during %s: %d %q, want the last good document served", f.name, code, body)
 			}
 			f.heal()
-			waitFor(t, 15*time.Second, "recovery", func() error {
+			testsupport.WaitForNil(t, 15*time.Second, "recovery", func() error {
 				if code, body := e.admin(t, "/readyz"); code != 200 || strings.Contains(body, "last error") {
 					return fmt.Errorf("/readyz %d %q", code, body)
 				}
@@ -144,7 +145,7 @@ func TestRestartWithTheNodeDownServesThePersistedDocument(t *testing.T) {
 	n.SetDocument(routesDoc(hostOf(a), hostOf(b)))
 	state := t.TempDir()
 	e := startEdge(t, "--node", n.URL(), "--tls", "off", "--state-dir", state)
-	waitFor(t, 15*time.Second, "first document", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "first document", func() error {
 		if code, _ := e.get(t, "b.example", "/"); code != 200 {
 			return fmt.Errorf("status %d", code)
 		}
@@ -165,7 +166,7 @@ func TestRestartWithTheNodeDownServesThePersistedDocument(t *testing.T) {
 	if err := n.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "fresh after the node is back", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "fresh after the node is back", func() error {
 		if _, body := e2.admin(t, "/readyz"); !strings.Contains(body, "ready: fresh") {
 			return fmt.Errorf("/readyz %q", body)
 		}
@@ -185,9 +186,7 @@ func TestRestartWithTheNodeDownServesThePersistedDocument(t *testing.T) {
 
 func TestServingThroughTheBinary(t *testing.T) {
 	a := app(t, "A")
-	dead, _ := net.Listen("tcp", "127.0.0.1:0")
-	deadAddr := dead.Addr().String()
-	dead.Close()
+	deadAddr := testsupport.ClosedAddr(t)
 	streamGate := make(chan struct{})
 	stream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -214,7 +213,7 @@ func TestServingThroughTheBinary(t *testing.T) {
 	n := nodetest.New(t, nodetest.Options{})
 	n.SetDocument(doc)
 	e := startEdge(t, "--node", n.URL(), "--tls", "off")
-	waitFor(t, 15*time.Second, "first document", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "first document", func() error {
 		if code, _ := e.get(t, "a.example", "/"); code != 200 {
 			return fmt.Errorf("status %d", code)
 		}
@@ -301,7 +300,7 @@ func TestSIGTERMLetsInFlightRequestsFinish(t *testing.T) {
 	n := nodetest.New(t, nodetest.Options{})
 	n.SetDocument(&node.Document{V: 1, Routes: []node.Route{{Host: "slow.example", Application: "slow", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(slow)}}}}})
 	e := startEdge(t, "--node", n.URL(), "--tls", "off", "--shutdown-timeout", "20s")
-	waitFor(t, 15*time.Second, "first document", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "first document", func() error {
 		if code, _ := e.get(t, "nobody.example", "/"); code != 404 {
 			return fmt.Errorf("status %d", code)
 		}
@@ -323,7 +322,7 @@ func TestSIGTERMLetsInFlightRequestsFinish(t *testing.T) {
 	<-entered
 	e.cmd.Process.Signal(syscall.SIGTERM)
 	// New connections are refused once the listeners close.
-	waitFor(t, 15*time.Second, "listener closed after SIGTERM", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "listener closed after SIGTERM", func() error {
 		c, err := net.Dial("tcp", e.HTTPAddr)
 		if err == nil {
 			c.Close()
