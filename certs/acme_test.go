@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/scafo/scafo-edge/certs/certstest"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
 // TestOnDemandACME runs one edge against one Pebble through the life of a
@@ -61,13 +62,13 @@ func TestOnDemandACME(t *testing.T) {
 		if got := pb.OrderCount(); got != 1 {
 			t.Errorf("orders after three requests = %d, want 1", got)
 		}
-		if got := metricValue(t, reg, "scafo_edge_tls_issuances_total", map[string]string{"result": "obtained", "kind": "new"}); got != 1 {
+		if got := series(t, reg, "scafo_edge_tls_issuances_total", testsupport.Labels{"result": "obtained", "kind": "new"}); got != 1 {
 			t.Errorf("obtained issuances metric = %v, want 1", got)
 		}
-		if got := metricValue(t, reg, "scafo_edge_tls_certificate_expiry_seconds", map[string]string{"name": "app.test"}); got < 24*3600 {
+		if got := series(t, reg, "scafo_edge_tls_certificate_expiry_seconds", testsupport.Labels{"name": "app.test"}); got < 24*3600 {
 			t.Errorf("expiry metric for app.test = %v seconds, want days", got)
 		}
-		if got := metricValue(t, reg, "scafo_edge_tls_handshake_certificates_total", map[string]string{"result": "ok"}); got < 3 {
+		if got := series(t, reg, "scafo_edge_tls_handshake_certificates_total", testsupport.Labels{"result": "ok"}); got < 3 {
 			t.Errorf("handshakes served = %v, want at least 3", got)
 		}
 	})
@@ -94,7 +95,7 @@ func TestOnDemandACME(t *testing.T) {
 				t.Errorf("orders after a handshake for %s = %d, want %d", name, got, before)
 			}
 		}
-		if got := metricValue(t, reg, "scafo_edge_tls_on_demand_refusals_total", map[string]string{"reason": "not_named"}); got < 3 {
+		if got := series(t, reg, "scafo_edge_tls_on_demand_refusals_total", testsupport.Labels{"reason": "not_named"}); got < 3 {
 			t.Errorf("not_named refusals = %v, want at least 3", got)
 		}
 	})
@@ -242,8 +243,8 @@ func TestFailedIssuanceBacksOff(t *testing.T) {
 		t.Fatal("handshake for a name that cannot be validated succeeded")
 	}
 	t.Logf("failed issuance ended the handshake after %v", time.Since(start))
-	waitUntil(t, 10*time.Second, "the failure to be counted", func() bool {
-		return metricValue(t, reg, "scafo_edge_tls_issuances_total", map[string]string{"result": "failed", "kind": "new"}) == 1
+	testsupport.WaitFor(t, 10*time.Second, "the failure to be counted", func() bool {
+		return series(t, reg, "scafo_edge_tls_issuances_total", testsupport.Labels{"result": "failed", "kind": "new"}) == 1
 	})
 	ordersAfterFailure := pb.OrderCount()
 	if ordersAfterFailure < 1 {
@@ -260,13 +261,13 @@ func TestFailedIssuanceBacksOff(t *testing.T) {
 	if got := pb.OrderCount(); got != ordersAfterFailure {
 		t.Errorf("orders after a handshake during the back-off = %d, want %d", got, ordersAfterFailure)
 	}
-	if got := metricValue(t, reg, "scafo_edge_tls_on_demand_refusals_total", map[string]string{"reason": "backoff"}); got != 1 {
+	if got := series(t, reg, "scafo_edge_tls_on_demand_refusals_total", testsupport.Labels{"reason": "backoff"}); got != 1 {
 		t.Errorf("backoff refusals = %v, want 1", got)
 	}
-	if got := metricValue(t, reg, "scafo_edge_tls_backoff_names", nil); got != 1 {
+	if got := series(t, reg, "scafo_edge_tls_backoff_names", nil); got != 1 {
 		t.Errorf("backed-off names gauge = %v, want 1", got)
 	}
-	if got := metricValue(t, reg, "scafo_edge_tls_issuances_in_flight", nil); got != 0 {
+	if got := series(t, reg, "scafo_edge_tls_issuances_in_flight", nil); got != 0 {
 		t.Errorf("issuances in flight = %v, want 0", got)
 	}
 }
@@ -287,7 +288,7 @@ func TestWildcardByDNS01(t *testing.T) {
 	})
 	roots := pb.IssuerRoots(t)
 
-	waitUntil(t, 60*time.Second, "the wildcard and base certificates", func() bool {
+	testsupport.WaitFor(t, 60*time.Second, "the wildcard and base certificates", func() bool {
 		return len(m.Certificates()) == 2
 	})
 	if got := pb.OrderCount(); got != 2 {

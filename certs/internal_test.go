@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
 func TestInternalCA(t *testing.T) {
@@ -48,7 +50,7 @@ func TestInternalCA(t *testing.T) {
 	})
 
 	t.Run("a configured wildcard is issued internally and covers one label", func(t *testing.T) {
-		waitUntil(t, 10*time.Second, "the internal wildcard certificate", func() bool {
+		testsupport.WaitFor(t, 10*time.Second, "the internal wildcard certificate", func() bool {
 			_, err := e.handshake("x.int.test", roots)
 			return err == nil
 		})

@@ -3,11 +3,9 @@ package certstest
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -22,6 +20,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
 // toolDir holds the Pebble binaries RunWithPebble built; it is written once,
@@ -133,14 +133,14 @@ func StartPebble(t testing.TB, cfg PebbleConfig) *Pebble {
 	}
 
 	dnsAddr := freeUDPAndTCPAddr(t)
-	chMgmt := freeTCPAddr(t)
+	chMgmt := testsupport.ClosedAddr(t)
 	p.ChallSrvURL = "http://" + chMgmt
 	p.start(t, "challtestsrv", exec.Command(filepath.Join(toolDir, "pebble-challtestsrv"),
 		"-http01", "", "-https01", "", "-tlsalpn01", "", "-doh", "",
 		"-dnsserver", dnsAddr, "-management", chMgmt,
 		"-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""), nil)
 
-	listen, mgmt := freeTCPAddr(t), freeTCPAddr(t)
+	listen, mgmt := testsupport.ClosedAddr(t), testsupport.ClosedAddr(t)
 	conf := map[string]any{"pebble": map[string]any{
 		"listenAddress":                  listen,
 		"managementListenAddress":        mgmt,
@@ -165,7 +165,7 @@ func StartPebble(t testing.TB, cfg PebbleConfig) *Pebble {
 	p.DirectoryURL = "https://" + listen + "/dir"
 	p.mgmtURL = "https://" + mgmt
 
-	waitFor(t, 20*time.Second, "pebble directory", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "pebble directory", func() error {
 		resp, err := p.client.Get(p.DirectoryURL)
 		if err != nil {
 			return err
@@ -176,7 +176,7 @@ func StartPebble(t testing.TB, cfg PebbleConfig) *Pebble {
 		}
 		return nil
 	})
-	waitFor(t, 20*time.Second, "challtestsrv management", func() error {
+	testsupport.WaitForNil(t, 20*time.Second, "challtestsrv management", func() error {
 		return p.challPost("/set-default-ipv4", map[string]any{"ip": "127.0.0.1"})
 	})
 	return p
@@ -241,7 +241,7 @@ func (p *Pebble) OrderCount() int { return int(p.orders.Load()) }
 // the HTTP response that created the order by a moment.
 func (p *Pebble) WaitOrderCount(t testing.TB, want int) {
 	t.Helper()
-	waitFor(t, 5*time.Second, fmt.Sprintf("pebble order count %d", want), func() error {
+	testsupport.WaitForNil(t, 5*time.Second, fmt.Sprintf("pebble order count %d", want), func() error {
 		if got := p.OrderCount(); got != want {
 			return fmt.Errorf("order count %d", got)
 		}
@@ -331,16 +331,6 @@ func fqdn(name string) string {
 	return name + "."
 }
 
-func freeTCPAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("certstest: free port: %v", err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // freeUDPAndTCPAddr finds a port free for both, as the DNS server binds both.
 func freeUDPAndTCPAddr(t testing.TB) string {
 	t.Helper()
@@ -359,26 +349,6 @@ func freeUDPAndTCPAddr(t testing.TB) string {
 	}
 	t.Fatal("certstest: no port free for both udp and tcp")
 	return ""
-}
-
-// waitFor retries check until it succeeds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, check func() error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	delay := 10 * time.Millisecond
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("certstest: waiting for %s: %v", what, errors.Join(err, ctx.Err()))
-		case <-time.After(delay):
-		}
-		delay = min(delay*2, 200*time.Millisecond)
-	}
 }
 
 // PortOf returns the port of a listener address such as "127.0.0.1:8080".
