@@ -33,9 +33,11 @@
 //     stores a random token and its secret answer in the certificate
 //     storage (the fleet store when there is one) and sends
 //     GET http://<name>/.well-known/scafo-edge/reach/<token> through the
-//     system resolver; only an edge of this fleet, which reads the token
-//     from the same storage (ServeReach), can answer it. A name that does
-//     not answer costs no ACME traffic and is checked again after a
+//     system resolver, to a public address only (a name leading to a
+//     loopback or private address may reach an edge from here, never a
+//     public CA's validator); only an edge of this fleet, which reads the
+//     token from the same storage (ServeReach), can answer it. A name that
+//     does not answer costs no ACME traffic and is checked again after a
 //     growing interval (RetryBase doubling up to RetryMax), listed by
 //     Status and counted in a metric. The back-off is the queue's own: a
 //     real visitor's handshake still triggers on-demand issuance at once.

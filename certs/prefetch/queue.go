@@ -71,7 +71,10 @@ type Options struct {
 	// DefaultReachTimeout.
 	ReachTimeout time.Duration
 	// DialContext connects reachability checks to "<name>:80". Nil means a
-	// net.Dialer, through the system resolver; tests point it at loopback.
+	// net.Dialer through the system resolver that connects to public
+	// addresses only: a name leading to a loopback or private address does
+	// not reach the fleet as a public CA sees it. Tests point it at
+	// loopback.
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Now is the queue's clock for turns, back-offs and the budget. Nil
 	// means time.Now. Timers still run in real time: a test with a fake

@@ -11,7 +11,9 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -51,7 +53,7 @@ type prober struct {
 
 func newProber(storage certmagic.Storage, dial func(ctx context.Context, network, addr string) (net.Conn, error), timeout time.Duration) *prober {
 	if dial == nil {
-		dial = (&net.Dialer{Timeout: timeout}).DialContext
+		dial = (&net.Dialer{Timeout: timeout, Control: publicOnly}).DialContext
 	}
 	return &prober{
 		storage: storage,
@@ -70,6 +72,56 @@ func newProber(storage certmagic.Storage, dial func(ctx context.Context, network
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
 	}
+}
+
+// errNotPublic is why the default dialer refuses an address.
+var errNotPublic = errors.New("not a public address")
+
+// publicOnly refuses a connection to an address that is not public, as a
+// net.Dialer's Control (called with each resolved address, so a name with
+// several addresses is refused only those that are not public). A name
+// whose DNS leads to a loopback or private address can reach an edge of
+// this fleet from where the check runs (the edge itself, or its private
+// network), yet a public CA cannot validate it from the internet: the
+// order would fail validation, which is what the check is there to spare.
+func publicOnly(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("reach: dial %s: %w", address, err)
+	}
+	if !isPublic(ap.Addr()) {
+		return fmt.Errorf("reach: %s: %w", ap.Addr(), errNotPublic)
+	}
+	return nil
+}
+
+// nonPublic are the special-purpose ranges (RFC 6890 and its updates) that
+// netip.Addr's methods do not already cover: no public CA validates there.
+var nonPublic = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),       // "this network"
+	netip.MustParsePrefix("100.64.0.0/10"),   // shared address space (carrier-grade NAT)
+	netip.MustParsePrefix("192.0.0.0/24"),    // IETF protocol assignments
+	netip.MustParsePrefix("192.0.2.0/24"),    // documentation
+	netip.MustParsePrefix("198.18.0.0/15"),   // benchmarking
+	netip.MustParsePrefix("198.51.100.0/24"), // documentation
+	netip.MustParsePrefix("203.0.113.0/24"),  // documentation
+	netip.MustParsePrefix("240.0.0.0/4"),     // reserved, and the broadcast address
+	netip.MustParsePrefix("2001:db8::/32"),   // documentation
+}
+
+// isPublic reports whether a is a global unicast address outside the
+// special-purpose ranges.
+func isPublic(a netip.Addr) bool {
+	a = a.Unmap()
+	if !a.IsGlobalUnicast() || a.IsPrivate() {
+		return false
+	}
+	for _, p := range nonPublic {
+		if p.Contains(a) {
+			return false
+		}
+	}
+	return true
 }
 
 func randomHex(n int) string {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"path"
 	"testing"
 	"time"
@@ -117,6 +118,62 @@ func TestServeReachIgnoresOtherPaths(t *testing.T) {
 		w := httptest.NewRecorder()
 		if ServeReach(w, httptest.NewRequest(http.MethodGet, target, nil), storage, "example.test") {
 			t.Errorf("ServeReach(%q) answered %d", target, w.Code)
+		}
+	}
+}
+
+// TestReachDefaultDialer checks through the system resolver: a name whose
+// DNS leads to a loopback address reaches the edge itself from here, but
+// no public CA can validate it there, so it does not count.
+func TestReachDefaultDialer(t *testing.T) {
+	storage := newStorage(t)
+	// An edge answering for the Host exactly as sent, port included, so
+	// that a "name" of 127.0.0.1:<port> reaches it through the default
+	// dialer.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !ServeReach(w, r, storage, r.Host) {
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	p := newProber(storage, nil, 5*time.Second)
+	if err := p.check(context.Background(), srv.Listener.Addr().String()); !errors.Is(err, ErrUnreachable) || !errors.Is(err, errNotPublic) {
+		t.Fatalf("check of a name leading to loopback = %v, want ErrUnreachable for an address not public", err)
+	}
+	// The same edge does answer when the check may connect there.
+	p = newProber(storage, dialTo(srv.Listener.Addr().String()), 5*time.Second)
+	if err := p.check(context.Background(), srv.Listener.Addr().String()); err != nil {
+		t.Fatalf("check through a loopback dialer = %v, want nil", err)
+	}
+}
+
+func TestIsPublic(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		want bool
+	}{
+		{"93.184.215.14", true},
+		{"2606:2800:21f:cb07:6820:80da:af6b:8b2c", true},
+		{"::ffff:93.184.215.14", true},
+		{"127.0.0.1", false},
+		{"::1", false},
+		{"::ffff:127.0.0.1", false},
+		{"10.1.2.3", false},
+		{"172.16.0.1", false},
+		{"192.168.1.1", false},
+		{"fd00::1", false},
+		{"169.254.169.254", false},
+		{"fe80::1", false},
+		{"100.64.0.1", false},
+		{"0.0.0.0", false},
+		{"::", false},
+		{"224.0.0.1", false},
+		{"255.255.255.255", false},
+		{"192.0.2.1", false},
+		{"2001:db8::1", false},
+	} {
+		if got := isPublic(netip.MustParseAddr(tc.addr)); got != tc.want {
+			t.Errorf("isPublic(%s) = %v, want %v", tc.addr, got, tc.want)
 		}
 	}
 }
