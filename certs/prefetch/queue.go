@@ -26,8 +26,9 @@ const (
 )
 
 // maxNames bounds the queue; names come from the routing document, so
-// only a very large document reaches it. Names beyond it are left to
-// on-demand issuance.
+// only a very large document reaches it. Beyond it the oldest names are
+// left to on-demand issuance, so that a name the latest document adds is
+// never kept out by older ones (newest first).
 const maxNames = 10000
 
 // Certs is what the queue asks of certificate management. All are
@@ -220,7 +221,8 @@ func (q *Queue) Kick() {
 // Update hands the queue the live document's names (route hosts and API
 // hosts, in document order), after the document is live. Certifiable names
 // not in the previous document are queued, ahead of those queued before;
-// queued names no longer in the document are dropped.
+// queued names no longer in the document are dropped, and so are the
+// oldest beyond maxNames.
 func (q *Queue) Update(names []string) {
 	// Certifiable is the caller's code: asked without the lock, and only
 	// for names new to the queue (present is replaced, never modified).
@@ -235,14 +237,21 @@ func (q *Queue) Update(names []string) {
 	q.gen++
 	next := make(map[string]bool, len(names))
 	now := q.now()
+	added, dropped := 0, 0
 	for i, n := range names {
 		if next[n] {
 			continue
 		}
 		next[n] = true
-		if !certifiable[i] || q.present[n] || q.queue[n] != nil || len(q.queue) >= maxNames {
+		if !certifiable[i] || q.present[n] || q.queue[n] != nil {
 			continue
 		}
+		if added == maxNames {
+			// Behind maxNames newer names: it would be trimmed below.
+			dropped++
+			continue
+		}
+		added++
 		q.queue[n] = &entry{Entry: Entry{Name: n, State: Waiting, Added: now, Next: now}, gen: q.gen, seq: i}
 	}
 	for n, e := range q.queue {
@@ -252,9 +261,31 @@ func (q *Queue) Update(names []string) {
 			q.metrics.result("removed")
 		}
 	}
+	dropped += q.trimLocked()
 	q.present = next
 	q.mu.Unlock()
+	if dropped > 0 {
+		q.log.Warn().Int("names", dropped).Int("queue", maxNames).Msg("certificate prefetch: queue full; its oldest names are left to on-demand issuance")
+	}
 	q.Kick()
+}
+
+// trimLocked drops the oldest queued names beyond maxNames, except those
+// at work, and returns how many it dropped.
+func (q *Queue) trimLocked() int {
+	over := len(q.queue) - maxNames
+	if over <= 0 {
+		return 0
+	}
+	es := q.sortedLocked()
+	n := 0
+	for i := len(es) - 1; i >= 0 && n < over; i-- {
+		if es[i].State != Working {
+			delete(q.queue, es[i].Name)
+			n++
+		}
+	}
+	return n
 }
 
 // Status lists the queued names, newest first.

@@ -2,6 +2,7 @@ package prefetch
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -152,6 +153,37 @@ func TestQueueOrder(t *testing.T) {
 		testsupport.WaitFor(t, 10*time.Second, "an empty queue", func() bool { return len(q.Status()) == 0 })
 		if got := f.ordered(); !slices.Equal(got, []string{"new.test"}) {
 			t.Errorf("orders = %q, want only new.test", got)
+		}
+	})
+
+	t.Run("a full queue keeps the first names of a large document and makes room for newer ones", func(t *testing.T) {
+		names := make([]string, maxNames+1)
+		for i := range names {
+			names[i] = fmt.Sprintf("n%05d.test", i)
+		}
+		f := newFakeCerts(append(names, "new.test")...)
+		f.gate = make(chan struct{}) // never opened: the first name stays at work
+		q := startQueue(t, f, newStorage(t), Options{Workers: 1})
+		q.Update(names)
+		if got := nextOrder(t, f); got != names[0] {
+			t.Fatalf("first order = %q, want %q", got, names[0])
+		}
+		if got := len(q.Status()); got != maxNames {
+			t.Fatalf("queue holds %d names, want %d", got, maxNames)
+		}
+		if got := stateOf(q, names[maxNames]); got != "" {
+			t.Fatalf("the name past the bound is %q, want not queued", got)
+		}
+		q.Update(append(names, "new.test"))
+		st := q.Status()
+		if len(st) != maxNames || st[0].Name != "new.test" {
+			t.Fatalf("queue after a newer name = %d names, first %q; want %d, new.test first", len(st), st[0].Name, maxNames)
+		}
+		if got := stateOf(q, names[maxNames-1]); got != "" {
+			t.Errorf("the oldest name %s is %q, want dropped for the newer one", names[maxNames-1], got)
+		}
+		if got := stateOf(q, names[0]); got != Working {
+			t.Errorf("the name at work is %q, want still working", got)
 		}
 	})
 
