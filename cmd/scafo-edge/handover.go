@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/scafo/scafo-edge/handover"
 	"github.com/scafo/scafo-edge/node"
@@ -172,13 +173,10 @@ func handOff(h *handover.Handoff, c *config, p *parts, sv *servers, stopSource, 
 		StopWork: func() *node.Update {
 			stopSource()
 			stopTLS()
-			doc, err := node.LoadDocument(p.db)
+			doc, err := handedDocument(p.db, p.source.Status())
 			if err != nil {
 				log.Warn().Err(err).Msg("handover: persisted routing document unreadable; the successor waits for its source")
 				return nil
-			}
-			if doc != nil {
-				doc.Stale = p.source.Status().Stale
 			}
 			return doc
 		},
@@ -199,6 +197,20 @@ func handOff(h *handover.Handoff, c *config, p *parts, sv *servers, stopSource, 
 	if err := sv.requests.Wait(ctx); err != nil {
 		log.Warn().Msg("handover: shutdown timeout passed with upgraded connections (WebSockets) still open; closing them")
 	}
+}
+
+// handedDocument is the routing document an old edge hands over: the one
+// persisted in db (nil: none), fresh only if the source confirmed it and it
+// is the one served. Saving a change can fail (runSource logs it and serves
+// the new table anyway); the persisted document is then older than the one
+// the source confirmed, and must not travel as fresh.
+func handedDocument(db *bolt.DB, st node.PollStatus) (*node.Update, error) {
+	doc, err := node.LoadDocument(db)
+	if err != nil || doc == nil {
+		return nil, err
+	}
+	doc.Stale = st.Stale || st.Fingerprint != doc.Fingerprint
+	return doc, nil
 }
 
 // resetKey is the state directory's key for HTTP/3 stateless resets,
