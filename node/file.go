@@ -25,20 +25,33 @@ type FileSource struct {
 	path string
 }
 
-// NewFileSource returns a FileSource for path, polled every interval
-// (zero: 5s, jittered by ±10%). The zero log logs nothing; a nil reg
-// registers no metrics. Nothing is read until Run.
-func NewFileSource(path string, interval time.Duration, log zerolog.Logger, reg prometheus.Registerer) (*FileSource, error) {
-	if path == "" {
+// FileSourceOptions configures a FileSource.
+type FileSourceOptions struct {
+	// Path is the routes file. Required.
+	Path string
+	// Interval between reads, jittered by ±10%. Zero: 5s.
+	Interval time.Duration
+	// Log receives failures (once per cause), recoveries and changes. The
+	// zero value logs nothing.
+	Log zerolog.Logger
+	// Registerer receives the scafo_edge_routing_* collectors. Nil: no
+	// metrics.
+	Registerer prometheus.Registerer
+}
+
+// NewFileSource checks opts and returns a FileSource; nothing is read
+// until Run.
+func NewFileSource(opts FileSourceOptions) (*FileSource, error) {
+	if opts.Path == "" {
 		return nil, fmt.Errorf("routes file: empty path")
 	}
-	f := &FileSource{path: path}
+	f := &FileSource{path: opts.Path}
 	f.loop = loop{
-		source:   "file " + path,
-		interval: interval,
+		source:   "file " + opts.Path,
+		interval: opts.Interval,
 		maxSize:  MaxDocumentSize,
 		fetch:    f.read,
-		log:      log,
+		log:      opts.Log,
 		now:      time.Now,
 	}
 	if f.interval <= 0 {
@@ -46,7 +59,7 @@ func NewFileSource(path string, interval time.Duration, log zerolog.Logger, reg 
 	}
 	f.st.Source = f.source
 	var err error
-	if f.m, err = newMetrics(reg, &f.loop); err != nil {
+	if f.m, err = newMetrics(opts.Registerer, &f.loop); err != nil {
 		return nil, err
 	}
 	return f, nil

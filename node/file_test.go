@@ -42,7 +42,7 @@ func TestFileSource(t *testing.T) {
 	writeFile(t, path, mustJSON(t, testDoc("a.example")))
 	logs := &testsupport.SyncBuffer{}
 	reg := prometheus.NewPedanticRegistry()
-	fs, err := node.NewFileSource(path, interval, zerolog.New(logs), reg)
+	fs, err := node.NewFileSource(node.FileSourceOptions{Path: path, Interval: interval, Log: zerolog.New(logs), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestFileSource(t *testing.T) {
 
 func TestFileSourceStartsWithoutTheFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "routes.json")
-	fs, err := node.NewFileSource(path, interval, zeroLog(), nil)
+	fs, err := node.NewFileSource(node.FileSourceOptions{Path: path, Interval: interval, Log: zeroLog()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -145,7 +145,12 @@ func (p *parts) runSource(log zerolog.Logger, changed func(*edge.Table)) (stop f
 func newSource(c *config, token string, log zerolog.Logger, reg prometheus.Registerer) (node.Source, string, error) {
 	slog := log.With().Str("component", "source").Logger()
 	if c.routesFile != "" {
-		src, err := node.NewFileSource(c.routesFile, c.pollInterval, slog, reg)
+		src, err := node.NewFileSource(node.FileSourceOptions{
+			Path:       c.routesFile,
+			Interval:   c.pollInterval,
+			Log:        slog,
+			Registerer: reg,
+		})
 		return src, "file " + c.routesFile, err
 	}
 	src, err := node.NewPoller(node.PollerOptions{
