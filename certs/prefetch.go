@@ -3,6 +3,7 @@ package certs
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/caddyserver/certmagic"
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,7 @@ func (m *Manager) startPrefetch(opts prefetch.Options, reg prometheus.Registerer
 	}
 	q, err := prefetch.New(prefetch.Certs{
 		Certifiable: m.prefetchable,
+		HeldBack:    m.heldBack,
 		Held:        m.holds,
 		Obtain:      m.obtain,
 		Storage:     m.cfg.Storage,
@@ -59,11 +61,20 @@ func (m *Manager) PrefetchStatus() []prefetch.Entry {
 }
 
 // prefetchable reports whether name may be prefetched: on-demand issuance
-// would approve it now (the same rules, decision.go), and no wildcard base
-// covers it (the wildcard certificate, managed from start, serves it).
+// would approve it (the same rules, decision.go), but for a back-off after
+// a failed issuance, which the queue waits out (heldBack) instead of
+// dropping a name still in the document; and no wildcard base covers it
+// (the wildcard certificate, managed from start, serves it).
 func (m *Manager) prefetchable(name string) bool {
-	_, err := m.refusal(name)
-	return err == nil && !m.underBase(name)
+	reason, err := m.refusal(name)
+	return (err == nil || reason == "backoff") && !m.underBase(name)
+}
+
+// heldBack returns until when on-demand issuance holds name back after a
+// failed issuance, or the zero time.
+func (m *Manager) heldBack(name string) time.Time {
+	until, _ := m.backoff.active(name)
+	return until
 }
 
 // holds reports whether a certificate covering name is in memory or in

@@ -302,3 +302,44 @@ func TestPrefetchFleetOneOrderPerName(t *testing.T) {
 		t.Errorf("orders = %d, want %d (one per name)", got, len(doc))
 	}
 }
+
+// TestPrefetchFailedOrderWaitsOutTheBackOff: a name that reaches the edge
+// but fails validation costs one prefetched order, then stays listed as
+// failed until on-demand issuance's back-off for it ends, rather than being
+// dropped as if it had left the document once prefetch's shorter back-off
+// ended.
+func TestPrefetchFailedOrderWaitsOutTheBackOff(t *testing.T) {
+	e := newTestEdge(t)
+	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: e.httpPort, TLSPort: e.httpsPort})
+	// The check is answered, but Pebble's validator resolves the name to
+	// an address nothing listens on.
+	pb.SetA(t, "broken.test", "127.0.0.2")
+	reg := prometheus.NewRegistry()
+	opts := prefetchOptions(pb, newNameSet("broken.test"), reg, &prefetch.Options{
+		RetryBase:   50 * time.Millisecond,
+		RetryMax:    100 * time.Millisecond,
+		DialContext: dialRoutes(e.httpLn.Addr().String(), nil),
+	})
+	opts.FailureBackoffBase = time.Hour
+	m := e.start(t, t.TempDir(), opts)
+	m.Prefetch([]string{"broken.test"})
+	testsupport.WaitFor(t, 60*time.Second, "broken.test listed as failed until the on-demand back-off ends", func() bool {
+		en, ok := prefetchEntry(m, "broken.test")
+		return ok && en.State == prefetch.Failed && en.Failures == 1 && en.Next.After(time.Now().Add(30*time.Minute))
+	})
+	orders := pb.OrderCount()
+	if got := series(t, reg, "scafo_edge_tls_issuances_total", testsupport.Labels{"result": "failed", "kind": "new"}); got != 1 {
+		t.Errorf("failed issuances = %v, want 1", got)
+	}
+	// A document change asks again; the name waits on.
+	m.Prefetch([]string{"broken.test"})
+	if en, ok := prefetchEntry(m, "broken.test"); !ok || en.State != prefetch.Failed {
+		t.Errorf("broken.test after an unchanged document = %+v, %v; want still failed", en, ok)
+	}
+	if got := series(t, reg, "scafo_edge_tls_prefetch_turns_total", testsupport.Labels{"result": "removed"}); got != 0 {
+		t.Errorf("removed turns = %v, want 0: the name never left the document", got)
+	}
+	if got := pb.OrderCount(); got != orders {
+		t.Errorf("orders = %d, want %d: none during the back-off", got, orders)
+	}
+}

@@ -55,7 +55,9 @@
 // A failed order (the name reached the fleet, yet validation failed) backs
 // the name off like an unreachable one; the certs package also counts it
 // as a failed issuance, so on-demand issuance waits out its own back-off
-// for that name as after any failed validation.
+// for that name as after any failed validation. The queue keeps the name,
+// listed as failed, and orders nothing for it before that back-off ends
+// either (Certs.HeldBack), whatever started it.
 //
 // It knows nothing about ACME, routing or certmagic's configuration: the
 // certs package hands it the decision, storage look-up and obtain calls.

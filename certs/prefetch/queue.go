@@ -34,10 +34,15 @@ const maxNames = 10000
 // Certs is what the queue asks of certificate management. All are
 // required and must be safe for concurrent use.
 type Certs struct {
-	// Certifiable reports whether on-demand issuance would approve name
-	// now and no wildcard certificate covers it. Asked at the name's turn,
-	// and again just before ordering.
+	// Certifiable reports whether on-demand issuance would approve name,
+	// a back-off after a failed issuance aside (HeldBack), and no wildcard
+	// certificate covers it. Asked at the name's turn, and again just
+	// before ordering.
 	Certifiable func(name string) bool
+	// HeldBack returns until when on-demand issuance holds name back after
+	// a failed issuance; the zero time when it does not. The queue keeps
+	// such a name and orders nothing for it before then. Nil: never.
+	HeldBack func(name string) time.Time
 	// Held reports whether a certificate for name is held in memory or in
 	// storage.
 	Held func(ctx context.Context, name string) bool
@@ -99,7 +104,8 @@ const (
 	Budget State = "budget"
 	// Unreachable: the name did not reach the fleet; it is checked again at Next.
 	Unreachable State = "unreachable"
-	// Failed: the order failed; it is tried again at Next.
+	// Failed: the order failed; it is tried again at Next, once on-demand
+	// issuance's back-off for it has ended too.
 	Failed State = "failed"
 	// Elsewhere: another edge of the fleet is working on the name.
 	Elsewhere State = "elsewhere"
@@ -377,7 +383,7 @@ func (q *Queue) holdLocked(e *entry, now time.Time, d time.Duration) {
 
 // outcome is what one turn did with a name.
 type outcome struct {
-	result string        // metric label: obtained, held, removed, elsewhere, unreachable, failed
+	result string        // metric label: obtained, held, removed, elsewhere, unreachable, failed, backoff
 	retry  time.Duration // >0: the name stays queued and comes back then
 	err    error
 }
@@ -428,6 +434,9 @@ func (q *Queue) turn(ctx context.Context, name string) outcome {
 	if !q.wanted(name) {
 		return outcome{result: "removed"}
 	}
+	if o, ok := q.heldBack(name); ok {
+		return o
+	}
 	if q.certs.Held(ctx, name) {
 		return outcome{result: "held"}
 	}
@@ -460,9 +469,13 @@ func (q *Queue) turn(ctx context.Context, name string) outcome {
 		}
 		return q.failed(name, res, err)
 	}
-	// The check took a while: the name may have left the document.
+	// The check took a while: the name may have left the document, or a
+	// visitor's failed issuance may hold it back.
 	if !q.wanted(name) {
 		return outcome{result: "removed"}
+	}
+	if o, ok := q.heldBack(name); ok {
+		return o
 	}
 	start := q.now()
 	q.budget.spend(name, start)
@@ -485,8 +498,33 @@ func (q *Queue) wanted(name string) bool {
 	return present && q.certs.Certifiable(name)
 }
 
+// heldBack returns the outcome of a turn that finds on-demand issuance
+// holding name back after a failed issuance: the name stays queued until
+// the back-off ends, since an order before then is one on-demand issuance
+// would refuse.
+func (q *Queue) heldBack(name string) (outcome, bool) {
+	d := q.heldBackFor(name)
+	if d <= 0 {
+		return outcome{}, false
+	}
+	return outcome{result: "backoff", retry: d}, true
+}
+
+// heldBackFor returns how long on-demand issuance still holds name back.
+func (q *Queue) heldBackFor(name string) time.Duration {
+	if q.certs.HeldBack == nil {
+		return 0
+	}
+	until := q.certs.HeldBack(name)
+	if until.IsZero() {
+		return 0
+	}
+	return until.Sub(q.now())
+}
+
 // failed counts a failure for name and returns its back-off: RetryBase,
-// doubled for each failure in a row, at most RetryMax.
+// doubled for each failure in a row, at most RetryMax, and no shorter than
+// on-demand issuance's back-off for it (a failed order starts one).
 func (q *Queue) failed(name, result string, err error) outcome {
 	q.mu.Lock()
 	n := 1
@@ -496,7 +534,7 @@ func (q *Queue) failed(name, result string, err error) outcome {
 		n = e.Failures
 	}
 	q.mu.Unlock()
-	d := backoff(q.base, q.max, n)
+	d := max(backoff(q.base, q.max, n), q.heldBackFor(name))
 	q.log.Info().Err(err).Str("name", name).Dur("retry_in", d).Msg("certificate prefetch: " + result)
 	return outcome{result: result, retry: d, err: err}
 }

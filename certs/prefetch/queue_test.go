@@ -35,10 +35,12 @@ type fakeCerts struct {
 	orders    []string
 	gate      chan struct{}
 	obtaining chan string
+	// until holds names back as on-demand issuance's back-off does.
+	until map[string]time.Time
 }
 
 func newFakeCerts(names ...string) *fakeCerts {
-	f := &fakeCerts{allowed: map[string]bool{}, held: map[string]bool{}, obtaining: make(chan string, 100)}
+	f := &fakeCerts{allowed: map[string]bool{}, held: map[string]bool{}, obtaining: make(chan string, 100), until: map[string]time.Time{}}
 	for _, n := range names {
 		f.allowed[n] = true
 	}
@@ -51,6 +53,11 @@ func (f *fakeCerts) certs(storage certmagic.Storage) Certs {
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			return f.allowed[name]
+		},
+		HeldBack: func(name string) time.Time {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			return f.until[name]
 		},
 		Held: func(_ context.Context, name string) bool {
 			f.mu.Lock()
@@ -237,6 +244,31 @@ func TestQueueBackOff(t *testing.T) {
 	}
 	if got := f.ordered(); len(got) != 0 {
 		t.Errorf("orders for an unreachable name: %q", got)
+	}
+}
+
+// TestQueueWaitsOutOnDemandBackOff: a name on-demand issuance holds back
+// after a failed issuance stays queued and is ordered only once the
+// back-off ends, however short the queue's own.
+func TestQueueWaitsOutOnDemandBackOff(t *testing.T) {
+	var skew atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	f := newFakeCerts("a.test")
+	until := now().Add(time.Hour)
+	f.until["a.test"] = until
+	q := startQueue(t, f, newStorage(t), Options{Now: now, RetryBase: time.Millisecond})
+	q.Update([]string{"a.test"})
+	testsupport.WaitFor(t, 10*time.Second, "a.test waiting out the back-off", func() bool {
+		st := q.Status()
+		return len(st) == 1 && st[0].State == Failed && !st[0].Next.Before(until)
+	})
+	if got := f.ordered(); len(got) != 0 {
+		t.Fatalf("orders during the back-off: %q", got)
+	}
+	skew.Add(int64(time.Hour))
+	q.Kick()
+	if got := nextOrder(t, f); got != "a.test" {
+		t.Errorf("order after the back-off = %q, want a.test", got)
 	}
 }
 
