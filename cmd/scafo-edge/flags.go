@@ -15,40 +15,40 @@ import (
 // environment variable (DESIGN.md, "The contract"); a flag given on the
 // command line wins over the environment, which wins over the default.
 type config struct {
-	node             string
-	routesFile       string
-	token            string
-	tokenFile        string
-	prefer           string
-	pollInterval     time.Duration
-	httpAddr         string
-	httpsAddr        string
-	adminAddr        string
-	stateDir         string
-	tlsMode          string
-	acmeCA           string
-	acmeCARoot       string
-	acmeEmail        string
-	dnsProvider      string
-	wildcardDomains  string
-	certStore        string
-	certPrefetch     bool
-	prefetchPerHour  int
-	trustedProxies   string
-	dialTimeout      time.Duration
-	responseTimeout  time.Duration
-	shutdownTimeout  time.Duration
-	logLevel         string
-	logFormat        string
-	accessLog        bool
-	accessLogRate    int
-	readHeaderTimout time.Duration
-	proxyProtocol    string
-	sendTimeout      time.Duration
-	http3            bool
-	handover         bool
-	idleTimeout      time.Duration
-	maxHeaderBytes   int
+	node              string
+	routesFile        string
+	token             string
+	tokenFile         string
+	prefer            string
+	pollInterval      time.Duration
+	httpAddr          string
+	httpsAddr         string
+	adminAddr         string
+	stateDir          string
+	tlsMode           string
+	acmeCA            string
+	acmeCARoot        string
+	acmeEmail         string
+	dnsProvider       string
+	wildcardDomains   string
+	certStore         string
+	certPrefetch      bool
+	prefetchPerHour   int
+	trustedProxies    string
+	dialTimeout       time.Duration
+	responseTimeout   time.Duration
+	shutdownTimeout   time.Duration
+	logLevel          string
+	logFormat         string
+	accessLog         bool
+	accessLogRate     int
+	readHeaderTimeout time.Duration
+	proxyProtocol     string
+	sendTimeout       time.Duration
+	http3             bool
+	handover          bool
+	idleTimeout       time.Duration
+	maxHeaderBytes    int
 }
 
 // flagDoc is one documented flag: the README's flag table is generated from
@@ -155,7 +155,7 @@ func serveFlags(c *config) *flagSet {
 	fs.stringVar(&c.httpsAddr, "https-addr", "SCAFO_EDGE_HTTPS_ADDR", ":443", "HTTPS listener (unused with --tls off)")
 	fs.stringVar(&c.adminAddr, "admin-addr", "SCAFO_EDGE_ADMIN_ADDR", ":9180", "admin listener: /metrics, /healthz, /readyz, status page")
 	fs.durationVar(&c.shutdownTimeout, "shutdown-timeout", "SCAFO_EDGE_SHUTDOWN_TIMEOUT", 30*time.Second, "how long in-flight requests may run after SIGTERM")
-	fs.durationVar(&c.readHeaderTimout, "read-header-timeout", "SCAFO_EDGE_READ_HEADER_TIMEOUT", 10*time.Second, "time a client has to send its request headers (slowloris bound)")
+	fs.durationVar(&c.readHeaderTimeout, "read-header-timeout", "SCAFO_EDGE_READ_HEADER_TIMEOUT", 10*time.Second, "time a client has to send its request headers (slowloris bound)")
 	fs.durationVar(&c.sendTimeout, "send-timeout", "SCAFO_EDGE_SEND_TIMEOUT", 60*time.Second, "close a client connection, or give up on an upstream, when one write to it makes no progress this long (a peer that stopped reading); streams that keep flowing are not cut (0: never)")
 	fs.durationVar(&c.idleTimeout, "idle-timeout", "SCAFO_EDGE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive client connection is kept")
 	fs.intVar(&c.maxHeaderBytes, "max-header-bytes", "SCAFO_EDGE_MAX_HEADER_BYTES", 64<<10, "largest request header block accepted (431 beyond)")

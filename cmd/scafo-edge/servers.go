@@ -90,9 +90,9 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	// and HTTP, so the client address reaches logs and forwarded headers.
 	// The gate goes on last, right below TLS: it sees what each connection
 	// receives, to know when the ones accepted have arrived.
-	sv.httpLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(sv.httpLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimout))
+	sv.httpLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(sv.httpLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
 	if sv.httpsLn != nil {
-		sv.httpsLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(sv.httpsLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimout))
+		sv.httpsLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(sv.httpsLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
 	}
 	sv.adminLn = sv.gate.Listener(sv.adminLn)
 	status := &admin.Server{Live: p.live, Source: p.source, Registry: p.reg, Proxy: p.proxy, Token: p.token,
@@ -122,7 +122,7 @@ func (sv *servers) newServer(c *config, p *parts, h http.Handler, tlsConf *tls.C
 		// Slowloris bounds: headers must arrive in time and within a
 		// size; bodies and responses have no deadline, so uploads,
 		// long polls and streams run as long as they need.
-		ReadHeaderTimeout: c.readHeaderTimout,
+		ReadHeaderTimeout: c.readHeaderTimeout,
 		IdleTimeout:       c.idleTimeout,
 		MaxHeaderBytes:    c.maxHeaderBytes,
 		TLSConfig:         tlsConf,
