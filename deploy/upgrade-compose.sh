@@ -10,7 +10,8 @@
 # sockets over <state-dir>/handover.sock, and the old container drains and
 # exits 0 by itself (within --shutdown-timeout), after which it is removed.
 # If the new container does not take over, it is removed and the old one
-# keeps serving, its restart policy restored.
+# keeps serving, its restart policy restored; if it took over and then
+# stopped, the old one (draining towards its exit by then) is restarted.
 #
 # Environment: SCAFO_EDGE_PROJECT (default scafo-edge), SCAFO_EDGE_COMPOSE_FILE
 # (default compose.yaml next to this script), SCAFO_EDGE_UPGRADE_TIMEOUT in
@@ -39,17 +40,36 @@ compose up -d --no-deps --no-recreate --scale edge=2 edge
 new=$(compose ps -q edge | grep -v "^$old" | head -n 1)
 echo "started $new; waiting for $old to hand over and drain"
 
+# The old edge's own log says whether it gave its sockets away: from then
+# on it is stopping, whatever becomes of the new one.
+handed_over() { docker logs "$old" 2>&1 | grep -q 'handover: a new edge took the listening sockets'; }
+
+# give_up removes the new container and restores the old one's restart
+# policy. An old edge that has not handed over keeps serving; one that has
+# is draining towards its exit and nothing else would serve after it, so it
+# is restarted (it binds the ports itself once the new one has let them go).
+give_up() {
+	echo "the new edge did not take over or did not stay up (see: docker logs $new)" >&2
+	if [ -n "$new" ]; then docker rm -f "$new" >/dev/null; fi
+	docker update --restart="$policy" "$old" >/dev/null
+	if handed_over; then
+		echo "$old had handed over already: restarting it" >&2
+		docker restart "$old" >/dev/null
+	else
+		echo "keeping $old" >&2
+	fi
+	exit 1
+}
+
 i=0
 while running "$old"; do
 	if [ -z "$new" ] || ! running "$new" || [ "$i" -ge "$timeout" ]; then
-		echo "the new edge did not take over (see: docker logs $new); keeping $old" >&2
-		[ -n "$new" ] && docker rm -f "$new" >/dev/null
-		docker update --restart="$policy" "$old" >/dev/null
-		exit 1
+		give_up
 	fi
 	i=$((i + 1))
 	sleep 1
 done
+running "$new" || give_up
 
 code=$(docker inspect -f '{{.State.ExitCode}}' "$old")
 if [ "$code" != 0 ]; then
