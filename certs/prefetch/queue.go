@@ -507,7 +507,7 @@ func (q *Queue) heldBack(name string) (outcome, bool) {
 	if d <= 0 {
 		return outcome{}, false
 	}
-	return outcome{result: "backoff", retry: d}, true
+	return outcome{result: "backoff", retry: d, err: fmt.Errorf("on-demand issuance holds the name back for %v after a failed issuance", d.Round(time.Second))}, true
 }
 
 // heldBackFor returns how long on-demand issuance still holds name back.

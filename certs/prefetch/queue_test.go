@@ -260,7 +260,7 @@ func TestQueueWaitsOutOnDemandBackOff(t *testing.T) {
 	q.Update([]string{"a.test"})
 	testsupport.WaitFor(t, 10*time.Second, "a.test waiting out the back-off", func() bool {
 		st := q.Status()
-		return len(st) == 1 && st[0].State == Failed && !st[0].Next.Before(until)
+		return len(st) == 1 && st[0].State == Failed && !st[0].Next.Before(until) && st[0].Error != ""
 	})
 	if got := f.ordered(); len(got) != 0 {
 		t.Fatalf("orders during the back-off: %q", got)
