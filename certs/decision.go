@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/scafo/scafo-edge/internal/hostname"
 )
 
 // Refusal causes, returned to certmagic by the decision function.
@@ -24,22 +26,26 @@ var (
 // renewing one on demand; a refusal costs no storage access and no ACME
 // traffic.
 func (m *Manager) decide(_ context.Context, name string) error {
-	if reason, err := m.refusal(normalizeHost(name)); err != nil {
+	if reason, err := m.refusal(name); err != nil {
 		m.metrics.refusals.WithLabelValues(reason).Inc()
 		return err
 	}
 	return nil
 }
 
-// refusal returns why a certificate may not be requested for name
-// (normalised) now, and the metric's reason label; nil when it may. It is
-// the rule for on-demand issuance and for prefetching alike.
+// refusal returns why a certificate may not be requested for name now,
+// and the metric's reason label; nil when it may. It is the rule for
+// on-demand issuance and for prefetching alike. name is spelled as
+// certmagic or the caller has it; a name hostname.Normalise finds malformed
+// is one no document names.
 func (m *Manager) refusal(name string) (string, error) {
-	switch {
-	case strings.HasPrefix(name, "*."):
-		// DESIGN.md rule 8: the wildcard key exists for routing only.
+	if strings.HasPrefix(name, "*.") {
+		// DESIGN.md rule 8: the wildcard key exists for routing only. It
+		// is told apart before normalising, which refuses any "*".
 		return "wildcard", errWildcardKey
-	case m.allowed == nil || !m.allowed(name):
+	}
+	name, ok := hostname.Normalise(name)
+	if !ok || m.allowed == nil || !m.allowed(name) {
 		return "not_named", errNotNamed
 	}
 	if until, ok := m.backoff.active(name); ok {

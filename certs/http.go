@@ -8,6 +8,7 @@ import (
 	"github.com/caddyserver/certmagic"
 
 	"github.com/scafo/scafo-edge/certs/prefetch"
+	"github.com/scafo/scafo-edge/internal/hostname"
 )
 
 // HTTPHandler wraps the plain-HTTP listener's handler. It answers ACME
@@ -27,7 +28,8 @@ func (m *Manager) HTTPHandler(next http.Handler) http.Handler {
 		if m.acme != nil && certmagic.LooksLikeHTTPChallenge(r) && m.acme.HandleHTTPChallenge(w, r) {
 			return
 		}
-		host := normalizeHost(r.Host)
+		// A malformed Host is "": passed on, for the edge to answer 400.
+		host, _ := hostname.Normalise(r.Host)
 		// A prefetch reachability check from any edge of the fleet: its
 		// token is in the (shared) storage.
 		if prefetch.LooksLikeReach(r) && prefetch.ServeReach(w, r, m.cfg.Storage, host) {
@@ -42,11 +44,8 @@ func (m *Manager) HTTPHandler(next http.Handler) http.Handler {
 }
 
 // httpsAvailable reports whether host has a certificate in memory or may be
-// issued one on demand.
+// issued one on demand. host is normalised, so never a "*.<base>" key.
 func (m *Manager) httpsAvailable(host string) bool {
-	if strings.HasPrefix(host, "*.") {
-		return false
-	}
 	if m.allowed != nil && m.allowed(host) {
 		return true
 	}

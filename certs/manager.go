@@ -32,6 +32,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/scafo/scafo-edge/certs/prefetch"
+	"github.com/scafo/scafo-edge/internal/hostname"
 )
 
 // Mode selects where certificates come from.
@@ -407,7 +408,7 @@ func (m *Manager) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, 
 		m.metrics.handshakes.WithLabelValues("challenge").Inc()
 		return m.cfg.GetCertificate(hello)
 	}
-	name := normalizeHost(hello.ServerName)
+	name, _ := hostname.Normalise(hello.ServerName)
 	cfg := m.cfg
 	// A name a held wildcard covers is served by the config that manages
 	// the wildcard: no on-demand maintenance, never an issuance.
@@ -459,14 +460,18 @@ func (m *Manager) cancelPending(name string) {
 }
 
 // Covers reports whether the certificate served for sni covers host, for
-// the edge's 421 rule. Both are compared lower-cased, without port or
-// trailing dot; equal names always cover each other.
+// the edge's 421 rule. Both are compared normalised (hostname.Normalise);
+// equal names always cover each other, a malformed one covers nothing.
 func (m *Manager) Covers(sni, host string) bool {
-	sni, host = normalizeHost(sni), normalizeHost(host)
+	sni, sniOK := hostname.Normalise(sni)
+	host, hostOK := hostname.Normalise(host)
+	if !sniOK || !hostOK {
+		return false
+	}
 	if sni == host {
 		return true
 	}
-	if m.mode == ModeOff || sni == "" {
+	if m.mode == ModeOff {
 		return false
 	}
 	for _, c := range m.cache.AllMatchingCertificates(sni) {
@@ -556,16 +561,6 @@ func (m *Manager) Stop() {
 		m.mu.Unlock()
 		m.cache.Stop()
 	})
-}
-
-// normalizeHost lower-cases h and drops a port and one trailing dot.
-func normalizeHost(h string) string {
-	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.Contains(h[i:], "]") {
-		h = h[:i]
-	}
-	h = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
-	h = strings.TrimSuffix(h, ".")
-	return strings.ToLower(h)
 }
 
 // wantEvent limits certmagic's events to those onEvent handles, so it does

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/scafo/scafo-edge/certs/prefetch"
+	"github.com/scafo/scafo-edge/internal/hostname"
 )
 
 // startPrefetch starts the prefetch queue on the Manager's decision rules,
@@ -43,7 +44,7 @@ func (m *Manager) Prefetch(names []string) {
 	}
 	norm := make([]string, 0, len(names))
 	for _, n := range names {
-		if n = normalizeHost(n); n != "" {
+		if n, ok := hostname.Normalise(n); ok {
 			norm = append(norm, n)
 		}
 	}

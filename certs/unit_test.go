@@ -110,21 +110,6 @@ func TestNamesCover(t *testing.T) {
 	}
 }
 
-func TestNormalizeHost(t *testing.T) {
-	for in, want := range map[string]string{
-		"Example.COM":      "example.com",
-		"example.com:8080": "example.com",
-		"example.com.":     "example.com",
-		"example.com.:443": "example.com",
-		"[::1]:443":        "::1",
-		"":                 "",
-	} {
-		if got := normalizeHost(in); got != want {
-			t.Errorf("normalizeHost(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 func TestZoneCandidates(t *testing.T) {
 	got := zoneCandidates("*.apps.example.test")
 	want := []string{"apps.example.test", "example.test"}

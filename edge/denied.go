@@ -249,3 +249,7 @@ func unhex(c byte) byte {
 func (t *Table) DeniedPath(rawPath, decodedPath string) bool {
 	return deniedPath(t.denied, rawPath, decodedPath)
 }
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}

@@ -5,27 +5,6 @@ import (
 	"testing"
 )
 
-func FuzzNormaliseHost(f *testing.F) {
-	for _, s := range []string{"shop.apps.example.com", "SHOP.example.com:443", "a.b.", "[::1]:80", "", ".", "a..b", "*.x", "a:b:c", "xn--bcher-kva.example"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, host string) {
-		key, ok := NormaliseHost(host)
-		if !ok {
-			return
-		}
-		if key != strings.ToLower(key) {
-			t.Fatalf("NormaliseHost(%q) = %q, not lower-case", host, key)
-		}
-		if strings.HasSuffix(key, ".") || strings.Contains(key, "*") {
-			t.Fatalf("NormaliseHost(%q) = %q, trailing dot or wildcard", host, key)
-		}
-		if again, ok := NormaliseHost(key); !ok || again != key {
-			t.Fatalf("NormaliseHost is not idempotent: %q -> %q -> %q (%v)", host, key, again, ok)
-		}
-	})
-}
-
 // FuzzResolve checks the two invariants of path-routing-design.md §6 on
 // attacker-shaped paths: a path whose normalised first segment is a flipped
 // account never resolves to the route it was flipped away from, and Resolve

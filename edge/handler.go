@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/internal/hostname"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -284,12 +285,12 @@ func (h *Handler) covers(sni, host string) bool {
 	if h.Covers == nil {
 		return false
 	}
-	var a, b [maxHostLen]byte
-	hk, ok := normaliseHost(a[:0], host)
+	var a, b [hostname.MaxLen]byte
+	hk, ok := hostname.Append(a[:0], host)
 	if !ok {
 		return false
 	}
-	sk, ok := normaliseHost(b[:0], sni)
+	sk, ok := hostname.Append(b[:0], sni)
 	if !ok {
 		return false
 	}
@@ -298,8 +299,8 @@ func (h *Handler) covers(sni, host string) bool {
 
 // validHost reports whether a Host header is well formed, without allocating.
 func validHost(host string) bool {
-	var buf [maxHostLen]byte
-	_, ok := normaliseHost(buf[:0], host)
+	var buf [hostname.MaxLen]byte
+	_, ok := hostname.Append(buf[:0], host)
 	return ok
 }
 

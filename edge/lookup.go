@@ -3,11 +3,9 @@ package edge
 import (
 	"path"
 	"strings"
-)
 
-// maxHostLen is the longest DNS name (RFC 1035 §2.3.4) plus room for a port
-// and brackets; a longer Host header is malformed.
-const maxHostLen = 253 + 1 + 6 + 2
+	"github.com/scafo/scafo-edge/internal/hostname"
+)
 
 // Outcome is what resolving a request found.
 type Outcome uint8
@@ -45,8 +43,8 @@ type Resolution struct {
 // Resolve does not allocate for a lower- or upper-case host, or for a path hit
 // on a path that is already clean.
 func (t *Table) Resolve(host, rawPath, decodedPath string) Resolution {
-	var buf [maxHostLen]byte
-	key, ok := normaliseHost(buf[:0], host)
+	var buf [hostname.MaxLen]byte
+	key, ok := hostname.Append(buf[:0], host)
 	if !ok {
 		return Resolution{Outcome: BadHost}
 	}
@@ -80,8 +78,8 @@ func (t *Table) Resolve(host, rawPath, decodedPath string) Resolution {
 // redirects) use it, so they never depend on which URL happened to ask
 // (path-routing-design.md §6, "three call sites").
 func (t *Table) ResolveHost(host string) *Route {
-	var buf [maxHostLen]byte
-	key, ok := normaliseHost(buf[:0], host)
+	var buf [hostname.MaxLen]byte
+	key, ok := hostname.Append(buf[:0], host)
 	if !ok {
 		return nil
 	}
@@ -202,96 +200,4 @@ func needsClean(p string) bool {
 		}
 	}
 	return len(p) > 1 && p[len(p)-1] == '/'
-}
-
-// normaliseHost appends the lookup key for a Host header to dst: lower-case,
-// without :port, without one trailing dot. It reports false for an empty or
-// malformed host. Bracketed IPv6 literals are well formed but no route names
-// them.
-func normaliseHost(dst []byte, host string) ([]byte, bool) {
-	if len(host) == 0 || len(host) > maxHostLen {
-		return dst, false
-	}
-	if host[0] == '[' {
-		end := strings.IndexByte(host, ']')
-		if end < 0 || !validPort(host[end+1:]) {
-			return dst, false
-		}
-		dst = append(dst, '[')
-		for i := 1; i < end; i++ {
-			c := host[i]
-			if !(c == ':' || c == '.' || isHex(c)) {
-				return dst, false
-			}
-			if 'A' <= c && c <= 'F' {
-				c += 'a' - 'A'
-			}
-			dst = append(dst, c)
-		}
-		return append(dst, ']'), true
-	}
-	if i := strings.IndexByte(host, ':'); i >= 0 {
-		if !validPort(host[i:]) {
-			return dst, false
-		}
-		host = host[:i]
-	}
-	if n := len(host); n > 0 && host[n-1] == '.' {
-		host = host[:n-1]
-	}
-	if len(host) == 0 || len(host) > 253 {
-		return dst, false
-	}
-	labelLen := 0
-	for i := 0; i < len(host); i++ {
-		c := host[i]
-		switch {
-		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '-', c == '_':
-		case 'A' <= c && c <= 'Z':
-			c += 'a' - 'A'
-		case c == '.':
-			if labelLen == 0 {
-				return dst, false
-			}
-			labelLen = 0
-			dst = append(dst, c)
-			continue
-		default:
-			return dst, false
-		}
-		labelLen++
-		if labelLen > 63 {
-			return dst, false
-		}
-		dst = append(dst, c)
-	}
-	return dst, labelLen > 0
-}
-
-// validPort reports whether s is empty or ":" followed by 1–5 digits.
-func validPort(s string) bool {
-	if s == "" {
-		return true
-	}
-	if s[0] != ':' || len(s) < 2 || len(s) > 6 {
-		return false
-	}
-	for i := 1; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-// NormaliseHost returns the lookup key for a Host header, or "" and false
-// when it is malformed. It allocates; the request path uses Resolve.
-func NormaliseHost(host string) (string, bool) {
-	var buf [maxHostLen]byte
-	key, ok := normaliseHost(buf[:0], host)
-	return string(key), ok
 }

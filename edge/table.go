@@ -1,8 +1,9 @@
 // Package edge owns the routing side of scafo-edge: compiling a routing
 // document into an immutable Table, swapping the live table atomically, host
-// normalisation, resolution (exact host, one-label wildcard, first path
-// segment), the API apex and its denied prefixes, and the request handler with
-// the statuses the edge answers itself.
+// lookup (normalised by internal/hostname, the rule certs shares), resolution
+// (exact host, one-label wildcard, first path segment), the API apex and its
+// denied prefixes, and the request handler with the statuses the edge answers
+// itself.
 //
 // It does not know about ACME or how bytes reach an upstream: the handler hands
 // a resolved route's upstream list to a Forwarder.
