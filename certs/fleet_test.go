@@ -550,7 +550,7 @@ func (e *fleetEdge) start(t *testing.T, n *nodetest.Node, opts Options, fopts Fl
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(m.Stop) // runs before the store's cleanup
+	t.Cleanup(m.Close) // runs before the store's cleanup
 	e.cur.Store(m)
 	return m
 }
@@ -558,7 +558,7 @@ func (e *fleetEdge) start(t *testing.T, n *nodetest.Node, opts Options, fopts Fl
 // stop shuts the edge down like a process exit: the Manager, the fleet
 // store's retries, the database. The listeners stay for a restart.
 func (e *fleetEdge) stop() {
-	e.cur.Load().Stop()
+	e.cur.Load().Close()
 	e.store.close()
 }
 
@@ -813,7 +813,7 @@ func TestFleetEdgeProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Stop()
+	defer m.Close()
 	cur.Store(m)
 	serveEdge(t, lns[0], lns[1], &cur)
 	fmt.Println("fleet-edge-ready")

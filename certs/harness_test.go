@@ -118,7 +118,7 @@ func (e *testEdge) start(t testing.TB, dir string, opts Options) *Manager {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(m.Stop)
+	t.Cleanup(m.Close)
 	e.cur.Store(m)
 	return m
 }
@@ -128,7 +128,7 @@ func (e *testEdge) start(t testing.TB, dir string, opts Options) *Manager {
 func (e *testEdge) restart(t testing.TB, dir string, opts Options) *Manager {
 	t.Helper()
 	old := e.cur.Load()
-	old.Stop()
+	old.Close()
 	if err := old.cfg.Storage.(*BoltStorage).db.Close(); err != nil {
 		t.Fatalf("close db: %v", err)
 	}

@@ -95,7 +95,7 @@ func TestRedirect(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer m.Stop()
+			defer m.Close()
 			req := httptest.NewRequest(http.MethodGet, tc.target, nil)
 			req.Host = tc.host
 			rec := httptest.NewRecorder()

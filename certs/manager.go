@@ -174,13 +174,13 @@ type Manager struct {
 	// known are the SAN sets of certificates certmagic cached.
 	known map[string][]string
 
-	stopOnce sync.Once
+	closeOnce sync.Once
 }
 
 // New configures certificate management. In ModeACME and ModeInternal it
 // loads what storage holds and starts obtaining the wildcard certificates in
 // the background. ctx bounds only the start-up work (loading or creating
-// the internal CA); the Manager runs until Stop.
+// the internal CA); the Manager runs until Close.
 func New(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.Mode == "" {
 		opts.Mode = ModeACME
@@ -258,7 +258,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.Mode == ModeInternal {
 		m.ca, err = loadOrCreateInternalCA(ctx, storage)
 		if err != nil {
-			m.Stop()
+			m.Close()
 			return nil, err
 		}
 		m.cfg.Issuers = []certmagic.Issuer{m.ca}
@@ -268,7 +268,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	} else {
 		roots, err := trustedRoots(opts.CARoot)
 		if err != nil {
-			m.Stop()
+			m.Close()
 			return nil, err
 		}
 		tmpl := certmagic.ACMEIssuer{
@@ -299,7 +299,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 
 	if opts.Prefetch != nil && opts.Mode == ModeACME {
 		if err := m.startPrefetch(*opts.Prefetch, opts.Registerer); err != nil {
-			m.Stop()
+			m.Close()
 			return nil, err
 		}
 	}
@@ -311,7 +311,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		}
 		sort.Strings(names)
 		if err := m.wcfg.ManageAsync(m.ctx, names); err != nil {
-			m.Stop()
+			m.Close()
 			return nil, fmt.Errorf("manage wildcard certificates: %w", err)
 		}
 	}
@@ -541,13 +541,13 @@ func (m *Manager) InternalRootPEM() []byte {
 	return slices.Clone(m.ca.rootPEM)
 }
 
-// Stop ends background maintenance and issuance, and fails handshakes still
-// waiting on an issuance.
-func (m *Manager) Stop() {
+// Close ends background maintenance and issuance, and fails handshakes still
+// waiting on an issuance. It may be called more than once.
+func (m *Manager) Close() {
 	if m.mode == ModeOff {
 		return
 	}
-	m.stopOnce.Do(func() {
+	m.closeOnce.Do(func() {
 		if m.prefetch != nil {
 			m.prefetch.Stop()
 		}

@@ -133,7 +133,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if m, err := New(context.Background(), tc.opts); err == nil {
-				m.Stop()
+				m.Close()
 				t.Error("New accepted the options")
 			}
 		})
@@ -145,7 +145,7 @@ func TestModeOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Stop()
+	defer m.Close()
 	if m.TLSConfig() != nil {
 		t.Error("TLSConfig in ModeOff is not nil")
 	}

@@ -77,7 +77,7 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		return tlsSetup{}, fmt.Errorf("tls %s: %w", c.tlsMode, err)
 	}
 	stop := func() {
-		m.Stop()
+		m.Close()
 		closeStore()
 	}
 	if root := m.InternalRootPEM(); len(root) > 0 {
