@@ -52,7 +52,10 @@ func takeOver(ctx context.Context, c *config, log zerolog.Logger) inherited {
 	cancel()
 	switch {
 	case errors.Is(err, handover.ErrNoPeer):
-		log.Debug().Err(err).Msg("handover: none")
+		// Said at info: an edge too old to offer its sockets leaves no
+		// socket either, and this line is then the one that says why
+		// start-up stops at edge.db's lock.
+		log.Info().Err(err).Msg("handover: no running edge offers its sockets; binding the listeners")
 		return inherited{}
 	case err != nil:
 		log.Warn().Err(err).Msg("handover: the running edge did not hand over its sockets; binding the listeners and waiting for edge.db as without one")
