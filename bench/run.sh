@@ -50,6 +50,10 @@ Usage: bench/run.sh [flags]
   --baseline-rev REV   also measure scafo-edge built from commit REV, as an
                        extra row scafo-edge@<hash> beside scafo-edge in every
                        cell and round: before and after in one run
+  --edge-env LIST      comma list of VAR=VALUE set on the scafo-edge row's
+                       process only (not the --baseline-rev row's), e.g.
+                       GOGC=200,GOMEMLIMIT=256MiB: a runtime setting measured
+                       against the same build without it
   --keep               keep the work directory (configs, logs, wrk output)
   -h, --help           this text
 EOF
@@ -75,6 +79,7 @@ PROFILE_DIR=
 EDGE_REV=
 EDGE_BIN_FLAG=
 BASELINE_REV=
+EDGE_ENV=
 KEEP=0
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench
 CADDY_VERSION=v2.11.9
@@ -102,6 +107,7 @@ while (($#)); do
 	--edge-rev) EDGE_REV=$2; shift ;;
 	--edge-bin) EDGE_BIN_FLAG=$2; shift ;;
 	--baseline-rev) BASELINE_REV=$2; shift ;;
+	--edge-env) EDGE_ENV=$2; shift ;;
 	--keep) KEEP=1 ;;
 	-h | --help) usage; exit 0 ;;
 	*) echo "run.sh: unknown flag $1" >&2; usage >&2; exit 2 ;;
@@ -367,6 +373,17 @@ fi
 if [[ -z $EDGE_BIN ]]; then
 	EDGE_NOTE="build failed: $(grep -v '^#' "$WORK/edge-build.log" | head -1)"
 	log "$EDGE_PKG: $EDGE_NOTE"
+fi
+# --edge-env: runtime settings (GOGC, GOMEMLIMIT, GODEBUG) for the
+# scafo-edge row alone, so the --baseline-rev row is the same build without
+# them; the table's version line names them.
+EDGE_ENV_VARS=()
+if [[ -n $EDGE_ENV ]]; then
+	IFS=, read -ra EDGE_ENV_VARS <<<"$EDGE_ENV"
+	for kv in "${EDGE_ENV_VARS[@]}"; do
+		[[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*=.+$ ]] || die "--edge-env: $kv is not VAR=VALUE"
+	done
+	EDGE_VERSION+=" with $EDGE_ENV"
 fi
 
 # --baseline-rev: a second scafo-edge, from commit BASELINE_REV, measured as
@@ -653,13 +670,13 @@ start_proxy() {
 	case $name in
 	scafo-edge | scafo-edge@*)
 		# The --baseline-rev row: the same command, another build.
-		local bin=$EDGE_BIN
-		[[ $name == scafo-edge ]] || bin=$BASELINE_BIN
+		local bin=$EDGE_BIN vars=("${EDGE_ENV_VARS[@]}")
+		[[ $name == scafo-edge ]] || bin=$BASELINE_BIN vars=()
 		state=$(mktemp -d "$WORK/edge-state.XXXXXX")
 		local mode=(--tls off)
 		((tls)) && mode=(--tls internal --https-addr "127.0.0.1:$PX_TLS_PORT")
 		((h3)) && mode+=(--http3)
-		start "$logf" env GOMAXPROCS="$WORKERS" "$bin" serve --routes-file "$WORK/routes.json" \
+		start "$logf" env GOMAXPROCS="$WORKERS" "${vars[@]}" "$bin" serve --routes-file "$WORK/routes.json" \
 			"${mode[@]}" --http-addr "127.0.0.1:$PX_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" \
 			--state-dir "$state" --access-log=false
 		;;
