@@ -1,9 +1,18 @@
 package prefetch
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/caddyserver/certmagic"
 	"golang.org/x/net/publicsuffix"
 	"golang.org/x/time/rate"
 )
@@ -104,6 +113,38 @@ func (b *budget) releaseLocked(domain string) {
 	}
 }
 
+// admit is asked with name's share taken, just before its order, with
+// the domain's orders recorded in storage (by this edge before a restart,
+// or by other edges of the fleet). It reports how long name must wait
+// when those orders and the shares taken fill the registered domain's
+// week; zero: the order may go ahead.
+func (b *budget) admit(name string, recorded []time.Time, now time.Time) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	domain := registeredDomain(name)
+	b.mergeLocked(domain, recorded)
+	times := b.pruneLocked(domain, now)
+	// takenDomain counts name's own share.
+	if len(times)+b.takenDomain[domain] <= b.perDomain {
+		return 0
+	}
+	if len(times) >= b.perDomain {
+		return times[len(times)-b.perDomain].Add(week).Sub(now)
+	}
+	return shareWait
+}
+
+// mergeLocked adds recorded to domain's orders, once each: this edge's
+// own orders are recorded too.
+func (b *budget) mergeLocked(domain string, recorded []time.Time) {
+	if len(recorded) == 0 {
+		return
+	}
+	times := append(slices.Clone(b.spent[domain]), recorded...)
+	slices.SortFunc(times, time.Time.Compare)
+	b.spent[domain] = slices.CompactFunc(times, time.Time.Equal)
+}
+
 // pruneLocked drops domain's orders older than a week and returns the rest.
 func (b *budget) pruneLocked(domain string, now time.Time) []time.Time {
 	times := b.spent[domain]
@@ -126,4 +167,55 @@ func (b *budget) remaining(now time.Time) float64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.hour.TokensAt(now) - float64(b.taken)
+}
+
+// ordersPrefix is where the queue records its orders in the certificate
+// storage, one key per order under the registered domain:
+// <prefix><domain>/<unix nanoseconds>-<random>. In the fleet store every
+// edge reads the others', so the per-domain budget holds for the fleet
+// (Let's Encrypt counts certificates per registered domain across
+// accounts) and across restarts.
+const ordersPrefix = "scafo-edge/prefetch/orders/"
+
+// maxRecorded bounds the orders read for one domain; more than a week's
+// budget for every edge of a large fleet.
+const maxRecorded = 1000
+
+// recordOrder records an order for name placed at t.
+func recordOrder(ctx context.Context, storage certmagic.Storage, name string, t time.Time) error {
+	key := fmt.Sprintf("%s%s/%020d-%s", ordersPrefix, registeredDomain(name), t.UnixNano(), randomHex(8))
+	if err := storage.Store(ctx, key, []byte(name)); err != nil {
+		return fmt.Errorf("record order for %s: %w", name, err)
+	}
+	return nil
+}
+
+// recordedOrders returns when the orders recorded for name's registered
+// domain in the week before now were placed, deleting older records.
+func recordedOrders(ctx context.Context, storage certmagic.Storage, name string, now time.Time) ([]time.Time, error) {
+	keys, err := storage.List(ctx, ordersPrefix+registeredDomain(name), false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read recorded orders for %s: %w", name, err)
+	}
+	var times []time.Time
+	for _, key := range keys {
+		stamp, _, _ := strings.Cut(path.Base(key), "-")
+		ns, err := strconv.ParseInt(stamp, 10, 64)
+		if err != nil {
+			continue // not a record of ours
+		}
+		t := time.Unix(0, ns)
+		if !now.Before(t.Add(week)) {
+			// Best effort: a record left behind is read, and dropped, again.
+			storage.Delete(ctx, key)
+			continue
+		}
+		if len(times) < maxRecorded {
+			times = append(times, t)
+		}
+	}
+	return times, nil
 }

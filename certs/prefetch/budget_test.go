@@ -99,3 +99,33 @@ func TestBackoff(t *testing.T) {
 		}
 	}
 }
+
+func TestBudgetAdmit(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	b := newBudget(100, 2, t0)
+	if d := b.take("a.example.com", t0); d != 0 {
+		t.Fatalf("take = %v, want 0", d)
+	}
+	// One order recorded by another edge a day ago: room for this one.
+	elsewhere := []time.Time{t0.Add(-24 * time.Hour)}
+	if d := b.admit("a.example.com", elsewhere, t0); d != 0 {
+		t.Fatalf("admit with one of two recorded = %v, want 0", d)
+	}
+	b.spend("a.example.com", t0)
+	// Its own order comes back from storage too: counted once.
+	recorded := append(elsewhere, t0)
+	if d := b.take("b.example.com", t0); d != 6*24*time.Hour {
+		t.Fatalf("take with the week full = %v, want 144h", d)
+	}
+	b2 := newBudget(100, 2, t0) // after a restart
+	if d := b2.take("b.example.com", t0); d != 0 {
+		t.Fatalf("take after a restart = %v, want 0 (nothing known yet)", d)
+	}
+	if d := b2.admit("b.example.com", recorded, t0); d != 6*24*time.Hour {
+		t.Errorf("admit after a restart with the week recorded = %v, want 144h", d)
+	}
+	b2.giveBack("b.example.com")
+	if d := b2.take("c.example.com", t0.Add(time.Hour)); d != 6*24*time.Hour-time.Hour {
+		t.Errorf("take once the recorded week is known = %v, want 143h", d)
+	}
+}

@@ -17,15 +17,25 @@
 //   - In what order and how fast: newest names first (names added by the
 //     latest document before those of earlier ones, document order within
 //     one), at most Workers at a time, and within a budget per edge:
-//     PerHour orders an hour (a token bucket holding at most PerHour) and
-//     PerDomainPerWeek orders per registered domain in any seven days.
-//     The defaults (20 an hour, 10 per registered domain a week) stay well
+//     PerHour orders an hour (a token bucket holding at most PerHour, so
+//     up to twice PerHour in the hour that starts with it full) and
+//     PerDomainPerWeek orders per registered domain (eTLD+1 by the public
+//     suffix list, as Let's Encrypt counts) in any seven days. The
+//     defaults (20 an hour, 10 per registered domain a week) stay well
 //     inside Let's Encrypt's 300 new orders per account per three hours and
 //     50 certificates per registered domain per week, leaving the rest to
 //     on-demand issuance and renewals. A name takes its share of the
 //     budget at its turn and spends it only on an order (a name found held
 //     or unreachable gives it back); a name the budget holds back waits in
-//     the queue, counted.
+//     the queue, counted. The hourly bucket is the edge's own and lives in
+//     its memory: a restart (a handover to a new process included) starts
+//     it full, as Let's Encrypt's order limit is per account and each edge
+//     has its own. The weekly count per registered domain is kept in the
+//     certificate storage, one record per order, and read again just
+//     before each order: it survives restarts and, in the fleet store,
+//     counts every edge's orders, since Let's Encrypt counts certificates
+//     per registered domain across accounts. (Edges ordering under one
+//     domain at the same moment may overshoot it by one each.)
 //   - Only names that reach the fleet: a custom domain is often added to
 //     the document before its owner points DNS at the fleet, and an order
 //     for it would fail validation (Let's Encrypt allows five failed

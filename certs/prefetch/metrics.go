@@ -8,7 +8,7 @@ import (
 
 // results are the outcomes of a name's turn, the label values of
 // scafo_edge_tls_prefetch_turns_total.
-var results = []string{"obtained", "held", "removed", "elsewhere", "unreachable", "failed", "backoff"}
+var results = []string{"obtained", "held", "removed", "elsewhere", "unreachable", "failed", "backoff", "budget"}
 
 type metrics struct {
 	turns       *prometheus.CounterVec
@@ -21,7 +21,7 @@ func newMetrics(reg prometheus.Registerer, q *Queue) (*metrics, error) {
 	mt := &metrics{
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scafo_edge_tls_prefetch_turns_total",
-			Help: "Certificate prefetch turns, by result (obtained, held, removed, elsewhere, unreachable, failed, backoff: on-demand issuance holds the name back after a failed issuance).",
+			Help: "Certificate prefetch turns, by result (obtained, held, removed, elsewhere, unreachable, failed, backoff: on-demand issuance holds the name back after a failed issuance, budget: orders recorded by other edges or before a restart fill the registered domain's week).",
 		}, []string{"result"}),
 		budgetWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "scafo_edge_tls_prefetch_budget_waits_total",

@@ -49,19 +49,23 @@ type Certs struct {
 	// Obtain orders a certificate for name, stores it and loads it into
 	// memory. It is called at most once per name at a time on an edge.
 	Obtain func(ctx context.Context, name string) error
-	// Storage keeps reachability tokens and the fleet's prefetch locks. It
-	// should be a certmagic.TryLocker; without one, edges sharing it do not
-	// split the work (each still checks storage before ordering).
+	// Storage keeps reachability tokens, the record of orders placed (for
+	// the per-domain budget) and the fleet's prefetch locks. It should be
+	// a certmagic.TryLocker; without one, edges sharing it do not split
+	// the work (each still checks storage before ordering).
 	Storage certmagic.Storage
 }
 
 // Options tunes a Queue. The zero value uses the defaults above.
 type Options struct {
-	// PerHour is the order budget: at most this many orders in any hour
-	// after a full bucket. Zero means DefaultPerHour.
+	// PerHour is the order budget: a bucket of PerHour orders, refilled at
+	// PerHour an hour, so at most twice PerHour in any hour and PerHour an
+	// hour sustained. Zero means DefaultPerHour.
 	PerHour int
 	// PerDomainPerWeek bounds orders per registered domain in any seven
-	// days. Zero means DefaultPerDomainPerWeek.
+	// days, counting those recorded in Certs.Storage: this edge's before a
+	// restart, and every edge's in the fleet store. Zero means
+	// DefaultPerDomainPerWeek.
 	PerDomainPerWeek int
 	// Workers bounds the names worked on at once (reachability checks and
 	// orders). Zero means DefaultWorkers.
@@ -383,7 +387,7 @@ func (q *Queue) holdLocked(e *entry, now time.Time, d time.Duration) {
 
 // outcome is what one turn did with a name.
 type outcome struct {
-	result string        // metric label: obtained, held, removed, elsewhere, unreachable, failed, backoff
+	result string        // metric label: obtained, held, removed, elsewhere, unreachable, failed, backoff, budget
 	retry  time.Duration // >0: the name stays queued and comes back then
 	err    error
 }
@@ -402,12 +406,17 @@ func (q *Queue) work(name string) {
 	case o.retry == 0 || !q.present[name]:
 		delete(q.queue, name)
 	default:
-		e.Next = q.now().Add(o.retry)
+		now := q.now()
+		e.Next = now.Add(o.retry)
 		switch o.result {
 		case "elsewhere":
 			e.State = Elsewhere
 		case "unreachable":
 			e.State = Unreachable
+		case "budget":
+			// Orders recorded by other edges, or before a restart, fill
+			// the registered domain's week.
+			q.holdLocked(e, now, o.retry)
 		default:
 			e.State = Failed
 		}
@@ -478,8 +487,23 @@ func (q *Queue) turn(ctx context.Context, name string) outcome {
 		return o
 	}
 	start := q.now()
+	recorded, err := recordedOrders(ctx, q.certs.Storage, name, start)
+	if err != nil {
+		if ctx.Err() != nil {
+			return outcome{result: "removed"}
+		}
+		return q.failed(name, "failed", err)
+	}
+	if d := q.budget.admit(name, recorded, start); d > 0 {
+		return outcome{result: "budget", retry: d}
+	}
 	q.budget.spend(name, start)
 	spent = true
+	if err := recordOrder(ctx, q.certs.Storage, name, start); err != nil {
+		// The order is within this edge's budget; only the fleet's view
+		// and the next restart's miss it.
+		q.log.Warn().Err(err).Str("name", name).Msg("certificate prefetch: order not recorded")
+	}
 	if err := q.certs.Obtain(ctx, name); err != nil {
 		if ctx.Err() != nil {
 			return outcome{result: "removed"}

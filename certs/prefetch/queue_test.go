@@ -294,6 +294,42 @@ func TestQueueBudget(t *testing.T) {
 	}
 }
 
+// TestQueueDomainBudgetRecorded: the registered domain's week counts the
+// orders recorded in storage, so neither a restart nor another edge of
+// the fleet starts it over (Let's Encrypt counts across accounts).
+func TestQueueDomainBudgetRecorded(t *testing.T) {
+	heldForAWeek := func(q *Queue, name string) func() bool {
+		return func() bool {
+			st := q.Status()
+			return len(st) == 1 && st[0].Name == name && st[0].State == Budget && st[0].Next.After(time.Now().Add(6*24*time.Hour))
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		restart bool
+	}{
+		{"a restarted edge counts the orders it placed before", true},
+		{"a second edge on the same store counts the first one's orders", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			storage := newStorage(t)
+			f := newFakeCerts("a.example.com", "b.example.com", "c.example.org")
+			first := startQueue(t, f, storage, Options{PerDomainPerWeek: 1})
+			first.Update([]string{"a.example.com"})
+			testsupport.WaitFor(t, 10*time.Second, "a.example.com ordered", func() bool { return len(first.Status()) == 0 })
+			if tc.restart {
+				first.Stop()
+			}
+			second := startQueue(t, f, storage, Options{PerDomainPerWeek: 1})
+			second.Update([]string{"a.example.com", "b.example.com", "c.example.org"})
+			testsupport.WaitFor(t, 10*time.Second, "b.example.com held back for a week, c.example.org ordered", heldForAWeek(second, "b.example.com"))
+			if got, want := f.ordered(), []string{"a.example.com", "c.example.org"}; !slices.Equal(got, want) {
+				t.Errorf("orders = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
 // TestQueueFleet runs five queues on one storage and one set of held
 // certificates, as five edges on the fleet store: one order per name.
 func TestQueueFleet(t *testing.T) {
