@@ -53,7 +53,7 @@ type prober struct {
 
 func newProber(storage certmagic.Storage, dial func(ctx context.Context, network, addr string) (net.Conn, error), timeout time.Duration) *prober {
 	if dial == nil {
-		dial = (&net.Dialer{Timeout: timeout, Control: publicOnly}).DialContext
+		dial = publicDial(timeout)
 	}
 	return &prober{
 		storage: storage,
@@ -74,8 +74,38 @@ func newProber(storage certmagic.Storage, dial func(ctx context.Context, network
 	}
 }
 
-// errNotPublic is why the default dialer refuses an address.
+// errNotPublic is why the default dialer refuses a name or an address.
 var errNotPublic = errors.New("not a public address")
+
+// specialUse are the special-use domain names public DNS never delegates
+// (RFC 6761, RFC 6762 .local, RFC 7686 .onion, RFC 8375 home.arpa, and
+// ICANN's .internal): no public CA validates a name under them.
+var specialUse = []string{"test", "example", "invalid", "localhost", "local", "onion", "home.arpa", "internal"}
+
+// isSpecialUse reports whether host is or lies under a special-use name.
+func isSpecialUse(host string) bool {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	for _, s := range specialUse {
+		if host == s || strings.HasSuffix(host, "."+s) {
+			return true
+		}
+	}
+	return false
+}
+
+// publicDial returns the checks' default dial: through the system
+// resolver to public addresses only (publicOnly), and without even a
+// look-up for a special-use name, which cannot reach the fleet as a public
+// CA sees it (and whose look-up would only leak it to the resolver).
+func publicDial(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: timeout, Control: publicOnly}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if host, _, err := net.SplitHostPort(addr); err == nil && isSpecialUse(host) {
+			return nil, fmt.Errorf("reach: %s is a special-use name: %w", host, errNotPublic)
+		}
+		return d.DialContext(ctx, network, addr)
+	}
+}
 
 // publicOnly refuses a connection to an address that is not public, as a
 // net.Dialer's Control (called with each resolved address, so a name with

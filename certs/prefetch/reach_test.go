@@ -147,6 +147,23 @@ func TestReachDefaultDialer(t *testing.T) {
 	}
 }
 
+// TestReachSpecialUseNames: a name under a special-use TLD is not looked
+// up at all (a test's names never reach the public DNS through the
+// default dialer).
+func TestReachSpecialUseNames(t *testing.T) {
+	p := newProber(newStorage(t), nil, 5*time.Second)
+	for _, name := range []string{"shop.example.test", "first.example", "LOCALHOST", "printer.local", "nas.home.arpa", "x.invalid"} {
+		if err := p.check(context.Background(), name); !errors.Is(err, ErrUnreachable) || !errors.Is(err, errNotPublic) {
+			t.Errorf("check(%q) = %v, want ErrUnreachable for a special-use name", name, err)
+		}
+	}
+	for _, name := range []string{"example.com", "test.example.org", "internal.example.net", "localhost.example.com"} {
+		if isSpecialUse(name) {
+			t.Errorf("isSpecialUse(%q) = true, want false", name)
+		}
+	}
+}
+
 func TestIsPublic(t *testing.T) {
 	for _, tc := range []struct {
 		addr string
