@@ -42,13 +42,17 @@ type Status struct {
 // DocumentStatus is the live routing document: where it came from, how old
 // it is and what it holds.
 type DocumentStatus struct {
-	Fingerprint  string    `json:"fingerprint"`
-	FetchedAt    time.Time `json:"fetched_at"`
-	AgeSeconds   float64   `json:"age_seconds"`
-	Stale        bool      `json:"stale"`
-	Routes       int       `json:"routes"`
-	PathPrefixes int       `json:"path_prefixes"`
-	APIHosts     int       `json:"api_hosts"`
+	Fingerprint string    `json:"fingerprint"`
+	FetchedAt   time.Time `json:"fetched_at"`
+	AgeSeconds  float64   `json:"age_seconds"`
+	Stale       bool      `json:"stale"`
+	Routes      int       `json:"routes"`
+	// PathPrefixes counts the path prefixes of the whole document: the sum
+	// of every route's PathCount, the scafo_edge_path_prefixes gauge. The
+	// two keys count one thing at two levels under two spellings; the
+	// contract (contract_test.go) keeps both names as they shipped.
+	PathPrefixes int `json:"path_prefixes"`
+	APIHosts     int `json:"api_hosts"`
 }
 
 // PollStatus is how the routing source fares.
@@ -68,8 +72,11 @@ type RouteStatus struct {
 	Application string           `json:"application"`
 	Wildcard    bool             `json:"wildcard"`
 	Upstreams   []UpstreamStatus `json:"upstreams"` // priority order
-	PathCount   int              `json:"path_count"`
-	Paths       []PathStatus     `json:"paths,omitempty"` // sorted by prefix
+	// PathCount counts this route's path prefixes, len(Paths) in the JSON
+	// (the page lists only the first few); DocumentStatus.PathPrefixes is
+	// its sum over the routes.
+	PathCount int          `json:"path_count"`
+	Paths     []PathStatus `json:"paths,omitempty"` // sorted by prefix
 }
 
 // PathStatus is one path prefix and the route it selects.

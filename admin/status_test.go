@@ -81,14 +81,14 @@ func newStatusFixture(t *testing.T, extra ...node.Route) *statusFixture {
 		t.Fatalf("fixture document has drops: %v", drops)
 	}
 	live0 := &edge.Live{}
-	edge.NewUpdater(live0, zerolog.Nop(), nil).Apply(node.Update{
+	testsupport.Must(edge.NewUpdater(live0, zerolog.Nop(), nil)).Apply(node.Update{
 		Doc: doc, Fingerprint: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 		FetchedAt: statusT0.Add(-90 * time.Second),
 	})
 
 	// One request through backhaul: box-down refuses, box-a answers, so
 	// the health the page shows is backhaul's own, not made up.
-	proxy := backhaul.New(backhaul.Options{EjectBase: time.Minute, Now: func() time.Time { return statusT0 }})
+	proxy := testsupport.Must(backhaul.New(backhaul.Options{EjectBase: time.Minute, Now: func() time.Time { return statusT0 }}))
 	t.Cleanup(proxy.Close)
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("GET", "http://shop.example.test/", nil)
@@ -222,6 +222,16 @@ func TestStatusJSONDescribesTheLiveTable(t *testing.T) {
 		if p.Source != "node http://127.0.0.1:7400" || p.LastError != "poll: connection refused" || p.ConsecutiveFailures != 1 ||
 			p.LastSuccess == nil || !p.LastSuccess.Equal(statusT0.Add(-7*time.Second)) {
 			t.Errorf("poll = %+v", p)
+		}
+	})
+
+	t.Run("document.path_prefixes is the sum of routes[].path_count", func(t *testing.T) {
+		sum := 0
+		for _, r := range v.Routes {
+			sum += r.PathCount
+		}
+		if v.Document == nil || v.Document.PathPrefixes != sum {
+			t.Errorf("document.path_prefixes = %+v, routes' path_count sum to %d", v.Document, sum)
 		}
 	})
 	t.Run("routes in document order with upstreams in priority order and their health", func(t *testing.T) {
@@ -394,7 +404,7 @@ func TestStatusPage(t *testing.T) {
 	t.Run("escapes names from the document", func(t *testing.T) {
 		a := *f.admin
 		live := &edge.Live{}
-		edge.NewUpdater(live, zerolog.Nop(), nil).Apply(node.Update{Doc: &node.Document{V: 1, Routes: []node.Route{
+		testsupport.Must(edge.NewUpdater(live, zerolog.Nop(), nil)).Apply(node.Update{Doc: &node.Document{V: 1, Routes: []node.Route{
 			{Host: "x.example.test", Application: "<script>alert(1)</script>", Upstreams: []node.Upstream{{Node: "n", Address: "10.0.0.1:1"}}},
 		}}, Fingerprint: "f", FetchedAt: statusT0})
 		a.Live = live

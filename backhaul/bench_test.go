@@ -44,8 +44,7 @@ func benchRequest() *http.Request {
 // BenchmarkRoundTripDirect for the cost Forward adds to the transport.
 func BenchmarkForward(b *testing.B) {
 	ups := []node.Upstream{benchUpstream(b)}
-	p := New(Options{})
-	b.Cleanup(p.Close)
+	p := newProxy(b, Options{})
 	r := benchRequest()
 	w := &discardWriter{h: http.Header{}}
 	b.ReportAllocs()
@@ -61,8 +60,7 @@ func BenchmarkForward(b *testing.B) {
 // where the shared health map and the pool are contended.
 func BenchmarkForwardParallel(b *testing.B) {
 	ups := []node.Upstream{benchUpstream(b)}
-	p := New(Options{})
-	b.Cleanup(p.Close)
+	p := newProxy(b, Options{})
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		r := benchRequest()

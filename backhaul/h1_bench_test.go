@@ -17,8 +17,7 @@ import (
 // for the client's leaving costs shows here, not with context.Background.
 func BenchmarkForwardServerContext(b *testing.B) {
 	ups := []node.Upstream{benchUpstream(b)}
-	p := New(Options{})
-	b.Cleanup(p.Close)
+	p := newProxy(b, Options{})
 	w := &discardWriter{h: http.Header{}}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -36,8 +35,7 @@ func BenchmarkForwardServerContext(b *testing.B) {
 // HTTP/2 server hands it over: a non-nil body that is empty, a zero length.
 func BenchmarkForwardHTTP2Request(b *testing.B) {
 	ups := []node.Upstream{benchUpstream(b)}
-	p := New(Options{})
-	b.Cleanup(p.Close)
+	p := newProxy(b, Options{})
 	r := benchRequest()
 	r.Proto, r.ProtoMajor, r.ProtoMinor = "HTTP/2.0", 2, 0
 	w := &discardWriter{h: http.Header{}}
@@ -61,8 +59,7 @@ func BenchmarkForward1MiB(b *testing.B) {
 	}))
 	b.Cleanup(srv.Close)
 	ups := []node.Upstream{{Node: "a", Address: srv.Listener.Addr().String()}}
-	p := New(Options{})
-	b.Cleanup(p.Close)
+	p := newProxy(b, Options{})
 	r := benchRequest()
 	w := &discardWriter{h: http.Header{}}
 	b.ReportAllocs()
@@ -79,8 +76,7 @@ func BenchmarkForward1MiB(b *testing.B) {
 // call's shape, answered with 1 KiB.
 func BenchmarkForwardPOST(b *testing.B) {
 	ups := []node.Upstream{benchUpstream(b)}
-	p := New(Options{})
-	b.Cleanup(p.Close)
+	p := newProxy(b, Options{})
 	payload := `{"name":"` + strings.Repeat("x", 236) + `"}` // 256 bytes
 	r := benchRequest()
 	r.Method = http.MethodPost

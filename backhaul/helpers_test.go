@@ -73,10 +73,13 @@ func (e *testEdge) next(t *testing.T) call {
 	}
 }
 
-// newProxy returns a Proxy closed at the end of the test.
-func newProxy(t *testing.T, opts Options) *Proxy {
+// newProxy returns a Proxy closed at the end of the test or benchmark.
+func newProxy(t testing.TB, opts Options) *Proxy {
 	t.Helper()
-	p := New(opts)
+	p, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(p.Close)
 	return p
 }

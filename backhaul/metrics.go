@@ -1,10 +1,11 @@
 package backhaul
 
 import (
-	"errors"
+	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/internal/promreg"
 )
 
 // metrics are the figures an operator needs to see failing upstreams.
@@ -15,9 +16,11 @@ type metrics struct {
 	failovers       *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer, p *Proxy, log zerolog.Logger) *metrics {
+// newMetrics registers p's collectors on reg; nil reg: no metrics. A second
+// Proxy on one registry is an error, not a share of the first's counters.
+func newMetrics(reg prometheus.Registerer, p *Proxy) (*metrics, error) {
 	if reg == nil {
-		return nil
+		return nil, nil
 	}
 	m := &metrics{
 		connectFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -29,33 +32,14 @@ func newMetrics(reg prometheus.Registerer, p *Proxy, log zerolog.Logger) *metric
 			Help: "Requests moved on to the next upstream after a connect failure, by the node failed over from.",
 		}, []string{"node"}),
 	}
-	m.connectFailures = register(reg, m.connectFailures, log)
-	m.failovers = register(reg, m.failovers, log)
 	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "scafo_edge_upstreams_ejected",
 		Help: "Upstreams currently ejected after connect failures.",
 	}, func() float64 { return float64(p.health.ejectedCount(p.now())) })
-	if err := reg.Register(ejected); err != nil {
-		log.Error().Err(err).Msg("register backhaul metrics")
+	if err := promreg.Register(reg, m.connectFailures, m.failovers, ejected); err != nil {
+		return nil, fmt.Errorf("register upstream metrics: %w", err)
 	}
-	return m
-}
-
-// register adds c to reg, or returns the collector already registered under
-// its name, so two proxies on one registry share their counters.
-func register(reg prometheus.Registerer, c *prometheus.CounterVec, log zerolog.Logger) *prometheus.CounterVec {
-	err := reg.Register(c)
-	if err == nil {
-		return c
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
-			return existing
-		}
-	}
-	log.Error().Err(err).Msg("register backhaul metrics")
-	return c
+	return m, nil
 }
 
 func (m *metrics) connectFailure(node string) {

@@ -124,7 +124,8 @@ type Options struct {
 	// Log receives ejections and recoveries, each once per episode. The zero
 	// value logs nothing.
 	Log zerolog.Logger
-	// Registerer receives the package's metrics. Nil means no metrics.
+	// Registerer receives the package's metrics. Nil means no metrics. One
+	// Proxy per registry: New fails for a second.
 	Registerer prometheus.Registerer
 }
 
@@ -156,8 +157,9 @@ const (
 	defaultEjectMax        = 30 * time.Second
 )
 
-// New returns a Proxy configured by opts.
-func New(opts Options) *Proxy {
+// New returns a Proxy configured by opts, or the error registering its
+// metrics on opts.Registerer.
+func New(opts Options) (*Proxy, error) {
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = defaultDialTimeout
 	}
@@ -191,8 +193,11 @@ func New(opts Options) *Proxy {
 		responseHeaderTimeout: opts.ResponseHeaderTimeout,
 	}
 	p.health.init(opts.EjectBase, opts.EjectMax)
-	p.metrics = newMetrics(opts.Registerer, p, opts.Log)
-	return p
+	var err error
+	if p.metrics, err = newMetrics(opts.Registerer, p); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // Close closes the idle pooled connections. In-flight requests and upgraded

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/internal/promreg"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -301,10 +302,8 @@ func newFleetMetrics(reg prometheus.Registerer, s *FleetStorage) (fleetMetrics, 
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.nodeUp, m.pending, m.localReads, m.localLocks, m.takeovers} {
-		if err := reg.Register(c); err != nil {
-			return fleetMetrics{}, fmt.Errorf("register certificate store metrics: %w", err)
-		}
+	if err := promreg.Register(reg, m.nodeUp, m.pending, m.localReads, m.localLocks, m.takeovers); err != nil {
+		return fleetMetrics{}, fmt.Errorf("register certificate store metrics: %w", err)
 	}
 	return m, nil
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/scafo/scafo-edge/internal/promreg"
 )
 
 // maxExpiryNames bounds the per-name expiry series to the soonest-expiring
@@ -54,14 +56,12 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		Name: "scafo_edge_tls_backoff_names",
 		Help: "Names held back after a failed issuance.",
 	}, func() float64 { return float64(m.backoff.count()) })
-	for _, c := range []prometheus.Collector{mt.issuances, mt.refusals, mt.inFlight, mt.handshakes, backedOff, &expiryCollector{m: m}} {
-		if err := reg.Register(c); err != nil {
-			var already prometheus.AlreadyRegisteredError
-			if errors.As(err, &already) {
-				return nil, fmt.Errorf("register tls metrics: %w (one Manager per registry)", err)
-			}
-			return nil, fmt.Errorf("register tls metrics: %w", err)
+	if err := promreg.Register(reg, mt.issuances, mt.refusals, mt.inFlight, mt.handshakes, backedOff, &expiryCollector{m: m}); err != nil {
+		var already prometheus.AlreadyRegisteredError
+		if errors.As(err, &already) {
+			return nil, fmt.Errorf("register tls metrics: %w (one Manager per registry)", err)
 		}
+		return nil, fmt.Errorf("register tls metrics: %w", err)
 	}
 	return mt, nil
 }

@@ -18,8 +18,11 @@ import (
 // ---------------------------------------------------------------------------
 // deploy/compose.yaml.
 
-// TestComposeFile checks the compose example has what issue 7 asks of it and
-// that every variable it sets is one the binary reads.
+// TestComposeFile checks the compose example is one an operator can run as
+// it is — host networking, a persistent state dir, the token in a read-only
+// file rather than the environment, Let's Encrypt staging, a stop grace
+// period longer than the drain, a Pebble variant to uncomment — and that
+// every variable it sets is one the binary reads.
 func TestComposeFile(t *testing.T) {
 	t.Parallel()
 	file := filepath.Join(pkgRoot, "deploy/compose.yaml")

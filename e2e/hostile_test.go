@@ -1,9 +1,9 @@
 package e2e
 
-// Hostile input (issue 9, "Hostile input"): slowloris and slow readers,
-// malformed and smuggling-shaped requests, and a flood of TLS handshakes
-// for names nobody serves, each against the real binary on loopback. Like
-// reliability_test.go, each test logs its figures in a "figures:" line.
+// Hostile input: slowloris and slow readers, malformed and smuggling-shaped
+// requests, and a flood of TLS handshakes for names nobody serves, each
+// against the real binary on loopback. Like reliability_test.go, each test
+// logs its figures in a "figures:" line.
 
 import (
 	"bufio"

@@ -599,7 +599,7 @@ func BenchmarkObservability(b *testing.B) {
 	}))
 	defer upstream.Close()
 	live := &edge.Live{}
-	edge.NewUpdater(live, zerolog.Nop(), nil).Apply(node.Update{Doc: &node.Document{V: 1, Routes: []node.Route{
+	testsupport.Must(edge.NewUpdater(live, zerolog.Nop(), nil)).Apply(node.Update{Doc: &node.Document{V: 1, Routes: []node.Route{
 		{Host: "app.test", Application: "app", Upstreams: []node.Upstream{{Node: "n1", Address: upstream.Listener.Addr().String()}}},
 	}}, Fingerprint: "f", FetchedAt: time.Now()})
 
@@ -608,14 +608,14 @@ func BenchmarkObservability(b *testing.B) {
 		observer func(reg prometheus.Registerer) edge.Observer
 	}{
 		{"none", func(prometheus.Registerer) edge.Observer { return nil }},
-		{"metrics", func(reg prometheus.Registerer) edge.Observer { return edge.NewMetrics(reg) }},
+		{"metrics", func(reg prometheus.Registerer) edge.Observer { return testsupport.Must(edge.NewMetrics(reg)) }},
 		{"metrics+access_log", func(reg prometheus.Registerer) edge.Observer {
-			return edge.Observers{edge.NewMetrics(reg), edge.NewAccessLog(zerolog.New(io.Discard).With().Timestamp().Logger(), 0, reg)}
+			return edge.Observers{testsupport.Must(edge.NewMetrics(reg)), testsupport.Must(edge.NewAccessLog(zerolog.New(io.Discard).With().Timestamp().Logger(), 0, reg))}
 		}},
 	}
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
-			proxy := backhaul.New(backhaul.Options{})
+			proxy := testsupport.Must(backhaul.New(backhaul.Options{}))
 			defer proxy.Close()
 			h := &edge.Handler{Table: live, Forwarder: proxy, Observer: v.observer(prometheus.NewRegistry())}
 			front := httptest.NewServer(h)
@@ -652,10 +652,10 @@ func BenchmarkObserve(b *testing.B) {
 		name string
 		o    edge.Observer
 	}{
-		{"metrics", edge.NewMetrics(prometheus.NewRegistry())},
-		{"access_log", edge.NewAccessLog(zerolog.New(io.Discard).With().Timestamp().Logger(), 0, prometheus.NewRegistry())},
+		{"metrics", testsupport.Must(edge.NewMetrics(prometheus.NewRegistry()))},
+		{"access_log", testsupport.Must(edge.NewAccessLog(zerolog.New(io.Discard).With().Timestamp().Logger(), 0, prometheus.NewRegistry()))},
 		{"access_log_rate_limited_away", func() edge.Observer {
-			a := edge.NewAccessLog(zerolog.New(io.Discard), 1, prometheus.NewRegistry())
+			a := testsupport.Must(edge.NewAccessLog(zerolog.New(io.Discard), 1, prometheus.NewRegistry()))
 			a.Observe(rec) // spend the burst: every further line is dropped and counted
 			return a
 		}()},

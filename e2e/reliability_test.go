@@ -1,9 +1,10 @@
 package e2e
 
-// Reliability through faults (issue 9, "Faults"): each test drives the real
-// binary on loopback, counts the requests it sent and the ones that failed,
-// and logs those figures in a line starting "figures:" so the closing note
-// of the issue can quote them. Load phases are bounded to a few seconds.
+// Reliability through faults: each test drives the real binary on loopback,
+// counts the requests it sent and the ones that failed, and logs those
+// figures in a line starting "figures:", so a run's log states how the edge
+// held up and not only that it passed. Load phases are bounded to a few
+// seconds.
 
 import (
 	"bufio"

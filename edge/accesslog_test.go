@@ -51,7 +51,7 @@ func TestAccessLogRateLimit(t *testing.T) {
 	t.Run("at most the limit is written in one second and the rest is counted", func(t *testing.T) {
 		var buf bytes.Buffer
 		reg := prometheus.NewRegistry()
-		a := NewAccessLog(zerolog.New(&buf), 3, reg)
+		a := testsupport.Must(NewAccessLog(zerolog.New(&buf), 3, reg))
 		for i := 0; i < 5; i++ {
 			a.Observe(rec(t0.Add(time.Duration(i) * 100 * time.Millisecond)))
 		}
@@ -66,7 +66,7 @@ func TestAccessLogRateLimit(t *testing.T) {
 	t.Run("the next second writes again and its first line tells the drops", func(t *testing.T) {
 		var buf bytes.Buffer
 		reg := prometheus.NewRegistry()
-		a := NewAccessLog(zerolog.New(&buf), 1, reg)
+		a := testsupport.Must(NewAccessLog(zerolog.New(&buf), 1, reg))
 		for i := 0; i < 4; i++ {
 			a.Observe(rec(t0))
 		}
@@ -84,7 +84,7 @@ func TestAccessLogRateLimit(t *testing.T) {
 
 	t.Run("a request ending before the counted second joins it", func(t *testing.T) {
 		var buf bytes.Buffer
-		a := NewAccessLog(zerolog.New(&buf), 1, nil)
+		a := testsupport.Must(NewAccessLog(zerolog.New(&buf), 1, nil))
 		a.Observe(rec(t0.Add(time.Second)))
 		a.Observe(rec(t0)) // finished a moment earlier, observed later
 		a.Observe(rec(t0.Add(time.Second)))
@@ -95,7 +95,7 @@ func TestAccessLogRateLimit(t *testing.T) {
 
 	t.Run("no limit writes every line", func(t *testing.T) {
 		var buf bytes.Buffer
-		a := NewAccessLog(zerolog.New(&buf), 0, nil)
+		a := testsupport.Must(NewAccessLog(zerolog.New(&buf), 0, nil))
 		for i := 0; i < 50; i++ {
 			a.Observe(rec(t0))
 		}
@@ -107,7 +107,7 @@ func TestAccessLogRateLimit(t *testing.T) {
 	t.Run("concurrent requests never write more than the limit in a second", func(t *testing.T) {
 		var buf testsupport.SyncBuffer
 		reg := prometheus.NewRegistry()
-		a := NewAccessLog(zerolog.New(&buf), 10, reg)
+		a := testsupport.Must(NewAccessLog(zerolog.New(&buf), 10, reg))
 		var wg sync.WaitGroup
 		for g := 0; g < 8; g++ {
 			wg.Add(1)

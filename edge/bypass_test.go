@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -307,7 +308,7 @@ func newBypassFixture(t *testing.T) *bypassFixture {
 	}
 	live := &Live{}
 	live.Store(tbl)
-	proxy := backhaul.New(backhaul.Options{})
+	proxy := testsupport.Must(backhaul.New(backhaul.Options{}))
 	t.Cleanup(proxy.Close)
 	srv := httptest.NewServer(&Handler{Table: live, Forwarder: proxy})
 	t.Cleanup(srv.Close)

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -47,12 +48,12 @@ func BenchmarkHandler(b *testing.B) {
 		name     string
 		observer func(reg prometheus.Registerer) Observer
 	}{
-		{"metrics", func(reg prometheus.Registerer) Observer { return Observers{NewMetrics(reg)} }},
+		{"metrics", func(reg prometheus.Registerer) Observer { return Observers{testsupport.Must(NewMetrics(reg))} }},
 		{"metrics+access-log", func(reg prometheus.Registerer) Observer {
-			return Observers{NewMetrics(reg), NewAccessLog(zerolog.New(io.Discard), 0, reg)}
+			return Observers{testsupport.Must(NewMetrics(reg)), testsupport.Must(NewAccessLog(zerolog.New(io.Discard), 0, reg))}
 		}},
 		{"metrics+access-log-limited", func(reg prometheus.Registerer) Observer {
-			return Observers{NewMetrics(reg), NewAccessLog(zerolog.New(io.Discard), 1, reg)}
+			return Observers{testsupport.Must(NewMetrics(reg)), testsupport.Must(NewAccessLog(zerolog.New(io.Discard), 1, reg))}
 		}},
 	}
 	for _, c := range cases {

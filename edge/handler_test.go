@@ -80,7 +80,7 @@ func newHandlerFixture(t *testing.T) *handlerFixture {
 		goapp:   newUpstream(t, "go"),
 		api:     newUpstream(t, "api"),
 	}
-	proxy := backhaul.New(backhaul.Options{})
+	proxy := testsupport.Must(backhaul.New(backhaul.Options{}))
 	t.Cleanup(proxy.Close)
 	f.h = &Handler{Table: f.live, Forwarder: proxy, Observer: f.obs}
 	f.srv = httptest.NewServer(f.h)

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/internal/promreg"
 )
 
 // noApplication labels requests no route was resolved for. Application names
@@ -69,8 +72,9 @@ func (l *lazyCounter) get() prometheus.Counter {
 	return c
 }
 
-// NewMetrics registers the request collectors on reg.
-func NewMetrics(reg prometheus.Registerer) *Metrics {
+// NewMetrics returns Metrics with its collectors registered on reg (nil: not
+// registered), or the registration's error.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scafo_edge_requests_total",
@@ -105,10 +109,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range Reasons {
 		m.self.WithLabelValues(noApplication, string(r))
 	}
-	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.self, m.inFlight, m.failovers)
+	if err := promreg.Register(reg, m.requests, m.duration, m.bytesIn, m.bytesOut, m.self, m.inFlight, m.failovers); err != nil {
+		return nil, fmt.Errorf("register request metrics: %w", err)
 	}
-	return m
+	return m, nil
 }
 
 // Observe implements Observer.
@@ -231,19 +235,21 @@ type AccessLog struct {
 }
 
 // NewAccessLog returns an access log writing to log at most perSecond lines
-// a second. perSecond <= 0 means no limit.
-func NewAccessLog(log zerolog.Logger, perSecond int, reg prometheus.Registerer) *AccessLog {
+// a second, its counter of dropped lines registered on reg (nil: not
+// registered), or the registration's error. perSecond <= 0 means no limit.
+func NewAccessLog(log zerolog.Logger, perSecond int, reg prometheus.Registerer) (*AccessLog, error) {
 	a := &AccessLog{log: log}
 	if perSecond > 0 {
 		a.limit = &lineLimiter{limit: int64(perSecond)}
 	}
-	if reg != nil {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "scafo_edge_access_log_dropped_total",
-			Help: "Access log lines not written because the rate limit was reached.",
-		}, func() float64 { return float64(a.dropped.Load()) }))
+	dropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "scafo_edge_access_log_dropped_total",
+		Help: "Access log lines not written because the rate limit was reached.",
+	}, func() float64 { return float64(a.dropped.Load()) })
+	if err := promreg.Register(reg, dropped); err != nil {
+		return nil, fmt.Errorf("register access log metrics: %w", err)
 	}
-	return a
+	return a, nil
 }
 
 // lineLimiter admits at most limit lines per second of the clock (a fixed

@@ -1,11 +1,13 @@
 package edge
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/internal/promreg"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -25,8 +27,9 @@ type Updater struct {
 	dropsTotal prometheus.Counter
 }
 
-// NewUpdater returns an Updater writing to live. reg may be nil (no metrics).
-func NewUpdater(live *Live, log zerolog.Logger, reg prometheus.Registerer) *Updater {
+// NewUpdater returns an Updater writing to live, its collectors registered
+// on reg (nil: no metrics), or the registration's error.
+func NewUpdater(live *Live, log zerolog.Logger, reg prometheus.Registerer) (*Updater, error) {
 	u := &Updater{
 		live: live,
 		log:  log,
@@ -57,10 +60,10 @@ func NewUpdater(live *Live, log zerolog.Logger, reg prometheus.Registerer) *Upda
 			Help: "Entries left out by compiles, summed over every document.",
 		}),
 	}
-	if reg != nil {
-		reg.MustRegister(u.changes, u.compileDur, u.routes, u.prefixes, u.dropped, u.dropsTotal)
+	if err := promreg.Register(reg, u.changes, u.compileDur, u.routes, u.prefixes, u.dropped, u.dropsTotal); err != nil {
+		return nil, fmt.Errorf("register routing table metrics: %w", err)
 	}
-	return u
+	return u, nil
 }
 
 // Apply compiles u's document, swaps it in and returns the new table. Every

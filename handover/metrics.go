@@ -1,6 +1,12 @@
 package handover
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/scafo/scafo-edge/internal/promreg"
+)
 
 // Results of a handover, the values of the "result" label of
 // scafo_edge_handovers_total.
@@ -15,8 +21,8 @@ const (
 )
 
 // NewCounter returns scafo_edge_handovers_total, with every result at zero,
-// registered with reg (nil: not registered).
-func NewCounter(reg prometheus.Registerer) *prometheus.CounterVec {
+// registered with reg (nil: not registered), or the registration's error.
+func NewCounter(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "scafo_edge_handovers_total",
 		Help: "Listener handovers between an old and a new edge on one state directory, by this process's part: given, received, fell_back.",
@@ -24,8 +30,8 @@ func NewCounter(reg prometheus.Registerer) *prometheus.CounterVec {
 	for _, r := range []string{ResultGiven, ResultReceived, ResultFellBack} {
 		c.WithLabelValues(r)
 	}
-	if reg != nil {
-		reg.MustRegister(c)
+	if err := promreg.Register(reg, c); err != nil {
+		return nil, fmt.Errorf("register handover metrics: %w", err)
 	}
-	return c
+	return c, nil
 }

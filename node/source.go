@@ -10,6 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/internal/promreg"
 )
 
 // Source is where the current routing document comes from: the node
@@ -347,13 +349,8 @@ func newMetrics(reg prometheus.Registerer, l *loop) (*metrics, error) {
 			return float64(l.Status().ConsecutiveFailures)
 		}),
 	}
-	for i, c := range cs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
-			return nil, fmt.Errorf("register routing metrics: %w", err)
-		}
+	if err := promreg.Register(reg, cs...); err != nil {
+		return nil, fmt.Errorf("register routing metrics: %w", err)
 	}
 	return m, nil
 }

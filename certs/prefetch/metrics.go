@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/scafo/scafo-edge/internal/promreg"
 )
 
 // results are the outcomes of a name's turn, the label values of
@@ -50,10 +52,8 @@ func newMetrics(reg prometheus.Registerer, q *Queue) (*metrics, error) {
 			Help: "Orders the prefetch budget allows now (the hourly bucket, less the names at work).",
 		}, func() float64 { return q.budget.remaining(q.now()) }),
 	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register prefetch metrics: %w", err)
-		}
+	if err := promreg.Register(reg, cs...); err != nil {
+		return nil, fmt.Errorf("register prefetch metrics: %w", err)
 	}
 	return mt, nil
 }

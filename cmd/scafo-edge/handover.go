@@ -73,15 +73,18 @@ func takeOver(ctx context.Context, c *config, log zerolog.Logger) inherited {
 
 // count records this start in scafo_edge_handovers_total, registered
 // with reg, and returns the counter for a later handover to a successor.
-func (in inherited) count(reg prometheus.Registerer) *prometheus.CounterVec {
-	c := handover.NewCounter(reg)
+func (in inherited) count(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
+	c, err := handover.NewCounter(reg)
+	if err != nil {
+		return nil, err
+	}
 	switch {
 	case in.taken != nil:
 		c.WithLabelValues(handover.ResultReceived).Inc()
 	case in.fellBack:
 		c.WithLabelValues(handover.ResultFellBack).Inc()
 	}
-	return c
+	return c, nil
 }
 
 // http3Released is closed once the old edge no longer reads the HTTP/3

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/edge"
+	"github.com/scafo/scafo-edge/internal/promreg"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -57,15 +59,18 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 	}()
 
 	p.reg = prometheus.NewRegistry()
-	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "scafo_edge_build_info", Help: "Always 1; the version label names the build.",
 	}, []string{"version"})
 	buildInfo.WithLabelValues(version).Set(1)
-	p.reg.MustRegister(buildInfo)
+	if err = promreg.Register(p.reg, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo); err != nil {
+		return nil, fmt.Errorf("register process metrics: %w", err)
+	}
 
 	p.live = &edge.Live{}
-	p.updater = edge.NewUpdater(p.live, log.With().Str("component", "routing").Logger(), p.reg)
+	if p.updater, err = edge.NewUpdater(p.live, log.With().Str("component", "routing").Logger(), p.reg); err != nil {
+		return nil, err
+	}
 	if handed != nil {
 		p.seed = handed
 		log.Info().Str("fingerprint", handed.Fingerprint).Time("fetched_at", handed.FetchedAt).Bool("stale", handed.Stale).
@@ -85,19 +90,27 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 		return nil, err
 	}
 
-	p.proxy = backhaul.New(backhaul.Options{
+	if p.proxy, err = backhaul.New(backhaul.Options{
 		DialTimeout:           c.dialTimeout,
 		ResponseHeaderTimeout: c.responseTimeout,
 		SendTimeout:           upstreamSendTimeout(c.sendTimeout),
 		TrustedProxies:        s.trusted,
 		Log:                   log.With().Str("component", "backhaul").Logger(),
 		Registerer:            p.reg,
-	})
+	}); err != nil {
+		return nil, err
+	}
 
-	p.metrics = edge.NewMetrics(p.reg)
+	if p.metrics, err = edge.NewMetrics(p.reg); err != nil {
+		return nil, err
+	}
 	observers := edge.Observers{p.metrics}
 	if c.accessLog {
-		observers = append(observers, edge.NewAccessLog(log.With().Str("component", "access").Logger(), c.accessLogRate, p.reg))
+		var access *edge.AccessLog
+		if access, err = edge.NewAccessLog(log.With().Str("component", "access").Logger(), c.accessLogRate, p.reg); err != nil {
+			return nil, err
+		}
+		observers = append(observers, access)
 	}
 	p.handler = &edge.Handler{Table: p.live, Forwarder: p.proxy, Observer: observers}
 
@@ -105,7 +118,9 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 		Name: "scafo_edge_tls_handshake_errors_total",
 		Help: "TLS handshakes that failed before a request: no certificate for the name, protocol errors, clients giving up.",
 	})
-	p.reg.MustRegister(p.handshakeErrors)
+	if err = promreg.Register(p.reg, p.handshakeErrors); err != nil {
+		return nil, fmt.Errorf("register handshake metrics: %w", err)
+	}
 	return p, nil
 }
 

@@ -54,7 +54,10 @@ func serve(ctx context.Context, c *config, s settings, log zerolog.Logger) error
 		return err
 	}
 	defer p.close()
-	handovers := in.count(p.reg)
+	handovers, err := in.count(p.reg)
+	if err != nil {
+		return err
+	}
 	sv, err := openServers(ctx, c, s, p, in.sockets, log)
 	if err != nil {
 		return err

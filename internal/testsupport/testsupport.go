@@ -13,6 +13,7 @@ package testsupport
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -129,4 +130,14 @@ func LogEntries(text, msg string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// Must returns v, and panics if err is not nil: for a constructor whose
+// error a test does not expect, Must(edge.NewMetrics(reg)), as Tailscale's
+// util/must.Get. The panic fails the test with err and where it came from.
+func Must[T any](v T, err error) T {
+	if err != nil {
+		panic(fmt.Sprintf("testsupport.Must: %v", err))
+	}
+	return v
 }

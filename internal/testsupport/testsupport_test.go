@@ -76,3 +76,15 @@ func TestClosedAddrRefusesConnections(t *testing.T) {
 		t.Fatalf("FreePort() = %d, want a port number", p)
 	}
 }
+
+func TestMust(t *testing.T) {
+	if got := Must(3, nil); got != 3 {
+		t.Errorf("Must(3, nil) = %d", got)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("Must with an error did not panic")
+		}
+	}()
+	Must(0, errors.New("boom"))
+}
