@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/run.sh: scafo-edge side by side with the proxies it replaces, on one
-# machine, in one run (issue 8). See bench/README.md for how to read it.
+# machine, in one run. See bench/README.md for how to read it.
 #
 # This script installs, builds, configures and starts things; the measuring
 # (/proc around each window, the load tools' output, per-request figures,
@@ -388,7 +388,7 @@ fi
 
 # --baseline-rev: a second scafo-edge, from commit BASELINE_REV, measured as
 # its own row (BASELINE, "scafo-edge@<short hash>") right after scafo-edge,
-# so before and after see the same machine (issue 13). Built as the edge is
+# so before and after see the same machine. Built as the edge is
 # (git archive, plain go build) and kept in CACHE per commit and Go version:
 # a commit does not change, so comparing against it again costs nothing.
 BASELINE='' BASELINE_BIN=''
@@ -893,7 +893,7 @@ run_cell() {
 # ------------------------------------------------------------------ report
 
 # report [--json]: the table (or the JSON) of every round's rows: medians,
-# "× direct" per round, issue 8's targets (bench/benchtab report).
+# "× direct" per round, the edge's targets (bench/benchtab report).
 report() {
 	local flags=(-results "$RESULTS" -cpus "$(nproc)" -duration "$DURATION" -warmup "$WARMUP"
 		-rounds "$ROUNDS" -connections "$CONNS" -threads "$THREADS" -workers "$WORKERS") p

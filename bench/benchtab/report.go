@@ -154,7 +154,7 @@ func orDash(v *float64, decimals int) string {
 }
 
 // writeTargets sets scafo-edge (and the --baseline-rev row, the same way)
-// against Caddy and nginx, per cell: issue 8's targets, req/s ≥ 1.5×
+// against Caddy and nginx, per cell: the targets the edge was built to, req/s ≥ 1.5×
 // Caddy's, CPU/req ≤ 0.6× Caddy's, p99 ≤ Caddy's; the stretch, CPU/req ≤ 2×
 // nginx's. Nothing is printed when no edge row measured.
 func writeTargets(w io.Writer, sums []Summary) {
@@ -204,7 +204,7 @@ func writeTargets(w io.Writer, sums []Summary) {
 		return
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "scafo-edge against the targets of issue 8 (ratios of this run):")
+	fmt.Fprintln(w, "scafo-edge against its targets (ratios of this run):")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| cell | proxy | req/s × Caddy (≥ 1.5) | CPU/req × Caddy (≤ 0.6) | p99 × Caddy (≤ 1) | CPU/req × nginx (stretch ≤ 2) |")
 	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|")

@@ -1,6 +1,7 @@
-// Command h3load is the HTTP/3 load generator of the benchmark (bench/run.sh,
-// issue 14). It opens N separate QUIC connections to one URL, keeps M GET
-// requests in flight on each of them for a fixed duration, and reports the
+// Command h3load is the HTTP/3 load generator of the benchmark (bench/run.sh):
+// one client for every HTTP/3 row, so the rows differ by proxy only. It
+// opens N separate QUIC connections to one URL, keeps M GET requests in
+// flight on each of them for a fixed duration, and reports the
 // requests completed, the request rate, the response body bytes, the errors
 // (transport errors and non-2xx responses counted separately) and the
 // latency percentiles p50/p90/p99/max.
