@@ -196,7 +196,7 @@ func TestQueueOrder(t *testing.T) {
 
 	t.Run("a name back in the document after leaving it is queued again", func(t *testing.T) {
 		f := newFakeCerts("a.test")
-		q := startQueue(t, f, newStorage(t), Options{DialContext: dialTo(closedAddr(t)), RetryBase: time.Hour})
+		q := startQueue(t, f, newStorage(t), Options{DialContext: dialTo(testsupport.ClosedAddr(t)), RetryBase: time.Hour})
 		q.Update([]string{"a.test"})
 		testsupport.WaitFor(t, 10*time.Second, "a.test unreachable", func() bool { return stateOf(q, "a.test") == Unreachable })
 		q.Update(nil)

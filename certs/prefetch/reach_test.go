@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
 func newStorage(t *testing.T) certmagic.Storage {
@@ -60,7 +62,7 @@ func TestReach(t *testing.T) {
 		{"a server with another storage does not", edgeServer(t, newStorage(t)), false},
 		{"a server echoing the request does not", echo.Listener.Addr().String(), false},
 		{"a redirect is not followed and does not count", redirect.Listener.Addr().String(), false},
-		{"nothing listening does not", closedAddr(t), false},
+		{"nothing listening does not", testsupport.ClosedAddr(t), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newProber(shared, dialTo(tc.to), 5*time.Second)
@@ -96,17 +98,6 @@ func TestReach(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-// closedAddr returns a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
 
 func TestServeReachIgnoresOtherPaths(t *testing.T) {
 	storage := newStorage(t)
