@@ -5,7 +5,9 @@
 // (expose-fd listeners, -x) and nginx's binary upgrade, across containers
 // that share the state volume and the host's network.
 //
-// It owns the UNIX socket <state-dir>/handover.sock (mode 0600, owner only),
+// It owns the UNIX socket <state-dir>/handover.sock (mode 0600, owner only;
+// on Linux a successor is also refused unless the kernel says it runs as
+// the edge's user or root, so a loosened mode gives nobody the sockets),
 // the exchange over it, and the order of the steps. It knows nothing about
 // HTTP serving, TLS or routing: the caller hands it listeners and a routing
 // document and does the serving and the stopping.

@@ -26,7 +26,12 @@ import (
 	"github.com/scafo/scafo-edge/node"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(takeAsChildEnv); dir != "" {
+		os.Exit(takeAsChild(dir))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 const testDoc = `{"v":1,"routes":[{"host":"app.example","application":"app","upstreams":[{"node":"n1","address":"127.0.0.1:1"}]}]}`
 

@@ -144,6 +144,19 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 		return fmt.Errorf("hello: %w", err)
 	}
 	c.SetDeadline(start.Add(o.timeout))
+	// The socket's mode keeps other users out only as long as nobody
+	// loosens it (a volume's permissions, a umask, a chmod): whoever
+	// connects gets the listening sockets, so the kernel's word on who
+	// that is decides, after the hello so the refusal reaches the peer.
+	uid, err := peerUID(c)
+	if err != nil {
+		writeFrame(c, frame{Kind: kindRefused, Error: "cannot tell who you are"}, nil)
+		return err
+	}
+	if !mayTake(uid, uint32(os.Geteuid())) {
+		writeFrame(c, frame{Kind: kindRefused, Error: "not this edge's user"}, nil)
+		return fmt.Errorf("refused a successor running as uid %d: only this edge's user (uid %d) or root may take its sockets", uid, os.Geteuid())
+	}
 	if hello.Kind != kindHello || hello.Protocol != protocol {
 		writeFrame(c, frame{Kind: kindRefused, Error: "want " + protocol}, nil)
 		return fmt.Errorf("hello: got %s %q, want %s", hello.Kind, hello.Protocol, protocol)
@@ -173,6 +186,13 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 		return fmt.Errorf("ack: got %s", ack.Kind)
 	}
 	return nil
+}
+
+// mayTake reports whether a successor running as peer may take the sockets
+// of an edge running as own: the same user, or root, who could take them
+// from this process anyway.
+func mayTake(peer, own uint32) bool {
+	return peer == own || peer == 0
 }
 
 // Handoff is the old edge's line to the successor that took its sockets:
