@@ -394,7 +394,7 @@ func TestStaleHandoverSocketDoesNotBlockStartUp(t *testing.T) {
 }
 
 // assertOffers checks the edge on state has put its own handover socket,
-// owner-only, in place of the file that was there (before).
+// owner-only, in place of the file that was there (before; nil: none).
 func assertOffers(t *testing.T, state string, before os.FileInfo) {
 	t.Helper()
 	path := filepath.Join(state, handover.SocketFile)
@@ -403,7 +403,7 @@ func assertOffers(t *testing.T, state string, before os.FileInfo) {
 		switch {
 		case err != nil:
 			return err
-		case os.SameFile(fi, before):
+		case before != nil && os.SameFile(fi, before):
 			return errors.New("still the socket file that was there before the edge started")
 		case fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600:
 			return fmt.Errorf("mode %v, want a socket with 0600", fi.Mode())
@@ -435,4 +435,68 @@ func handoverSocket(t *testing.T, state string) (*net.UnixListener, os.FileInfo)
 		t.Fatal(err)
 	}
 	return l, fi
+}
+
+// TestShuttingDownEdgeHandsNothingOver: an edge told to stop (SIGTERM, as
+// docker stop sends) stops offering its sockets before it closes them, so
+// a successor started meanwhile finds nobody offering and binds its own,
+// instead of being refused sockets already closed (and, had it taken them
+// just before the signal, of being left without its release for the whole
+// drain: serve hands off to a successor that got in first).
+func TestShuttingDownEdgeHandsNothingOver(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		io.WriteString(w, "late")
+	}))
+	defer upstream.Close()
+	defer close(release)
+
+	state := t.TempDir()
+	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
+		{Host: "slow.example", Application: "slow", Upstreams: []node.Upstream{{Node: "n", Address: upstream.Listener.Addr().String()}}},
+	}})
+	e := startEdge(t, "--routes-file", routes, "--tls", "off", "--state-dir", state, "--shutdown-timeout", "20s")
+	waitEdgeReady(t, e)
+	assertOffers(t, state, nil)
+
+	answered := make(chan string, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", "http://"+e.HTTPAddr+"/", nil)
+		req.Host = "slow.example"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		answered <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	<-arrived // a request in flight keeps the edge draining
+
+	e.cmd.Process.Signal(syscall.SIGTERM)
+	testsupport.WaitFor(t, 10*time.Second, "the edge to start shutting down", func() bool { return e.logged("shutting down") })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tk, err := handover.Take(ctx, state)
+	if err == nil {
+		tk.Sockets.Close()
+		tk.Close()
+		t.Fatal("a draining edge handed its sockets over; its successor would wait for edge.db until the drain ends")
+	}
+	if !errors.Is(err, handover.ErrNoPeer) {
+		t.Errorf("Take from a draining edge: %v, want ErrNoPeer", err)
+	}
+
+	release <- struct{}{}
+	if got := <-answered; got != "200 late" {
+		t.Errorf("the request in flight at SIGTERM got %q, want 200 late", got)
+	}
+	if err := e.stop(t); err != nil {
+		t.Errorf("edge exit: %v", err)
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -134,16 +135,18 @@ func (in inherited) close() {
 }
 
 // offer lets the next edge started on --state-dir take this one's sockets.
-// The channel receives the handoff once a successor holds them; stop ends
-// the offer (and a handoff nobody received).
-func offer(c *config, sv *servers, log zerolog.Logger) (handoffs <-chan *handover.Handoff, stop func()) {
+// The channel receives the handoff once a successor holds them. stop ends
+// the offer, after an exchange already under way, and returns the handoff
+// of a successor that took the sockets and that nobody received, for the
+// caller to run; later calls return nil.
+func offer(c *config, sv *servers, log zerolog.Logger) (handoffs <-chan *handover.Handoff, stop func() *handover.Handoff) {
 	if !c.handover {
-		return nil, func() {}
+		return nil, func() *handover.Handoff { return nil }
 	}
 	o, err := handover.Listen(c.stateDir, log)
 	if err != nil {
 		log.Warn().Err(err).Msg("handover: cannot offer this edge's sockets to a successor; an upgrade will have to stop it first")
-		return nil, func() {}
+		return nil, func() *handover.Handoff { return nil }
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	got := make(chan *handover.Handoff, 1)
@@ -154,15 +157,19 @@ func offer(c *config, sv *servers, log zerolog.Logger) (handoffs <-chan *handove
 			got <- h
 		}
 	}()
-	return got, func() {
-		cancel()
-		<-done
-		o.Close()
-		select {
-		case h := <-got:
-			h.Close()
-		default:
-		}
+	var once sync.Once
+	return got, func() *handover.Handoff {
+		var pending *handover.Handoff
+		once.Do(func() {
+			cancel()
+			<-done
+			o.Close()
+			select {
+			case pending = <-got:
+			default:
+			}
+		})
+		return pending
 	}
 }
 

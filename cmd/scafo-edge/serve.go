@@ -70,16 +70,30 @@ func serve(ctx context.Context, c *config, s settings, log zerolog.Logger) error
 	errc := sv.start(in.http3Released(hlog))
 	stopSource := p.runSource(log, sv.tls.tableChanged)
 	handoffs, stopOffer := offer(c, sv, hlog)
-	defer stopOffer()
-
-	var runErr error
-	select {
-	case h := <-handoffs:
+	defer func() {
+		if h := stopOffer(); h != nil {
+			h.Close()
+		}
+	}()
+	handOffTo := func(h *handover.Handoff) error {
 		handovers.WithLabelValues(handover.ResultGiven).Inc()
 		handOff(h, c, p, sv, stopSource, stopTLS, hlog)
 		log.Info().Msg("scafo-edge stopped")
 		return nil
+	}
+
+	var runErr error
+	select {
+	case h := <-handoffs:
+		return handOffTo(h)
 	case <-ctx.Done():
+		// Nobody may take the sockets once they start closing with the
+		// servers. A successor that took them before the signal, or
+		// while it came, is handed off to as without it: left waiting,
+		// it would bind nothing and wait for edge.db for the whole drain.
+		if h := stopOffer(); h != nil {
+			return handOffTo(h)
+		}
 		log.Info().Dur("timeout", c.shutdownTimeout).Msg("shutting down: listeners closed, waiting for in-flight requests")
 	case runErr = <-errc:
 		log.Error().Err(runErr).Msg("listener failed; shutting down")
