@@ -75,33 +75,45 @@ func serve(ctx context.Context, c *config, s settings, log zerolog.Logger) error
 			h.Close()
 		}
 	}()
-	handOffTo := func(h *handover.Handoff) error {
+
+	h, runErr := awaitEnd(ctx, handoffs, errc, stopOffer)
+	if runErr != nil {
+		log.Error().Err(runErr).Msg("listener failed; shutting down")
+	}
+	if h != nil {
+		// The successor holds the sockets and serves on them: this edge
+		// exits 0 even after a listener failed, or a restart on failure
+		// would start an edge that takes them back from it.
 		handovers.WithLabelValues(handover.ResultGiven).Inc()
 		handOff(h, c, p, sv, stopSource, stopTLS, hlog)
 		log.Info().Msg("scafo-edge stopped")
 		return nil
 	}
-
-	var runErr error
-	select {
-	case h := <-handoffs:
-		return handOffTo(h)
-	case <-ctx.Done():
-		// Nobody may take the sockets once they start closing with the
-		// servers. A successor that took them before the signal, or
-		// while it came, is handed off to as without it: left waiting,
-		// it would bind nothing and wait for edge.db for the whole drain.
-		if h := stopOffer(); h != nil {
-			return handOffTo(h)
-		}
+	if runErr == nil {
 		log.Info().Dur("timeout", c.shutdownTimeout).Msg("shutting down: listeners closed, waiting for in-flight requests")
-	case runErr = <-errc:
-		log.Error().Err(runErr).Msg("listener failed; shutting down")
 	}
 	sv.shutdown(c.shutdownTimeout, log)
 	stopSource()
 	log.Info().Msg("scafo-edge stopped")
 	return runErr
+}
+
+// awaitEnd waits until serving ends: a successor took the sockets, ctx
+// ended (SIGTERM) or a listener failed (its error). In the last two it
+// stops the offer first: nobody may take the sockets once they start
+// closing with the servers, and a successor that took them before or while
+// serving ended is returned to be handed off to, since left waiting it
+// would bind nothing and wait for edge.db for the whole drain. A nil
+// handoff: shut down without one.
+func awaitEnd(ctx context.Context, handoffs <-chan *handover.Handoff, errc <-chan error, stopOffer func() *handover.Handoff) (*handover.Handoff, error) {
+	select {
+	case h := <-handoffs:
+		return h, nil
+	case <-ctx.Done():
+		return stopOffer(), nil
+	case err := <-errc:
+		return stopOffer(), err
+	}
 }
 
 // upstreamSendTimeout maps --send-timeout to backhaul's option, where zero
