@@ -475,7 +475,13 @@ func TestShuttingDownEdgeHandsNothingOver(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		answered <- fmt.Sprintf("%d %s", resp.StatusCode, b)
 	}()
-	<-arrived // a request in flight keeps the edge draining
+	select { // a request in flight keeps the edge draining
+	case <-arrived:
+	case got := <-answered:
+		t.Fatalf("the request answered %q without reaching the upstream", got)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request never reached the upstream")
+	}
 
 	e.cmd.Process.Signal(syscall.SIGTERM)
 	testsupport.WaitFor(t, 10*time.Second, "the edge to start shutting down", func() bool { return e.logged("shutting down") })
@@ -493,8 +499,13 @@ func TestShuttingDownEdgeHandsNothingOver(t *testing.T) {
 	}
 
 	release <- struct{}{}
-	if got := <-answered; got != "200 late" {
-		t.Errorf("the request in flight at SIGTERM got %q, want 200 late", got)
+	select {
+	case got := <-answered:
+		if got != "200 late" {
+			t.Errorf("the request in flight at SIGTERM got %q, want 200 late", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the request in flight at SIGTERM was never answered")
 	}
 	if err := e.stop(t); err != nil {
 		t.Errorf("edge exit: %v", err)
