@@ -33,6 +33,7 @@ import (
 
 	"github.com/scafo/scafo-edge/certs/prefetch"
 	"github.com/scafo/scafo-edge/internal/hostname"
+	"github.com/scafo/scafo-edge/internal/promreg"
 )
 
 // Mode selects where certificates come from.
@@ -233,7 +234,19 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		storage = &accountLocal{shared: opts.Storage, local: local}
 	}
 
-	m.metrics, err = newMetrics(opts.Registerer, m)
+	// Metrics are registered first and other parts can fail after them:
+	// what the batch registered is unregistered then, so a failed New
+	// leaves the registry as it found it.
+	reg, batch := opts.Registerer, promreg.NewBatch(opts.Registerer)
+	if batch != nil {
+		reg = batch
+	}
+	fail := func(err error) (*Manager, error) {
+		m.Close()
+		batch.Undo()
+		return nil, err
+	}
+	m.metrics, err = newMetrics(reg, m)
 	if err != nil {
 		return nil, err
 	}
@@ -258,8 +271,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.Mode == ModeInternal {
 		m.ca, err = loadOrCreateInternalCA(ctx, storage)
 		if err != nil {
-			m.Close()
-			return nil, err
+			return fail(err)
 		}
 		m.cfg.Issuers = []certmagic.Issuer{m.ca}
 		if m.wcfg != nil {
@@ -268,8 +280,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	} else {
 		roots, err := trustedRoots(opts.CARoot)
 		if err != nil {
-			m.Close()
-			return nil, err
+			return fail(err)
 		}
 		tmpl := certmagic.ACMEIssuer{
 			CA:           opts.CA,
@@ -298,9 +309,8 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	}
 
 	if opts.Prefetch != nil && opts.Mode == ModeACME {
-		if err := m.startPrefetch(*opts.Prefetch, opts.Registerer); err != nil {
-			m.Close()
-			return nil, err
+		if err := m.startPrefetch(*opts.Prefetch, reg); err != nil {
+			return fail(err)
 		}
 	}
 
@@ -311,8 +321,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		}
 		sort.Strings(names)
 		if err := m.wcfg.ManageAsync(m.ctx, names); err != nil {
-			m.Close()
-			return nil, fmt.Errorf("manage wildcard certificates: %w", err)
+			return fail(fmt.Errorf("manage wildcard certificates: %w", err))
 		}
 	}
 	return m, nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"go.uber.org/zap"
 
@@ -138,6 +139,26 @@ func TestNewRejectsBadOptions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFailedNewLeavesTheRegistryAsItFoundIt: New registers its metrics
+// before parts that can still fail; a failure unregisters them, so the
+// caller may build another Manager on the same registry.
+func TestFailedNewLeavesTheRegistryAsItFoundIt(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	db := openTestDB(t, t.TempDir())
+	if m, err := New(context.Background(), Options{Mode: ModeACME, DB: db, CARoot: "-----BEGIN nothing", Registerer: reg}); err == nil {
+		m.Close()
+		t.Fatal("New accepted a CA root without a certificate")
+	}
+	if mfs, err := reg.Gather(); err != nil || len(mfs) != 0 {
+		t.Fatalf("after a failed New the registry holds %d families (%v), want none", len(mfs), err)
+	}
+	m, err := New(context.Background(), Options{Mode: ModeInternal, DB: db, Registerer: reg})
+	if err != nil {
+		t.Fatalf("a second New on the registry: %v", err)
+	}
+	m.Close()
 }
 
 func TestModeOff(t *testing.T) {

@@ -39,3 +39,34 @@ func TestRegister(t *testing.T) {
 		}
 	})
 }
+
+func TestBatchUndo(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b := NewBatch(reg)
+	if err := Register(b, counter("a_total"), counter("b_total")); err != nil {
+		t.Fatal(err)
+	}
+	b.MustRegister(counter("c_total"))
+	kept := counter("d_total")
+	reg.MustRegister(kept) // not through the batch: Undo leaves it
+	b.Undo()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mfs) != 1 || mfs[0].GetName() != "d_total" {
+		var names []string
+		for _, mf := range mfs {
+			names = append(names, mf.GetName())
+		}
+		t.Errorf("after Undo: %v registered, want only d_total", names)
+	}
+	if err := Register(b, counter("a_total")); err != nil {
+		t.Errorf("a_total could not be registered again after Undo: %v", err)
+	}
+	var none *Batch
+	none.Undo() // a nil Batch, from a nil registry, undoes nothing
+	if NewBatch(nil) != nil {
+		t.Error("NewBatch(nil) is not nil")
+	}
+}
