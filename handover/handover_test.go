@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(takeAsChildEnv); dir != "" {
 		os.Exit(takeAsChild(dir))
 	}
+	if dir := os.Getenv(silentAsChildEnv); dir != "" {
+		os.Exit(silentAsChild(dir))
+	}
 	goleak.VerifyTestMain(m)
 }
 

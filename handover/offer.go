@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/time/rate"
 
 	"github.com/scafo/scafo-edge/node"
 )
@@ -44,6 +45,7 @@ type Offer struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	refusals  rate.Sometimes // logs refused strangers: the first, then one a minute
 }
 
 // Listen starts offering on <dir>/handover.sock, replacing a stale file
@@ -83,7 +85,8 @@ func Listen(dir string, log zerolog.Logger) (*Offer, error) {
 	if err := os.Rename(tmp, path); err != nil {
 		return fail("rename into place", err)
 	}
-	return &Offer{ln: ln, path: path, file: fi, log: log, timeout: exchangeTimeout}, nil
+	return &Offer{ln: ln, path: path, file: fi, log: log, timeout: exchangeTimeout,
+		refusals: rate.Sometimes{First: 1, Interval: time.Minute}}, nil
 }
 
 // Path returns the handover socket's path.
@@ -121,6 +124,12 @@ func (o *Offer) Wait(ctx context.Context, socks Sockets) (*Handoff, error) {
 			}
 			return nil, fmt.Errorf("accept on handover socket: %w", err)
 		}
+		// A stranger is answered beside the loop, so that one who connects
+		// and says nothing costs a successor queued behind it no time.
+		if reason, err := o.admit(c); err != nil {
+			go o.refuse(c, reason, err)
+			continue
+		}
 		if err := o.exchange(c, socks); err != nil {
 			o.log.Warn().Err(err).Msg("handover: a successor connected but did not take the sockets; still serving")
 			c.Close()
@@ -144,19 +153,6 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 		return fmt.Errorf("hello: %w", err)
 	}
 	c.SetDeadline(start.Add(o.timeout))
-	// The socket's mode keeps other users out only as long as nobody
-	// loosens it (a volume's permissions, a umask, a chmod): whoever
-	// connects gets the listening sockets, so the kernel's word on who
-	// that is decides, after the hello so the refusal reaches the peer.
-	uid, err := peerUID(c)
-	if err != nil {
-		writeFrame(c, frame{Kind: kindRefused, Error: "cannot tell who you are"}, nil)
-		return err
-	}
-	if !mayTake(uid, uint32(os.Geteuid())) {
-		writeFrame(c, frame{Kind: kindRefused, Error: "not this edge's user"}, nil)
-		return fmt.Errorf("refused a successor running as uid %d: only this edge's user (uid %d) or root may take its sockets", uid, os.Geteuid())
-	}
 	if hello.Kind != kindHello || hello.Protocol != protocol {
 		writeFrame(c, frame{Kind: kindRefused, Error: "want " + protocol}, nil)
 		return fmt.Errorf("hello: got %s %q, want %s", hello.Kind, hello.Protocol, protocol)
@@ -186,6 +182,37 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 		return fmt.Errorf("ack: got %s", ack.Kind)
 	}
 	return nil
+}
+
+// admit checks who is at the other end of c before anything is said. The
+// socket's mode keeps other users out only as long as nobody loosens it (a
+// volume's permissions, a umask, a chmod), and whoever connects would get
+// the listening sockets: the kernel's word on who that is decides. A
+// refusal comes with the reason to tell the peer.
+func (o *Offer) admit(c *net.UnixConn) (reason string, err error) {
+	uid, err := peerUID(c)
+	if err != nil {
+		return "cannot tell who you are", err
+	}
+	if !mayTake(uid, uint32(os.Geteuid())) {
+		return "not this edge's user", fmt.Errorf("a process running as uid %d asked for the sockets: only this edge's user (uid %d) or root may take them", uid, os.Geteuid())
+	}
+	return "", nil
+}
+
+// refuse lets the peer say its hello (so that it reads the refusal rather
+// than a broken pipe), tells it reason and hangs up, within helloTimeout.
+// The first refusal is logged, then one a minute: a stranger may knock
+// often.
+func (o *Offer) refuse(c *net.UnixConn, reason string, err error) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(helloTimeout))
+	_, stray, _ := readFrame(c)
+	closeFDs(stray)
+	writeFrame(c, frame{Kind: kindRefused, Error: reason}, nil)
+	o.refusals.Do(func() {
+		o.log.Warn().Err(err).Msg("handover: refused a process that is not this edge's user; still serving")
+	})
 }
 
 // mayTake reports whether a successor running as peer may take the sockets

@@ -1,9 +1,12 @@
 package handover
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +54,33 @@ func takeAsChild(dir string) int {
 	return 1
 }
 
+// silentAsChildEnv makes the test binary, run as a child, open
+// silentPeers connections to the handover socket in the directory it names,
+// say "connected", and hold them, silent, until its stdin closes.
+const silentAsChildEnv = "SCAFO_HANDOVER_TEST_SILENT_DIR"
+
+// silentPeers silent strangers would cost a successor queued behind them
+// more than its 5s if each held the offer for its hello's second.
+const silentPeers = 8
+
+func silentAsChild(dir string) int {
+	var conns []net.Conn
+	for range silentPeers {
+		c, err := net.Dial("unix", filepath.Join(dir, SocketFile))
+		if err != nil {
+			fmt.Println(err)
+			return 1
+		}
+		conns = append(conns, c)
+	}
+	fmt.Println("connected")
+	io.Copy(io.Discard, os.Stdin)
+	for _, c := range conns {
+		c.Close()
+	}
+	return 0
+}
+
 // TestOfferRefusesAnotherUser loosens the socket's mode, as a volume's
 // permissions or a umask might, and has a process of another user ask for
 // the sockets: the kernel's record of who connected decides, the offer
@@ -86,12 +116,34 @@ func TestOfferRefusesAnotherUser(t *testing.T) {
 	}
 	handoffs := wait(t, o, old.socks)
 
+	asNobody := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, NoSetGroups: true}}
 	child := exec.Command(bin, "-test.run=^$")
 	child.Env = append(os.Environ(), takeAsChildEnv+"="+dir)
-	child.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, NoSetGroups: true}}
+	child.SysProcAttr = asNobody
 	out, err := child.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "not this edge's user") {
 		t.Fatalf("Take as uid 65534: %v\n%s\nwant a refusal naming the user", err, out)
+	}
+
+	// Strangers who connect and say nothing are queued ahead of the
+	// successor: it still takes the sockets within its budget.
+	silent := exec.Command(bin, "-test.run=^$")
+	silent.Env = append(os.Environ(), silentAsChildEnv+"="+dir)
+	silent.SysProcAttr = asNobody
+	hold, err := silent.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	said, err := silent.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := silent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hold.Close(); silent.Wait() })
+	if line, _ := bufio.NewReader(said).ReadString('\n'); line != "connected\n" {
+		t.Fatalf("silent strangers: %q", line)
 	}
 
 	tk := take(t, dir)
