@@ -29,6 +29,17 @@ const exchangeTimeout = 5 * time.Second
 // its own (cmd's 5s): the silent one may cost it this much, not all of it.
 const helloTimeout = time.Second
 
+// maxHello bounds the hello read from a stranger before it is refused:
+// the payload is set aside as announced, and a real hello is a few dozen
+// bytes.
+const maxHello = 4 << 10
+
+// maxRefusing bounds the strangers waited on for their hello at once: each
+// holds a descriptor and a goroutine for up to helloTimeout, and one who
+// keeps connecting must not run this process out of descriptors. Those
+// beyond it are hung up on without a word.
+const maxRefusing = 4
+
 // maxSocketPath is the longest path a UNIX socket address holds on Linux
 // (sun_path is 108 bytes, NUL included).
 const maxSocketPath = 107
@@ -46,6 +57,16 @@ type Offer struct {
 	closeOnce sync.Once
 	closeErr  error
 	refusals  rate.Sometimes // logs refused strangers: the first, then one a minute
+	// uidOf tells who is at the other end of a connection; tests replace
+	// it to play a stranger without a second user.
+	uidOf func(*net.UnixConn) (uint32, error)
+
+	// mu guards strangers, the connections being refused, and closed,
+	// after which none is added; refusing counts them for Close to wait.
+	mu        sync.Mutex
+	strangers map[*net.UnixConn]struct{}
+	closed    bool
+	refusing  sync.WaitGroup
 }
 
 // Listen starts offering on <dir>/handover.sock, replacing a stale file
@@ -86,20 +107,29 @@ func Listen(dir string, log zerolog.Logger) (*Offer, error) {
 		return fail("rename into place", err)
 	}
 	return &Offer{ln: ln, path: path, file: fi, log: log, timeout: exchangeTimeout,
-		refusals: rate.Sometimes{First: 1, Interval: time.Minute}}, nil
+		refusals: rate.Sometimes{First: 1, Interval: time.Minute}, uidOf: peerUID,
+		strangers: map[*net.UnixConn]struct{}{}}, nil
 }
 
 // Path returns the handover socket's path.
 func (o *Offer) Path() string { return o.path }
 
 // Close stops offering and removes the socket file if it is still this
-// offer's (a successor may already have put its own in its place).
+// offer's (a successor may already have put its own in its place). The
+// strangers still being refused are hung up on: none outlives Close.
 func (o *Offer) Close() error {
 	o.closeOnce.Do(func() {
 		o.closeErr = o.ln.Close()
 		if fi, err := os.Lstat(o.path); err == nil && os.SameFile(fi, o.file) {
 			os.Remove(o.path)
 		}
+		o.mu.Lock()
+		o.closed = true
+		for c := range o.strangers {
+			c.SetDeadline(time.Now())
+		}
+		o.mu.Unlock()
+		o.refusing.Wait()
 	})
 	return o.closeErr
 }
@@ -127,7 +157,7 @@ func (o *Offer) Wait(ctx context.Context, socks Sockets) (*Handoff, error) {
 		// A stranger is answered beside the loop, so that one who connects
 		// and says nothing costs a successor queued behind it no time.
 		if reason, err := o.admit(c); err != nil {
-			go o.refuse(c, reason, err)
+			o.startRefusal(c, reason, err)
 			continue
 		}
 		if err := o.exchange(c, socks); err != nil {
@@ -190,7 +220,7 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 // the listening sockets: the kernel's word on who that is decides. A
 // refusal comes with the reason to tell the peer.
 func (o *Offer) admit(c *net.UnixConn) (reason string, err error) {
-	uid, err := peerUID(c)
+	uid, err := o.uidOf(c)
 	if err != nil {
 		return "cannot tell who you are", err
 	}
@@ -200,18 +230,45 @@ func (o *Offer) admit(c *net.UnixConn) (reason string, err error) {
 	return "", nil
 }
 
+// startRefusal refuses c in a goroutine of its own, which Close ends and
+// waits for; beyond maxRefusing at once, or once the offer is closed, c is
+// hung up on at once.
+func (o *Offer) startRefusal(c *net.UnixConn, reason string, err error) {
+	c.SetDeadline(time.Now().Add(helloTimeout))
+	o.mu.Lock()
+	if o.closed || len(o.strangers) >= maxRefusing {
+		o.mu.Unlock()
+		c.Close()
+		o.logRefusal(err)
+		return
+	}
+	o.strangers[c] = struct{}{}
+	o.refusing.Add(1)
+	o.mu.Unlock()
+	go func() {
+		defer o.refusing.Done()
+		o.refuse(c, reason, err)
+		o.mu.Lock()
+		delete(o.strangers, c)
+		o.mu.Unlock()
+	}()
+}
+
 // refuse lets the peer say its hello (so that it reads the refusal rather
-// than a broken pipe), tells it reason and hangs up, within helloTimeout.
-// The first refusal is logged, then one a minute: a stranger may knock
-// often.
+// than a broken pipe), tells it reason and hangs up, by c's deadline.
 func (o *Offer) refuse(c *net.UnixConn, reason string, err error) {
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(helloTimeout))
-	_, stray, _ := readFrame(c)
+	_, stray, _ := readFrameUpTo(c, maxHello)
 	closeFDs(stray)
 	writeFrame(c, frame{Kind: kindRefused, Error: reason}, nil)
+	o.logRefusal(err)
+}
+
+// logRefusal logs the first refusal, then one a minute: a stranger may
+// knock often.
+func (o *Offer) logRefusal(err error) {
 	o.refusals.Do(func() {
-		o.log.Warn().Err(err).Msg("handover: refused a process that is not this edge's user; still serving")
+		o.log.Warn().Err(err).Msg("handover: refused a process that may not take this edge's sockets; still serving")
 	})
 }
 

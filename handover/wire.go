@@ -85,6 +85,13 @@ func writeFrame(c *net.UnixConn, f frame, fds []int) error {
 // readFrame reads one frame and any descriptors that came with it. On error
 // the descriptors received are closed, so none leak into the process.
 func readFrame(c *net.UnixConn) (f frame, fds []int, err error) {
+	return readFrameUpTo(c, maxFrame)
+}
+
+// readFrameUpTo is readFrame for a frame of at most limit bytes: its
+// payload is allocated as announced, so a peer not yet trusted is read with
+// a small limit.
+func readFrameUpTo(c *net.UnixConn, limit uint32) (f frame, fds []int, err error) {
 	defer func() {
 		if err != nil {
 			closeFDs(fds)
@@ -96,8 +103,8 @@ func readFrame(c *net.UnixConn) (f frame, fds []int, err error) {
 		return f, fds, fmt.Errorf("read frame: %w", err)
 	}
 	size := binary.BigEndian.Uint32(hdr[:])
-	if size > maxFrame {
-		return f, fds, fmt.Errorf("read frame: %d bytes announced, at most %d", size, maxFrame)
+	if size > limit {
+		return f, fds, fmt.Errorf("read frame: %d bytes announced, at most %d", size, limit)
 	}
 	payload := make([]byte, size)
 	if fds, err = readFull(c, payload, fds); err != nil {
