@@ -29,9 +29,10 @@ const exchangeTimeout = 5 * time.Second
 // its own (cmd's 5s): the silent one may cost it this much, not all of it.
 const helloTimeout = time.Second
 
-// maxHello bounds the hello read from a stranger before it is refused:
-// the payload is set aside as announced, and a real hello is a few dozen
-// bytes.
+// maxHello bounds every frame the old edge reads, a hello or an ack from a
+// successor, a hello from a stranger before it is refused: the payload is
+// set aside as announced, and those frames are a few dozen bytes. Only the
+// successor reads big frames (the routing document).
 const maxHello = 4 << 10
 
 // maxRefusing bounds the strangers waited on for their hello at once: each
@@ -177,7 +178,7 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 	c.SetDeadline(start.Add(min(helloTimeout, o.timeout)))
 	// Descriptors are only ever sent to the successor: any a peer attaches
 	// are closed, or they would stay open in this process for good.
-	hello, stray, err := readFrame(c)
+	hello, stray, err := readFrameUpTo(c, maxHello)
 	closeFDs(stray)
 	if err != nil {
 		return fmt.Errorf("hello: %w", err)
@@ -203,7 +204,7 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 	if err := writeFrame(c, frame{Kind: kindSockets, Roles: roles}, fds); err != nil {
 		return err
 	}
-	ack, stray, err := readFrame(c)
+	ack, stray, err := readFrameUpTo(c, maxHello)
 	closeFDs(stray)
 	if err != nil {
 		return fmt.Errorf("ack: %w", err)

@@ -15,33 +15,52 @@ import (
 	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
-// TestRefusalReadsOnlyAHello: a stranger is let say its hello before it is
-// refused, and a hello is small; a stranger announcing the largest frame the
-// exchange knows must not make the edge set aside that much for it, or a
-// few of them at once would exhaust its memory.
-func TestRefusalReadsOnlyAHello(t *testing.T) {
-	o := listen(t, t.TempDir())
-	peer, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: o.Path(), Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
-	c, err := o.ln.AcceptUnix()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var hdr [4]byte
-	binary.BigEndian.PutUint32(hdr[:], maxFrame)
-	if _, err := peer.Write(hdr[:]); err != nil {
-		t.Fatal(err)
-	}
-	peer.CloseWrite()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	o.refuse(c, "not this edge's user", errors.New("a stranger"))
-	runtime.ReadMemStats(&after)
-	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
-		t.Errorf("refusing a stranger that announced %d bytes allocated %d bytes", maxFrame, got)
+// TestOldEdgeReadsOnlySmallFrames: the old edge reads hellos and acks,
+// never more than a few dozen bytes, from a stranger or a successor alike;
+// a peer announcing the largest frame the exchange knows must not make it
+// set aside that much, or a few of them at once would exhaust its memory.
+func TestOldEdgeReadsOnlySmallFrames(t *testing.T) {
+	old := bindProcess(t, "old")
+	t.Cleanup(func() { old.socks.Close() })
+	for _, tc := range []struct {
+		name string
+		read func(o *Offer, c *net.UnixConn)
+	}{
+		{"refusing a stranger", func(o *Offer, c *net.UnixConn) {
+			o.refuse(c, "not this edge's user", errors.New("a stranger"))
+		}},
+		{"a successor's hello", func(o *Offer, c *net.UnixConn) {
+			if err := o.exchange(c, old.socks); err == nil {
+				t.Error("the exchange took a hello announcing the largest frame")
+			}
+			c.Close()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := listen(t, t.TempDir())
+			peer, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: o.Path(), Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer peer.Close()
+			c, err := o.ln.AcceptUnix()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var hdr [4]byte
+			binary.BigEndian.PutUint32(hdr[:], maxFrame)
+			if _, err := peer.Write(hdr[:]); err != nil {
+				t.Fatal(err)
+			}
+			peer.CloseWrite()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			tc.read(o, c)
+			runtime.ReadMemStats(&after)
+			if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+				t.Errorf("a peer that announced %d bytes made the old edge allocate %d bytes", maxFrame, got)
+			}
+		})
 	}
 }
 
@@ -55,10 +74,8 @@ func TestStrangersHoldLittleAndNothingPastClose(t *testing.T) {
 	old := bindProcess(t, "old")
 	t.Cleanup(func() { old.socks.Close() })
 	o := listen(t, t.TempDir())
-	o.uidOf = func(*net.UnixConn) (uint32, error) { return 65534, nil }
-	if mayTake(65534, uint32(os.Geteuid())) {
-		t.Skip("the test runs as the stranger's uid")
-	}
+	stranger := uint32(os.Geteuid()) + 1 // neither this user nor root
+	o.uidOf = func(*net.UnixConn) (uint32, error) { return stranger, nil }
 	handoffs := wait(t, o, old.socks)
 
 	const n = 4 * maxRefusing
