@@ -48,24 +48,24 @@ func takeFrom(ctx context.Context, dir string) error {
 
 func TestAwaitEnd(t *testing.T) {
 	failed := errors.New("accept: too many open files")
-	for _, tc := range []struct {
+	for _, e := range []struct {
 		name    string
 		end     func(cancel context.CancelFunc, errc chan error)
 		wantErr error
 	}{
-		{"SIGTERM stops the offer before the servers shut down", func(cancel context.CancelFunc, _ chan error) { cancel() }, nil},
-		{"a listener failing stops the offer before the servers shut down", func(_ context.CancelFunc, errc chan error) { errc <- failed }, failed},
+		{"SIGTERM", func(cancel context.CancelFunc, _ chan error) { cancel() }, nil},
+		{"a listener failing", func(_ context.CancelFunc, errc chan error) { errc <- failed }, failed},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		t.Run(e.name+" stops the offer before the servers shut down", func(t *testing.T) {
 			dir := t.TempDir()
 			handoffs, stop := offerOn(t, dir)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			errc := make(chan error, 1)
-			tc.end(cancel, errc)
+			e.end(cancel, errc)
 			h, err := awaitEnd(ctx, handoffs, errc, stop)
-			if h != nil || err != tc.wantErr {
-				t.Fatalf("awaitEnd = %v, %v; want no handoff, %v", h, err, tc.wantErr)
+			if h != nil || err != e.wantErr {
+				t.Fatalf("awaitEnd = %v, %v; want no handoff, %v", h, err, e.wantErr)
 			}
 			// serve now shuts its servers down, closing the sockets: a
 			// successor must find nobody offering them.
@@ -75,20 +75,11 @@ func TestAwaitEnd(t *testing.T) {
 				t.Errorf("Take after awaitEnd: %v, want ErrNoPeer", err)
 			}
 		})
-	}
 
-	// A successor that took the sockets just as serving ended is handed
-	// off to, whichever way it ended: left waiting, it would get edge.db
-	// only at this edge's exit.
-	for _, tc := range []struct {
-		name    string
-		end     func(cancel context.CancelFunc, errc chan error)
-		wantErr error
-	}{
-		{"a successor that took the sockets as SIGTERM came is handed off to", func(cancel context.CancelFunc, _ chan error) { cancel() }, nil},
-		{"a successor that took the sockets as a listener failed is handed off to", func(_ context.CancelFunc, errc chan error) { errc <- failed }, failed},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+		// A successor that took the sockets just as serving ended is
+		// handed off to: left waiting, it would get edge.db only at this
+		// edge's exit.
+		t.Run(e.name+" hands off to a successor that took the sockets as it came", func(t *testing.T) {
 			dir := t.TempDir()
 			_, stop := offerOn(t, dir)
 			tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -102,12 +93,12 @@ func TestAwaitEnd(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			errc := make(chan error, 1)
-			tc.end(cancel, errc)
+			e.end(cancel, errc)
 			// serve's select chose the end over the handoff (both ready):
 			// no handoffs channel here, so only stop can yield it.
 			h, err := awaitEnd(ctx, nil, errc, stop)
-			if h == nil || err != tc.wantErr {
-				t.Fatalf("awaitEnd = %v, %v; want the successor's handoff, %v", h, err, tc.wantErr)
+			if h == nil || err != e.wantErr {
+				t.Fatalf("awaitEnd = %v, %v; want the successor's handoff, %v", h, err, e.wantErr)
 			}
 			h.Close()
 			if again := stop(); again != nil {
