@@ -2,6 +2,7 @@ package handover
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -58,9 +59,11 @@ type Offer struct {
 	closeOnce sync.Once
 	closeErr  error
 	refusals  rate.Sometimes // logs refused strangers: the first, then one a minute
-	// uidOf tells who is at the other end of a connection; tests replace
-	// it to play a stranger without a second user.
-	uidOf func(*net.UnixConn) (uint32, error)
+	// uidOf tells who is at the other end of a connection, accept takes
+	// the next one; tests replace them to play a stranger without a second
+	// user, or a process out of descriptors.
+	uidOf  func(*net.UnixConn) (uint32, error)
+	accept func() (*net.UnixConn, error)
 
 	// mu guards strangers, the connections being refused, and closed,
 	// after which none is added; refusing counts them for Close to wait.
@@ -108,7 +111,7 @@ func Listen(dir string, log zerolog.Logger) (*Offer, error) {
 		return fail("rename into place", err)
 	}
 	return &Offer{ln: ln, path: path, file: fi, log: log, timeout: exchangeTimeout,
-		refusals: rate.Sometimes{First: 1, Interval: time.Minute}, uidOf: peerUID,
+		refusals: rate.Sometimes{First: 1, Interval: time.Minute}, uidOf: peerUID, accept: ln.AcceptUnix,
 		strangers: map[*net.UnixConn]struct{}{}}, nil
 }
 
@@ -147,13 +150,32 @@ func (o *Offer) Close() error {
 func (o *Offer) Wait(ctx context.Context, socks Sockets) (*Handoff, error) {
 	stop := context.AfterFunc(ctx, func() { o.Close() })
 	defer stop()
+	var backoff time.Duration
 	for {
-		c, err := o.ln.AcceptUnix()
+		c, err := o.accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			return nil, fmt.Errorf("accept on handover socket: %w", err)
+			if errors.Is(err, net.ErrClosed) {
+				return nil, fmt.Errorf("accept on handover socket: %w", err)
+			}
+			// Out of descriptors or the like: it passes, and the offer
+			// must outlive it, as http.Server's accept loop does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			if backoff == 5*time.Millisecond {
+				o.log.Warn().Err(err).Msg("handover: accepting on the handover socket failed; retrying")
+			}
+			select {
+			case <-time.After(backoff):
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		if backoff > 0 {
+			o.log.Info().Msg("handover: accepting on the handover socket again")
+			backoff = 0
 		}
 		// A stranger is answered beside the loop, so that one who connects
 		// and says nothing costs a successor queued behind it no time.
@@ -176,10 +198,9 @@ func (o *Offer) Wait(ctx context.Context, socks Sockets) (*Handoff, error) {
 func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 	start := time.Now()
 	c.SetDeadline(start.Add(min(helloTimeout, o.timeout)))
-	// Descriptors are only ever sent to the successor: any a peer attaches
-	// are closed, or they would stay open in this process for good.
-	hello, stray, err := readFrameUpTo(c, maxHello)
-	closeFDs(stray)
+	// Descriptors are only ever sent to the successor: readSmallFrame lets
+	// the kernel drop any a peer attaches.
+	hello, err := readSmallFrame(c, maxHello)
 	if err != nil {
 		return fmt.Errorf("hello: %w", err)
 	}
@@ -204,8 +225,7 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 	if err := writeFrame(c, frame{Kind: kindSockets, Roles: roles}, fds); err != nil {
 		return err
 	}
-	ack, stray, err := readFrameUpTo(c, maxHello)
-	closeFDs(stray)
+	ack, err := readSmallFrame(c, maxHello)
 	if err != nil {
 		return fmt.Errorf("ack: %w", err)
 	}
@@ -259,8 +279,7 @@ func (o *Offer) startRefusal(c *net.UnixConn, reason string, err error) {
 // than a broken pipe), tells it reason and hangs up, by c's deadline.
 func (o *Offer) refuse(c *net.UnixConn, reason string, err error) {
 	defer c.Close()
-	_, stray, _ := readFrameUpTo(c, maxHello)
-	closeFDs(stray)
+	readSmallFrame(c, maxHello)
 	writeFrame(c, frame{Kind: kindRefused, Error: reason}, nil)
 	o.logRefusal(err)
 }

@@ -2,11 +2,15 @@ package handover
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,4 +124,110 @@ func TestStrangersHoldLittleAndNothingPastClose(t *testing.T) {
 		t.Errorf("the strangers waited on were hung up on %v after Close, not by it", took)
 	}
 	goleak.VerifyNone(t, ignore)
+}
+
+// sendWithRights writes b a byte at a time, each byte carrying fd eight
+// times over, as a peer that wants to fill the reader's descriptor table.
+func sendWithRights(t *testing.T, c *net.UnixConn, b []byte, fd int) {
+	t.Helper()
+	rights := syscall.UnixRights(fd, fd, fd, fd, fd, fd, fd, fd)
+	for i := range b {
+		if _, _, err := c.WriteMsgUnix(b[i:i+1], rights, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestOldEdgeTakesNoDescriptors: the old edge expects none from any peer,
+// so the kernel drops those a peer attaches before they reach the edge's
+// table; a stranger attaching some to every byte of its hello used to hold
+// thousands open per connection, until the edge could accept nothing.
+func TestOldEdgeTakesNoDescriptors(t *testing.T) {
+	a, b := unixPair(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	hello := encodeFrame(t, frame{Kind: kindHello, Protocol: protocol})
+	before := openFDs(t)
+	sendWithRights(t, a, hello, int(r.Fd()))
+	f, err := readSmallFrame(b, maxHello)
+	if err != nil || f.Kind != kindHello {
+		t.Fatalf("readSmallFrame = %+v, %v", f, err)
+	}
+	if after := openFDs(t); after != before {
+		t.Errorf("%d descriptors open after reading the hello, %d before", after, before)
+	}
+}
+
+// TestSuccessorTakesAtMostASocketFramesDescriptors: the successor reads
+// descriptors, but no more than one sockets frame carries.
+func TestSuccessorTakesAtMostASocketFramesDescriptors(t *testing.T) {
+	a, b := unixPair(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	sendWithRights(t, a, encodeFrame(t, frame{Kind: kindSockets}), int(r.Fd()))
+	if _, _, err := readFrame(b); err == nil || !strings.Contains(err.Error(), "descriptors") {
+		t.Errorf("readFrame of a frame with 8 descriptors per byte: %v, want an error", err)
+	}
+}
+
+// TestOfferOutlivesAcceptErrors: a process out of descriptors fails to
+// accept for a while; the offer waits it out instead of ending silently.
+func TestOfferOutlivesAcceptErrors(t *testing.T) {
+	old := bindProcess(t, "old")
+	t.Cleanup(func() { old.socks.Close() })
+	dir := t.TempDir()
+	o := listen(t, dir)
+	failures := 3
+	o.accept = func() (*net.UnixConn, error) {
+		if failures > 0 {
+			failures--
+			return nil, &net.OpError{Op: "accept", Net: "unix", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+		}
+		return o.ln.AcceptUnix()
+	}
+	handoffs := wait(t, o, old.socks)
+	tk := take(t, dir)
+	t.Cleanup(func() { tk.Sockets.Close() })
+	if h := <-handoffs; h == nil {
+		t.Fatal("the offer ended at the accept errors")
+	} else {
+		h.Close()
+	}
+}
+
+func unixPair(t *testing.T) (*net.UnixConn, *net.UnixConn) {
+	t.Helper()
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(t.TempDir(), "s"), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	a, err := net.DialUnix("unix", nil, l.Addr().(*net.UnixAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	b, err := l.AcceptUnix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return a, b
+}
+
+func encodeFrame(t *testing.T, f frame) []byte {
+	t.Helper()
+	payload, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(binary.BigEndian.AppendUint32(nil, uint32(len(payload))), payload...)
 }

@@ -82,16 +82,11 @@ func writeFrame(c *net.UnixConn, f frame, fds []int) error {
 	return nil
 }
 
-// readFrame reads one frame and any descriptors that came with it. On error
-// the descriptors received are closed, so none leak into the process.
+// readFrame reads one frame and any descriptors that came with it: the
+// successor's read, of the old edge's frames (the sockets, the routing
+// document). On error the descriptors received are closed, so none leak
+// into the process.
 func readFrame(c *net.UnixConn) (f frame, fds []int, err error) {
-	return readFrameUpTo(c, maxFrame)
-}
-
-// readFrameUpTo is readFrame for a frame of at most limit bytes: its
-// payload is allocated as announced, so a peer not yet trusted is read with
-// a small limit.
-func readFrameUpTo(c *net.UnixConn, limit uint32) (f frame, fds []int, err error) {
 	defer func() {
 		if err != nil {
 			closeFDs(fds)
@@ -103,20 +98,47 @@ func readFrameUpTo(c *net.UnixConn, limit uint32) (f frame, fds []int, err error
 		return f, fds, fmt.Errorf("read frame: %w", err)
 	}
 	size := binary.BigEndian.Uint32(hdr[:])
-	if size > limit {
-		return f, fds, fmt.Errorf("read frame: %d bytes announced, at most %d", size, limit)
+	if size > maxFrame {
+		return f, fds, fmt.Errorf("read frame: %d bytes announced, at most %d", size, maxFrame)
 	}
 	payload := make([]byte, size)
 	if fds, err = readFull(c, payload, fds); err != nil {
 		return f, fds, fmt.Errorf("read frame: %w", err)
 	}
+	f, err = decodeFrame(payload)
+	return f, fds, err
+}
+
+// readSmallFrame reads one frame of at most limit bytes and no
+// descriptors: the old edge's read, of hellos and acks, from a successor or
+// a stranger. Plain reads give the kernel no room for descriptors, so it
+// closes any the peer attaches before they reach this process's table: a
+// peer sending a few with every byte cannot fill it. The payload is
+// allocated as announced, hence the limit.
+func readSmallFrame(c net.Conn, limit uint32) (frame, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return frame{}, fmt.Errorf("read frame: %w", err)
+	}
+	size := binary.BigEndian.Uint32(hdr[:])
+	if size > limit {
+		return frame{}, fmt.Errorf("read frame: %d bytes announced, at most %d", size, limit)
+	}
+	payload := make([]byte, size)
+	if _, err := io.ReadFull(c, payload); err != nil {
+		return frame{}, fmt.Errorf("read frame: %w", err)
+	}
+	return decodeFrame(payload)
+}
+
+func decodeFrame(payload []byte) (f frame, err error) {
 	if err := json.Unmarshal(payload, &f); err != nil {
-		return f, fds, fmt.Errorf("decode frame: %w", err)
+		return f, fmt.Errorf("decode frame: %w", err)
 	}
 	if f.Kind == kindRefused {
-		return f, fds, fmt.Errorf("%w: %s", errRefused, f.Error)
+		return f, fmt.Errorf("%w: %s", errRefused, f.Error)
 	}
-	return f, fds, nil
+	return f, nil
 }
 
 // errRefused is the peer saying no.
@@ -134,6 +156,11 @@ func readFull(c *net.UnixConn, b []byte, fds []int) ([]int, error) {
 			fds = append(fds, more...)
 			if perr != nil {
 				return fds, perr
+			}
+			// One frame carries at most maxSockets, in one message; a
+			// peer attaching more, a few per byte, is not an edge.
+			if len(fds) > maxSockets {
+				return fds, fmt.Errorf("more than %d descriptors sent", maxSockets)
 			}
 		}
 		if flags&syscall.MSG_CTRUNC != 0 {

@@ -153,8 +153,12 @@ func offer(c *config, sv *servers, log zerolog.Logger) (handoffs <-chan *handove
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if h, err := o.Wait(ctx, sv.raw); err == nil {
+		h, err := o.Wait(ctx, sv.raw)
+		switch {
+		case err == nil:
 			got <- h
+		case ctx.Err() == nil:
+			log.Error().Err(err).Msg("handover: no longer offering this edge's sockets; an upgrade will have to stop it first")
 		}
 	}()
 	var once sync.Once
