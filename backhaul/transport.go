@@ -124,6 +124,10 @@ type Options struct {
 	// Log receives ejections and recoveries, each once per episode. The zero
 	// value logs nothing.
 	Log zerolog.Logger
+	// TrackConn, if non-nil, wraps every connection dialed to an upstream
+	// and sees it closed: the edge counts them against its connection
+	// budget. The connection it returns must close the one it was given.
+	TrackConn func(net.Conn) net.Conn
 	// Registerer receives the package's metrics. Nil means no metrics. One
 	// Proxy per registry: New fails for a second.
 	Registerer prometheus.Registerer
@@ -186,7 +190,7 @@ func New(opts Options) (*Proxy, error) {
 	}
 	p := &Proxy{
 		transport:             newTransport(opts),
-		pool:                  h1.NewPool(opts.DialTimeout, opts.IdleConnTimeout, opts.SendTimeout, opts.MaxIdleConnsPerHost),
+		pool:                  h1.NewPool(opts.DialTimeout, opts.IdleConnTimeout, opts.SendTimeout, opts.MaxIdleConnsPerHost, opts.TrackConn),
 		trusted:               opts.TrustedProxies,
 		now:                   opts.Now,
 		log:                   opts.Log,
@@ -215,7 +219,7 @@ func newTransport(opts Options) *http.Transport {
 		// Upstreams are named by address in the routing document; a proxy
 		// from the environment would silently reroute the fleet's traffic.
 		Proxy:       nil,
-		DialContext: dialProgress(d, opts.SendTimeout),
+		DialContext: dialProgress(d, opts.SendTimeout, opts.TrackConn),
 		// One connection per request: the transport hands an idle
 		// connection to the next request before its read loop has seen
 		// bytes an upstream sent after the previous response (golang/go

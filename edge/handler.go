@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/scafo/scafo-edge/admission"
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/internal/hostname"
 	"github.com/scafo/scafo-edge/node"
@@ -40,11 +41,16 @@ const (
 	ReasonTimeout     Reason = "timeout"
 	ReasonMethod      Reason = "method_not_allowed"
 	ReasonCanceled    Reason = "client_canceled"
+	ReasonOverloaded  Reason = "overloaded"
+	ReasonAppBusy     Reason = "app_busy"
+	ReasonClientBusy  Reason = "client_busy"
+	ReasonClientRate  Reason = "client_rate"
 )
 
 // Reasons lists every Reason, for metrics that pre-create their series.
 var Reasons = []Reason{ReasonNoDocument, ReasonBadHost, ReasonBadTarget, ReasonMisdirected, ReasonDenied,
-	ReasonNoRoute, ReasonNoUpstream, ReasonTimeout, ReasonMethod, ReasonCanceled}
+	ReasonNoRoute, ReasonNoUpstream, ReasonTimeout, ReasonMethod, ReasonCanceled,
+	ReasonOverloaded, ReasonAppBusy, ReasonClientBusy, ReasonClientRate}
 
 // selfAnswers are the statuses and bodies of the responses the edge writes
 // itself: short, plain, and saying which case it was.
@@ -61,6 +67,28 @@ var selfAnswers = map[Reason]struct {
 	ReasonNoUpstream:  {http.StatusBadGateway, "scafo-edge: no upstream could be reached\n"},
 	ReasonTimeout:     {http.StatusGatewayTimeout, "scafo-edge: upstream did not answer in time\n"},
 	ReasonMethod:      {http.StatusMethodNotAllowed, "scafo-edge: CONNECT is not supported\n"},
+	ReasonOverloaded:  {http.StatusServiceUnavailable, "scafo-edge: overloaded, retry shortly\n"},
+	ReasonAppBusy:     {http.StatusServiceUnavailable, "scafo-edge: this application has its share of the edge in use, retry shortly\n"},
+	ReasonClientBusy:  {http.StatusTooManyRequests, "scafo-edge: too many requests in flight from your address\n"},
+	ReasonClientRate:  {http.StatusTooManyRequests, "scafo-edge: too many requests from your address\n"},
+}
+
+// retryAfter is the Retry-After of the answers that ask a client to come
+// back, in seconds; the 503 before the first document has its own.
+var retryAfter = map[Reason]string{
+	ReasonOverloaded: "5",
+	ReasonAppBusy:    "1",
+	ReasonClientBusy: "1",
+	ReasonClientRate: "1",
+}
+
+// refusalReasons maps an admission refusal to the edge's answer.
+var refusalReasons = [...]Reason{
+	admission.RefusedMemory:          ReasonOverloaded,
+	admission.RefusedClientRequests:  ReasonClientBusy,
+	admission.RefusedClientRate:      ReasonClientRate,
+	admission.RefusedAppQueueFull:    ReasonAppBusy,
+	admission.RefusedAppQueueTimeout: ReasonAppBusy,
 }
 
 // Record describes one answered request, for metrics and access logs.
@@ -106,8 +134,14 @@ type Observer interface {
 //  7. No route: 404, no upstream contacted.
 //  8. A request its client has already cancelled (an HTTP/2 stream reset
 //     before its handler ran) is not forwarded: nobody is left to answer.
-//  9. Forward down the route's upstream list: 502 when none could be
-//     reached, 504 when the response-header timeout fired.
+//  9. Admission: past the memory high-water mark 503; past the client
+//     address's share of requests in flight or its rate 429; past the
+//     application's share, a short wait in its queue, then 503. Each with
+//     Retry-After. Refusing costs no upstream anything.
+//  10. Forward down the route's upstream list: 502 when none could be
+//     reached, 504 when the response-header timeout fired. The request
+//     holds its admission shares until Forward returns (a WebSocket's
+//     when its tunnel closes).
 //
 // Absolute-form request targets resolve by the Host Go's server derives from
 // them, and are only ever sent to that route's upstreams.
@@ -129,6 +163,10 @@ type Handler struct {
 	// HTTP/2 rapid reset costs the upstream a request per stream). It must
 	// be quick. Nil: such requests are only recorded, as status 499.
 	Canceled func(r *http.Request)
+	// Admission, if non-nil, decides whether a resolved request may go to
+	// its upstreams now (fair shares per application and client address,
+	// memory pressure). Nil: every request may.
+	Admission *admission.Controller
 	// Now is the clock for durations. Nil: time.Now.
 	Now func() time.Time
 }
@@ -212,6 +250,17 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		h.canceled(r, rec)
 		return
 	}
+	ticket, refusal := h.Admission.Admit(r, res.Route.Application)
+	switch refusal {
+	case admission.Admitted:
+	case admission.RefusedCanceled:
+		h.canceled(r, rec)
+		return
+	default:
+		h.answer(w, rec, refusalReasons[refusal])
+		return
+	}
+	defer ticket.Release()
 	result, err := h.Forwarder.Forward(w, r, res.Route.Upstreams)
 	rec.Status, rec.Node, rec.Failovers = result.Status, result.Node, result.Failovers
 	rec.BytesIn, rec.BytesOut = result.BytesIn, result.BytesOut
@@ -265,6 +314,8 @@ func (h *Handler) answer(w http.ResponseWriter, rec *Record, reason Reason) {
 		if ra == "" {
 			ra = "5"
 		}
+		hdr.Set("Retry-After", ra)
+	} else if ra := retryAfter[reason]; ra != "" {
 		hdr.Set("Retry-After", ra)
 	}
 	if reason == ReasonMethod {

@@ -209,6 +209,10 @@ type gateConn struct {
 	last    atomic.Int64 // unix nanoseconds of the accept or of the last read that got bytes
 }
 
+// NetConn returns the connection underneath, as tls.Conn's does, for the
+// wrappers that look for theirs below.
+func (c *gateConn) NetConn() net.Conn { return c.Conn }
+
 func (c *gateConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 && c.watched.Load() {

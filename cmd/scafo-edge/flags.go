@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/scafo/scafo-edge/admission"
 	"github.com/scafo/scafo-edge/certs/prefetch"
 )
 
@@ -49,6 +50,14 @@ type config struct {
 	handover          bool
 	idleTimeout       time.Duration
 	maxHeaderBytes    int
+
+	maxConns             int
+	maxConnsPerClient    int
+	maxRequestsPerClient int
+	appShare             int
+	appQueueTimeout      time.Duration
+	clientRate           int
+	clientBurst          int
 }
 
 // flagDoc is one documented flag: the README's flag table is generated from
@@ -161,6 +170,15 @@ func serveFlags(c *config) *flagSet {
 	fs.intVar(&c.maxHeaderBytes, "max-header-bytes", "SCAFO_EDGE_MAX_HEADER_BYTES", 64<<10, "largest request header block accepted (431 beyond)")
 	fs.stringVar(&c.proxyProtocol, "proxy-protocol-from", "SCAFO_EDGE_PROXY_PROTOCOL_FROM", "", "comma-separated CIDRs allowed to send a PROXY protocol v1/v2 header on the HTTP and HTTPS listeners; a header from anywhere else closes the connection")
 	fs.stringVar(&c.trustedProxies, "trusted-proxies", "SCAFO_EDGE_TRUSTED_PROXIES", "", "comma-separated CIDRs whose X-Forwarded-* headers are kept (default: none)")
+
+	fs.group = "Overload and fairness"
+	fs.intVar(&c.maxConns, "max-conns", "SCAFO_EDGE_MAX_CONNS", 0, "client and upstream connections the edge holds at most; at it, new connections wait in the kernel's backlog (0: the descriptor limit less a reserve for the edge's own work, and at most half the memory limit at 32 KiB each)")
+	fs.intVar(&c.maxConnsPerClient, "max-conns-per-client", "SCAFO_EDGE_MAX_CONNS_PER_CLIENT", 0, "connections one client address (IPv4, IPv6 /64) may hold; past it new ones are closed at once (0: 1/16 of --max-conns, at least 64)")
+	fs.intVar(&c.maxRequestsPerClient, "max-requests-per-client", "SCAFO_EDGE_MAX_REQUESTS_PER_CLIENT", 0, "requests one client address may have in flight; past it 429 (0: as --max-conns-per-client)")
+	fs.intVar(&c.appShare, "app-share", "SCAFO_EDGE_APP_SHARE", 75, "percent of what other applications leave of the request budget (half of --max-conns) that one application may hold in flight; past it requests queue, then 503")
+	fs.durationVar(&c.appQueueTimeout, "app-queue-timeout", "SCAFO_EDGE_APP_QUEUE_TIMEOUT", admission.DefaultQueueTimeout, "how long a request past its application's share waits for a slot before 503")
+	fs.intVar(&c.clientRate, "client-rate", "SCAFO_EDGE_CLIENT_RATE", 0, "requests a second one client address may start; past it 429 (0: no rate limit)")
+	fs.intVar(&c.clientBurst, "client-burst", "SCAFO_EDGE_CLIENT_BURST", 0, "burst of --client-rate (0: twice the rate)")
 
 	fs.group = "Upstreams"
 	fs.durationVar(&c.dialTimeout, "dial-timeout", "SCAFO_EDGE_DIAL_TIMEOUT", 3*time.Second, "connect timeout per upstream before failing over to the next")

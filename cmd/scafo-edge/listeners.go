@@ -16,6 +16,7 @@ import (
 	"github.com/quic-go/quic-go/http3"
 	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/admission"
 	"github.com/scafo/scafo-edge/handover"
 )
 
@@ -55,6 +56,7 @@ func withProxyProtocol(l net.Listener, from []netip.Prefix, headerTimeout time.D
 // (handover.StatelessResetKey).
 type http3Listener struct {
 	srv      *http3.Server
+	adm      *admission.Controller // counts QUIC connections; nil: none
 	conn     net.PacketConn
 	tlsConf  *tls.Config
 	resetKey *quic.StatelessResetKey // nil: no stateless resets
@@ -68,7 +70,7 @@ type http3Listener struct {
 // newHTTP3 binds the UDP side of httpsAddr, or takes inherited (the socket
 // a previous edge handed over) when it is bound there. Nothing reads the
 // socket until serve.
-func newHTTP3(httpsAddr net.Addr, inherited net.PacketConn, resetKey *[32]byte, tlsConf *tls.Config, h http.Handler, maxHeaderBytes int, idle time.Duration) (*http3Listener, error) {
+func newHTTP3(httpsAddr net.Addr, inherited net.PacketConn, resetKey *[32]byte, tlsConf *tls.Config, h http.Handler, maxHeaderBytes int, idle time.Duration, adm *admission.Controller) (*http3Listener, error) {
 	conn := inherited
 	if conn == nil || !handover.SameAddr(httpsAddr.String(), conn.LocalAddr()) {
 		var err error
@@ -77,6 +79,7 @@ func newHTTP3(httpsAddr net.Addr, inherited net.PacketConn, resetKey *[32]byte, 
 		}
 	}
 	h3 := &http3Listener{
+		adm:     adm,
 		conn:    conn,
 		tlsConf: http3.ConfigureTLSConfig(tlsConf),
 		srv: &http3.Server{
@@ -106,7 +109,7 @@ func (h *http3Listener) serve() error {
 	if err != nil {
 		return fmt.Errorf("listen for HTTP/3 on %s: %w", h.conn.LocalAddr(), err)
 	}
-	err = h.srv.ServeListener(ln)
+	err = h.srv.ServeListener(h.adm.QUICListener(ln))
 	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, quic.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 		return nil
 	}
@@ -177,6 +180,10 @@ type sendTimeoutConn struct {
 	net.Conn
 	d time.Duration
 }
+
+// NetConn returns the connection underneath, as tls.Conn's does, for the
+// wrappers that look for theirs below.
+func (c *sendTimeoutConn) NetConn() net.Conn { return c.Conn }
 
 func (c *sendTimeoutConn) Write(p []byte) (int, error) {
 	c.Conn.SetWriteDeadline(time.Now().Add(c.d))

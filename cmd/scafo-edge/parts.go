@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -10,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/scafo/scafo-edge/admission"
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/internal/promreg"
@@ -31,6 +33,7 @@ type parts struct {
 	proxy      *backhaul.Proxy
 	metrics    *edge.Metrics
 	handler    *edge.Handler
+	admission  *admission.Controller
 	// handshakeErrors counts the TLS handshakes every listener's error log
 	// reports.
 	handshakeErrors prometheus.Counter
@@ -90,7 +93,11 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 		return nil, err
 	}
 
+	if p.admission, err = newAdmission(s, p.reg, log); err != nil {
+		return nil, err
+	}
 	if p.proxy, err = backhaul.New(backhaul.Options{
+		TrackConn:             p.admission.TrackUpstream,
 		DialTimeout:           c.dialTimeout,
 		ResponseHeaderTimeout: c.responseTimeout,
 		SendTimeout:           upstreamSendTimeout(c.sendTimeout),
@@ -112,7 +119,7 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 		}
 		observers = append(observers, access)
 	}
-	p.handler = &edge.Handler{Table: p.live, Forwarder: p.proxy, Observer: observers}
+	p.handler = &edge.Handler{Table: p.live, Forwarder: p.proxy, Observer: observers, Admission: p.admission}
 
 	p.handshakeErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "scafo_edge_tls_handshake_errors_total",
@@ -122,6 +129,35 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 		return nil, fmt.Errorf("register handshake metrics: %w", err)
 	}
 	return p, nil
+}
+
+// newAdmission derives the connection budget from the process's limits and
+// the overload flags, and says what it came to.
+func newAdmission(s settings, reg prometheus.Registerer, log zerolog.Logger) (*admission.Controller, error) {
+	alog := log.With().Str("component", "admission").Logger()
+	l, f, err := admission.Derive(s.limits, getenv, "/sys/fs/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	ev := alog.Info().Uint64("descriptor_limit", f.Descriptors).Int("reserved", f.Reserved).Int("max_conns", l.MaxConns).
+		Int("max_conns_per_client", l.ConnsPerClient).Int("max_requests_per_client", l.RequestsPerClient).
+		Float64("app_share", l.AppShare).Dur("app_queue_timeout", l.QueueTimeout)
+	if f.RaisedFrom > 0 {
+		ev = ev.Uint64("descriptor_soft_limit_was", f.RaisedFrom)
+	}
+	if l.MemoryLimit > 0 {
+		ev = ev.Int64("memory_limit", l.MemoryLimit).Str("memory_limit_from", f.MemorySource).Bool("go_memory_limit_set", f.SetGoLimit)
+	}
+	if l.ClientRate > 0 {
+		ev = ev.Float64("client_rate", l.ClientRate).Int("client_burst", l.ClientBurst)
+	}
+	ev.Msg("connection budget: descriptor soft limit raised to the hard limit; the reserve is kept for the edge's own work")
+	return admission.New(admission.Options{
+		Limits:     l,
+		Proxies:    append(slices.Clone(s.trusted), s.proxyFrom...),
+		Log:        alog,
+		Registerer: reg,
+	})
 }
 
 // close releases the upstream pools and the state file.

@@ -54,6 +54,11 @@ func serve(ctx context.Context, c *config, s settings, log zerolog.Logger) error
 		return err
 	}
 	defer p.close()
+	// Shedding and memory checks run until the edge has drained, not just
+	// until SIGTERM.
+	admCtx, stopAdmission := context.WithCancel(context.Background())
+	defer stopAdmission()
+	go p.admission.Run(admCtx)
 	handovers, err := in.count(p.reg)
 	if err != nil {
 		return err

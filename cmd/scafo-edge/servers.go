@@ -74,7 +74,7 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	if sv.httpsLn != nil {
 		httpsHandler := edgeHandler
 		if c.http3 {
-			if sv.h3, err = newHTTP3(sv.httpsLn.Addr(), in.HTTP3, resetKey(c.stateDir, log), sv.tls.config, edgeHandler, c.maxHeaderBytes, c.idleTimeout); err != nil {
+			if sv.h3, err = newHTTP3(sv.httpsLn.Addr(), in.HTTP3, resetKey(c.stateDir, log), sv.tls.config, edgeHandler, c.maxHeaderBytes, c.idleTimeout, p.admission); err != nil {
 				sv.tls.stop()
 				return nil, err
 			}
@@ -89,10 +89,12 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	// The PROXY header is read in Accept's connection wrapper, before TLS
 	// and HTTP, so the client address reaches logs and forwarded headers.
 	// The gate goes on last, right below TLS: it sees what each connection
-	// receives, to know when the ones accepted have arrived.
-	sv.httpLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(sv.httpLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
+	// receives, to know when the ones accepted have arrived. Admission is
+	// first, on the socket itself: it counts the peer that connected, and
+	// waits before accept while the connection budget is spent.
+	sv.httpLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(p.admission.Listener(sv.httpLn), c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
 	if sv.httpsLn != nil {
-		sv.httpsLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(sv.httpsLn, c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
+		sv.httpsLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(p.admission.Listener(sv.httpsLn), c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
 	}
 	sv.adminLn = sv.gate.Listener(sv.adminLn)
 	status := &admin.Server{Live: p.live, Source: p.source, Registry: p.reg, Proxy: p.proxy, Token: p.token,
@@ -128,6 +130,14 @@ func (sv *servers) newServer(c *config, p *parts, h http.Handler, tlsConf *tls.C
 		TLSConfig:         tlsConf,
 		ErrorLog:          newStdLogger(log.With().Str("component", name).Logger(), p.handshakeErrors),
 		ConnState:         sv.gate.ConnState,
+	}
+	if name != "admin" {
+		// The admin listener is not counted: it is the edge's own work,
+		// which the budget's reserve keeps room for.
+		srv.ConnState = func(conn net.Conn, st http.ConnState) {
+			sv.gate.ConnState(conn, st)
+			p.admission.ConnState(conn, st)
+		}
 	}
 	sv.all = append(sv.all, srv)
 	return srv

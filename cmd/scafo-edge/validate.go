@@ -4,19 +4,23 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/admission"
 )
 
 // settings are what validate derives from the flags: the parsed forms the
 // parts and listeners are built from.
 type settings struct {
 	logLevel        zerolog.Level
-	trusted         []netip.Prefix // --trusted-proxies
-	proxyFrom       []netip.Prefix // --proxy-protocol-from
-	wildcards       []string       // --wildcard-domains
-	cloudflareToken string         // CLOUDFLARE_API_TOKEN, for --dns-provider cloudflare
-	certStore       string         // --cert-store with its default resolved
+	trusted         []netip.Prefix   // --trusted-proxies
+	proxyFrom       []netip.Prefix   // --proxy-protocol-from
+	wildcards       []string         // --wildcard-domains
+	cloudflareToken string           // CLOUDFLARE_API_TOKEN, for --dns-provider cloudflare
+	certStore       string           // --cert-store with its default resolved
+	limits          admission.Limits // the overload flags; zero fields are derived at start
 }
 
 // validate checks every flag of the serve command before anything is opened,
@@ -40,6 +44,9 @@ func validate(c *config, getenv func(string) string) (settings, error) {
 	}
 	if s.proxyFrom, err = parseCIDRs(c.proxyProtocol); err != nil {
 		return s, fmt.Errorf("--proxy-protocol-from: %w", err)
+	}
+	if s.limits, err = admissionLimits(c); err != nil {
+		return s, err
 	}
 	switch c.tlsMode {
 	case "off":
@@ -88,6 +95,38 @@ func validate(c *config, getenv func(string) string) (settings, error) {
 		return s, fmt.Errorf("--cert-prefetch-per-hour: %d: want at least 1 (--cert-prefetch=false turns prefetch off)", c.prefetchPerHour)
 	}
 	return s, nil
+}
+
+// admissionLimits checks the overload flags; what they leave zero is derived
+// from the process's limits at start (admission.Derive).
+func admissionLimits(c *config) (admission.Limits, error) {
+	var l admission.Limits
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"--max-conns", c.maxConns}, {"--max-conns-per-client", c.maxConnsPerClient},
+		{"--max-requests-per-client", c.maxRequestsPerClient}, {"--client-rate", c.clientRate}, {"--client-burst", c.clientBurst}} {
+		if f.v < 0 {
+			return l, fmt.Errorf("%s: %d: want 0 (derived) or more", f.name, f.v)
+		}
+	}
+	if c.appShare < 1 || c.appShare > 100 {
+		return l, fmt.Errorf("--app-share: %d: want a percentage from 1 to 100", c.appShare)
+	}
+	if c.appQueueTimeout <= 0 || c.appQueueTimeout > time.Minute {
+		return l, fmt.Errorf("--app-queue-timeout: %s: want more than 0 and at most 1m (a request waits this long before its 503)", c.appQueueTimeout)
+	}
+	if c.clientBurst > 0 && c.clientRate == 0 {
+		return l, fmt.Errorf("--client-burst: needs --client-rate")
+	}
+	if c.maxConns > 0 && c.maxConnsPerClient > c.maxConns {
+		return l, fmt.Errorf("--max-conns-per-client: %d is more than --max-conns %d", c.maxConnsPerClient, c.maxConns)
+	}
+	return admission.Limits{
+		MaxConns: c.maxConns, ConnsPerClient: c.maxConnsPerClient, RequestsPerClient: c.maxRequestsPerClient,
+		AppShare: float64(c.appShare) / 100, QueueTimeout: c.appQueueTimeout,
+		ClientRate: float64(c.clientRate), ClientBurst: c.clientBurst,
+	}, nil
 }
 
 // parseCIDRs parses a comma-separated list of CIDRs or bare addresses (a

@@ -9,12 +9,16 @@ import (
 
 // Pool keeps idle keep-alive connections per upstream address, most
 // recently used first, so that under light load the same few connections
-// stay warm and the rest age out.
+// stay warm and the rest age out: the warmIdle most recently used for the
+// idle timeout, those beyond for surplusIdleTimeout. A burst (a thousand
+// long polls answered at once) leaves a thousand idle connections, each a
+// descriptor the edge's budget counts; they are gone seconds after it.
 type Pool struct {
 	dialer      net.Dialer
 	maxIdle     int
 	idleTimeout time.Duration
 	sendTimeout time.Duration // each Conn's ProgressConn bound; <= 0: none
+	track       func(net.Conn) net.Conn
 
 	mu    sync.Mutex
 	hosts map[string]*idleConns
@@ -28,11 +32,18 @@ type idleConns struct {
 	timer *time.Timer
 }
 
+const (
+	warmIdle           = 16
+	surplusIdleTimeout = 2 * time.Second
+)
+
 // NewPool returns a pool that dials with dialTimeout, closes a connection
 // idle for idleTimeout, keeps at most maxIdle idle connections per address,
-// and bounds each write by sendTimeout (<= 0: no bound).
-func NewPool(dialTimeout, idleTimeout, sendTimeout time.Duration, maxIdle int) *Pool {
+// and bounds each write by sendTimeout (<= 0: no bound). track, if non-nil,
+// wraps every connection dialed (the edge counts them against its budget).
+func NewPool(dialTimeout, idleTimeout, sendTimeout time.Duration, maxIdle int, track func(net.Conn) net.Conn) *Pool {
 	return &Pool{
+		track:       track,
 		dialer:      net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
 		maxIdle:     maxIdle,
 		idleTimeout: idleTimeout,
@@ -77,6 +88,9 @@ func (cp *Pool) Dial(ctx context.Context, addr string) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cp.track != nil {
+		nc = cp.track(nc)
+	}
 	return NewConn(nc, addr, cp.sendTimeout), nil
 }
 
@@ -114,10 +128,14 @@ func (cp *Pool) Put(pc *Conn, now time.Time) {
 		addr := pc.Addr
 		l.timer = time.AfterFunc(cp.idleTimeout, func() { cp.sweep(addr) })
 	}
+	if len(l.conns) == warmIdle+1 && cp.idleTimeout > surplusIdleTimeout {
+		l.timer.Reset(surplusIdleTimeout)
+	}
 	cp.mu.Unlock()
 }
 
-// sweep closes addr's connections idle longer than idleTimeout and re-arms
+// sweep closes addr's connections idle longer than idleTimeout, and those
+// beyond the warmIdle newest idle longer than surplusIdleTimeout, and re-arms
 // the timer for the oldest that remains; an address left with none is
 // forgotten, so addresses that come and go with deploys do not accumulate.
 func (cp *Pool) sweep(addr string) {
@@ -130,7 +148,11 @@ func (cp *Pool) sweep(addr string) {
 		return
 	}
 	n := 0
-	for n < len(l.conns) && now.Sub(l.conns[n].idleAt) >= cp.idleTimeout {
+	for n < len(l.conns) {
+		idle := now.Sub(l.conns[n].idleAt)
+		if idle < cp.idleTimeout && (len(l.conns)-n <= warmIdle || idle < surplusIdleTimeout) {
+			break
+		}
 		n++
 	}
 	expired = append(expired, l.conns[:n]...)
@@ -140,7 +162,11 @@ func (cp *Pool) sweep(addr string) {
 		l.timer = nil
 		delete(cp.hosts, addr)
 	} else {
-		l.timer.Reset(cp.idleTimeout - now.Sub(l.conns[0].idleAt))
+		next := cp.idleTimeout - now.Sub(l.conns[0].idleAt)
+		if len(l.conns) > warmIdle {
+			next = min(next, surplusIdleTimeout-now.Sub(l.conns[0].idleAt))
+		}
+		l.timer.Reset(max(next, time.Millisecond))
 	}
 	cp.mu.Unlock()
 	for _, pc := range expired {

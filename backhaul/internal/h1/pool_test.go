@@ -19,7 +19,7 @@ func TestPoolReusesAConnectionIdlePastItsReadDeadline(t *testing.T) {
 			accepted <- c
 		}
 	}()
-	p := NewPool(time.Second, time.Minute, 0, 4)
+	p := NewPool(time.Second, time.Minute, 0, 4, nil)
 	defer p.CloseIdle()
 	ctx, addr := context.Background(), ln.Addr().String()
 	pc, reused, err := p.Get(ctx, addr, time.Now())

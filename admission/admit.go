@@ -1,0 +1,144 @@
+package admission
+
+import (
+	"net/http"
+	"net/netip"
+	"strings"
+)
+
+// Refusal says why Admit refused a request, Admitted when it did not.
+type Refusal uint8
+
+const (
+	Admitted Refusal = iota
+	// RefusedMemory: memory is past its high-water mark (503).
+	RefusedMemory
+	// RefusedClientRequests: the client address has its share of requests
+	// in flight (429).
+	RefusedClientRequests
+	// RefusedClientRate: the client address passed its request rate (429).
+	RefusedClientRate
+	// RefusedAppQueueFull: the application holds its share and its queue
+	// is full (503).
+	RefusedAppQueueFull
+	// RefusedAppQueueTimeout: the application held its share for the whole
+	// queue timeout (503).
+	RefusedAppQueueTimeout
+	// RefusedCanceled: the client went away while its request waited.
+	RefusedCanceled
+)
+
+// String is the refusal's metric label.
+func (r Refusal) String() string {
+	switch r {
+	case RefusedMemory:
+		return "memory"
+	case RefusedClientRequests:
+		return "client_requests"
+	case RefusedClientRate:
+		return "client_rate"
+	case RefusedAppQueueFull:
+		return "app_queue_full"
+	case RefusedAppQueueTimeout:
+		return "app_queue_timeout"
+	case RefusedCanceled:
+		return "client_canceled"
+	}
+	return "admitted"
+}
+
+// Ticket is an admitted request's hold on its shares; Release gives them
+// back. The zero Ticket holds nothing.
+type Ticket struct {
+	t      *Controller
+	app    *appState
+	client *clientEntry
+}
+
+// Release gives the request's shares back; call it once the request is
+// over (a WebSocket's once its tunnel closes).
+func (k Ticket) Release() {
+	if k.app != nil {
+		k.t.apps.release(k.app)
+	}
+	if k.client != nil {
+		k.t.clients.releaseRequest(k.client)
+	}
+}
+
+// Admit decides whether r, resolved to application's route, may go to its
+// upstreams now: not while memory is high (503), not past its client
+// address's share of requests in flight or its rate (429), and past the
+// application's share only once a slot frees within the queue timeout
+// (503). An admitted request holds its shares until Ticket.Release.
+func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal) {
+	if c == nil {
+		return Ticket{}, Admitted
+	}
+	if c.memHigh.Load() {
+		c.refusedRequest(RefusedMemory)
+		return Ticket{}, RefusedMemory
+	}
+	k := Ticket{t: c}
+	if key, ok := c.clientOfRequest(r); ok {
+		var why Refusal
+		if k.client, why = c.clients.addRequest(key, c.now()); why != Admitted {
+			c.refusedRequest(why)
+			return Ticket{}, why
+		}
+	}
+	var why Refusal
+	if k.app, why = c.apps.acquire(r.Context(), application); why != Admitted {
+		if k.client != nil {
+			c.clients.releaseRequest(k.client)
+		}
+		if why != RefusedCanceled {
+			c.refusedRequest(why)
+		}
+		return Ticket{}, why
+	}
+	return k, Admitted
+}
+
+func (c *Controller) refusedRequest(why Refusal) {
+	c.m.shed.WithLabelValues(why.String()).Inc()
+	c.logRefusal(why.String())
+}
+
+// clientOfRequest returns the client key r is counted by: its peer's
+// address (after the PROXY protocol), or, when the peer is a proxy, the
+// address X-Forwarded-For names after the last proxy. False: no address to
+// count by (a proxy that named none).
+func (c *Controller) clientOfRequest(r *http.Request) (netip.Addr, bool) {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	ip := ap.Addr().Unmap()
+	if !c.isProxy(ip) {
+		return clientKey(ip), true
+	}
+	// The rightmost address that is not a proxy's is the client the
+	// proxies vouch for; any left of it could be forged.
+	vals := r.Header["X-Forwarded-For"]
+	for i := len(vals) - 1; i >= 0; i-- {
+		v := vals[i]
+		for v != "" {
+			j := strings.LastIndexByte(v, ',')
+			part := strings.TrimSpace(v[j+1:])
+			v = v[:max(j, 0)]
+			if j < 0 {
+				v = ""
+			}
+			a, err := netip.ParseAddr(part)
+			if err != nil {
+				return netip.Addr{}, false
+			}
+			a = a.Unmap()
+			if !c.isProxy(a) {
+				return clientKey(a), true
+			}
+		}
+	}
+	return netip.Addr{}, false
+}

@@ -1,0 +1,205 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Limits are the numbers a Controller enforces. Derive fills every zero
+// field from the process's limits; a flag that sets one wins.
+type Limits struct {
+	// MaxConns is the descriptors the edge spends on traffic: client
+	// connections and upstream connections together. At it, the edge
+	// stops accepting.
+	MaxConns int
+	// ConnsPerClient is how many connections one client address (an IPv4
+	// address, an IPv6 /64) may hold; past it a new one is closed at once.
+	ConnsPerClient int
+	// RequestsPerClient is how many requests one client address may have
+	// in flight; past it, 429.
+	RequestsPerClient int
+	// AppShare is the share of what other applications leave of the request
+	// budget that one application may hold in flight to its upstreams
+	// (0 < AppShare ≤ 1). On an otherwise idle box that is AppShare of the
+	// whole budget.
+	AppShare float64
+	// QueueTimeout is how long a request past its application's share
+	// waits for a slot before it is answered 503.
+	QueueTimeout time.Duration
+	// ClientRate, if positive, is the requests a second one client address
+	// may start, with bursts of ClientBurst; past it, 429. Zero: no rate.
+	ClientRate  float64
+	ClientBurst int
+	// MemoryLimit is the memory the process may use, in bytes; 0 when none
+	// is known. Past 90% of it new requests are refused (503) until use is
+	// back under 80%.
+	MemoryLimit int64
+}
+
+// Facts are what Derive read off the process, for the start-up log and the
+// status page.
+type Facts struct {
+	// Descriptors is the descriptor limit (RLIMIT_NOFILE's soft limit, after
+	// raising it to the hard one); RaisedFrom is the soft limit before,
+	// 0 when it was not raised here (Go's runtime raises it at start).
+	Descriptors, RaisedFrom uint64
+	// Reserved is the descriptors kept out of MaxConns for the edge's own
+	// work: the node poll or routes file, certificate storage, edge.db,
+	// the admin listener and its scrapes, the handover socket.
+	Reserved int
+	// MemorySource says where MemoryLimit came from: "cgroup", "GOMEMLIMIT",
+	// "flag" or "" for none; SetGoLimit reports that the Go memory limit
+	// was set from the cgroup's.
+	MemorySource string
+	SetGoLimit   bool
+}
+
+const (
+	// connMemory is what one descriptor of traffic costs the edge in
+	// memory, from measurement: an idle keep-alive client connection costs
+	// about 20 KiB (goroutine stack, read and write buffers); a proxied
+	// request in flight costs two descriptors and about 60 KiB.
+	connMemory = 32 << 10
+	// memoryForConns is the share of the memory limit the connection budget
+	// may take; the rest is the routing table, certificates, the heap's
+	// growth between collections.
+	memoryForConns = 0.5
+	// perClientDivisor: one client address may hold 1/16 of the connection
+	// budget. On a 20,000-descriptor box that is about 1,200: a NAT in
+	// front of hundreds of browsers (six HTTP/1.1 connections each, one
+	// for HTTP/2) fits; sixteen addresses at their share leave the rest.
+	perClientDivisor = 16
+	minPerClient     = 64
+	// DefaultAppShare lets one application hold three quarters of what the
+	// others leave: all of an idle box but a quarter, and always room for
+	// another application to start.
+	DefaultAppShare     = 0.75
+	DefaultQueueTimeout = time.Second
+)
+
+// Derive fills the zero fields of want from the process's descriptor and
+// memory limits, raising the descriptor soft limit to the hard one first.
+// getenv reads GOMEMLIMIT; cgroupRoot is where the cgroup file system is
+// mounted ("/sys/fs/cgroup"). It errors only for limits that cannot work.
+func Derive(want Limits, getenv func(string) string, cgroupRoot string) (Limits, Facts, error) {
+	var f Facts
+	var err error
+	if f.Descriptors, f.RaisedFrom, err = raiseDescriptorLimit(); err != nil {
+		return want, f, err
+	}
+	l := want
+	if l.MemoryLimit > 0 {
+		f.MemorySource = "flag"
+	} else if v := getenv("GOMEMLIMIT"); v != "" && v != "off" {
+		l.MemoryLimit = debug.SetMemoryLimit(-1)
+		f.MemorySource = "GOMEMLIMIT"
+	} else if n := cgroupMemoryLimit(cgroupRoot); n > 0 {
+		l.MemoryLimit = n
+		f.MemorySource = "cgroup"
+		// As automemlimit does: let the collector work harder before the
+		// cgroup's OOM killer ends the process.
+		debug.SetMemoryLimit(n / 10 * 9)
+		f.SetGoLimit = true
+	}
+	f.Reserved = reserveFor(f.Descriptors)
+	if l.MaxConns == 0 {
+		l.MaxConns = int(min(f.Descriptors, math.MaxInt32)) - f.Reserved
+		if l.MemoryLimit > 0 {
+			l.MaxConns = min(l.MaxConns, int(float64(l.MemoryLimit)*memoryForConns/connMemory))
+		}
+	}
+	if l.MaxConns < 16 {
+		return l, f, fmt.Errorf("connection budget %d is too small to serve (descriptor limit %d, %d reserved)", l.MaxConns, f.Descriptors, f.Reserved)
+	}
+	if uint64(l.MaxConns)+uint64(f.Reserved) > f.Descriptors {
+		return l, f, fmt.Errorf("--max-conns %d and the %d descriptors the edge keeps for its own work exceed the descriptor limit %d", l.MaxConns, f.Reserved, f.Descriptors)
+	}
+	if l.ConnsPerClient == 0 {
+		l.ConnsPerClient = max(minPerClient, l.MaxConns/perClientDivisor)
+	}
+	if l.RequestsPerClient == 0 {
+		l.RequestsPerClient = l.ConnsPerClient
+	}
+	if l.AppShare == 0 {
+		l.AppShare = DefaultAppShare
+	}
+	if l.QueueTimeout == 0 {
+		l.QueueTimeout = DefaultQueueTimeout
+	}
+	if l.ClientRate > 0 && l.ClientBurst == 0 {
+		l.ClientBurst = max(1, int(math.Ceil(2*l.ClientRate)))
+	}
+	return l, f, l.validate()
+}
+
+func (l Limits) validate() error {
+	switch {
+	case l.ConnsPerClient < 1:
+		return errors.New("connections per client must be at least 1")
+	case l.RequestsPerClient < 1:
+		return errors.New("requests per client must be at least 1")
+	case l.AppShare <= 0 || l.AppShare > 1:
+		return fmt.Errorf("application share %g is not in (0, 1]", l.AppShare)
+	case l.QueueTimeout < 0:
+		return errors.New("queue timeout must not be negative")
+	case l.ClientRate < 0 || l.ClientBurst < 0:
+		return errors.New("client rate and burst must not be negative")
+	}
+	return nil
+}
+
+// reserveFor keeps a twentieth of the descriptors for the edge's own work,
+// at least 64 and at most 1,024: its own needs are a few dozen at most
+// (listeners, edge.db, the poll, certificate storage, the admin scrapes),
+// and the rest is slack for bursts of them.
+func reserveFor(descriptors uint64) int {
+	return int(min(max(descriptors/20, 64), 1024))
+}
+
+// raiseDescriptorLimit raises RLIMIT_NOFILE's soft limit to the hard one,
+// as Go's runtime does at start (so usually there is nothing left to raise).
+func raiseDescriptorLimit() (limit, raisedFrom uint64, err error) {
+	var r syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+		return 0, 0, fmt.Errorf("read descriptor limit: %w", err)
+	}
+	if r.Cur >= r.Max {
+		return r.Cur, 0, nil
+	}
+	before := r.Cur
+	r.Cur = r.Max
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+		return before, 0, nil // keep the soft limit; the budget follows it
+	}
+	return r.Max, before, nil
+}
+
+// cgroupMemoryLimit reads the memory limit of the process's cgroup, v2
+// (memory.max) or v1 (memory/memory.limit_in_bytes), 0 for none. It reads
+// the mount's root, which is the process's own cgroup inside a container.
+func cgroupMemoryLimit(root string) int64 {
+	for _, p := range []string{root + "/memory.max", root + "/memory/memory.limit_in_bytes"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		s := strings.TrimSpace(string(b))
+		if s == "max" {
+			return 0
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		// v1 says "no limit" with a huge page-rounded number.
+		if err != nil || n <= 0 || n >= 1<<60 {
+			return 0
+		}
+		return n
+	}
+	return 0
+}

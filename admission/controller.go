@@ -1,0 +1,357 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// Water marks of the connection budget: pressure starts when the
+// connections in use reach highWater of MaxConns and ends below lowWater;
+// the gap keeps a box near its limit from starting an episode a second.
+const (
+	highWater = 0.90
+	lowWater  = 0.80
+	// memHighWater and memLowWater are the same for memory, as shares of
+	// Limits.MemoryLimit.
+	memHighWater = 0.90
+	memLowWater  = 0.80
+	// minIdleAge spares a connection idle for less than this from shedding:
+	// a keep-alive connection between two requests of a page, or a new one
+	// whose first request is on its way.
+	minIdleAge = 250 * time.Millisecond
+	// pressureIdleTimeout is the idle timeout under pressure: every
+	// connection idle longer is closed, whatever the water marks say.
+	pressureIdleTimeout = 5 * time.Second
+	// goAwayGrace is how long an HTTP/2 connection sent a GOAWAY has to
+	// finish a stream its client started before it read the GOAWAY; past
+	// it, an idle one is closed.
+	goAwayGrace = time.Second
+	// tick is how often the controller samples memory and, under
+	// pressure, looks for idle connections to close.
+	tick = 250 * time.Millisecond
+)
+
+// Options configure a Controller.
+type Options struct {
+	// Limits are the derived limits (Derive); every field but the rate and
+	// MemoryLimit must be set.
+	Limits Limits
+	// Proxies are the peers whose connections carry many clients: PROXY
+	// protocol senders and trusted proxies. Their connections count against
+	// the budget but not as one client address's; for their requests the
+	// client is the address X-Forwarded-For names after the last proxy.
+	Proxies []netip.Prefix
+	// Log receives one line when an episode of pressure starts and one when
+	// it ends, and one per refusal kind per minute. The zero value logs
+	// nothing.
+	Log zerolog.Logger
+	// Registerer receives the package's metrics. Nil: no metrics.
+	Registerer prometheus.Registerer
+	// Now is the clock. Nil: time.Now.
+	Now func() time.Time
+	// MemoryInUse reports the memory the process uses, in bytes. Nil: read
+	// from the Go runtime (what it holds from the system, less what it
+	// returned).
+	MemoryInUse func() int64
+}
+
+// Controller enforces Limits. Its methods are safe for concurrent use; a
+// nil *Controller admits everything.
+type Controller struct {
+	limits  Limits
+	proxies []netip.Prefix
+	log     zerolog.Logger
+	now     func() time.Time
+	memUse  func() int64
+	m       *metrics
+
+	clientConns   atomic.Int64
+	upstreamConns atomic.Int64
+
+	// Accept waits for room on room, closed and replaced whenever a
+	// connection closes while waiting > 0.
+	roomMu  sync.Mutex
+	room    chan struct{}
+	waiting atomic.Int32
+	paused  atomic.Bool // an Accept waits for room now
+
+	idle    idleList
+	clients clientTable
+	apps    appTable
+
+	memHigh atomic.Bool
+	wake    chan struct{}
+
+	// episode is the monitor's; Snapshot reads it under episodeMu.
+	episodeMu sync.Mutex
+	episode   episode
+}
+
+// episode is one stretch of pressure, from its start to its end.
+type episode struct {
+	active  bool
+	started time.Time
+	reason  string
+	shed    int64 // idle connections closed during it
+	peak    int64 // most connections in use
+}
+
+// New returns a Controller enforcing opts.Limits, or the error registering
+// its metrics. Run must be running for shedding and memory checks.
+func New(opts Options) (*Controller, error) {
+	if err := opts.Limits.validate(); err != nil {
+		return nil, err
+	}
+	if opts.Limits.MaxConns < 1 {
+		return nil, errors.New("admission: MaxConns must be set")
+	}
+	c := &Controller{
+		limits:  opts.Limits,
+		proxies: opts.Proxies,
+		log:     opts.Log,
+		now:     opts.Now,
+		memUse:  opts.MemoryInUse,
+		wake:    make(chan struct{}, 1),
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	if c.memUse == nil {
+		c.memUse = goMemoryInUse
+	}
+	c.clients.init(opts.Limits)
+	c.apps.init(opts.Limits)
+	var err error
+	if c.m, err = newMetrics(opts.Registerer, c); err != nil {
+		return nil, err
+	}
+	c.apps.m = c.m
+	return c, nil
+}
+
+// Limits returns the limits c enforces.
+func (c *Controller) Limits() Limits { return c.limits }
+
+// inUse is the traffic descriptors held now: client and upstream
+// connections.
+func (c *Controller) inUse() int64 { return c.clientConns.Load() + c.upstreamConns.Load() }
+
+// poke wakes the monitor without waiting for its tick.
+func (c *Controller) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// opened notes a new connection; past the high-water mark it wakes the
+// monitor to shed idle ones.
+func (c *Controller) opened() {
+	if float64(c.inUse()) >= highWater*float64(c.limits.MaxConns) {
+		c.poke()
+	}
+}
+
+// released wakes every Accept waiting for room.
+func (c *Controller) released() {
+	if c.waiting.Load() == 0 {
+		return
+	}
+	c.roomMu.Lock()
+	if c.room != nil {
+		close(c.room)
+		c.room = nil
+	}
+	c.roomMu.Unlock()
+}
+
+// awaitRoom returns once a connection may be accepted without passing
+// MaxConns, or net.ErrClosed-like err once done is closed. While it waits
+// the listener does not call accept: new connections stay in the kernel's
+// backlog rather than being accepted and reset.
+func (c *Controller) awaitRoom(done <-chan struct{}) error {
+	max := int64(c.limits.MaxConns)
+	for c.inUse() >= max {
+		c.roomMu.Lock()
+		if c.room == nil {
+			c.room = make(chan struct{})
+		}
+		room := c.room
+		c.waiting.Add(1)
+		c.roomMu.Unlock()
+		// Checked again after registering: a connection that closed in
+		// between saw no waiter and woke nobody.
+		if c.inUse() < max {
+			c.waiting.Add(-1)
+			break
+		}
+		if c.paused.CompareAndSwap(false, true) {
+			c.m.acceptPauses.Inc()
+		}
+		c.poke()
+		select {
+		case <-room:
+			c.waiting.Add(-1)
+		case <-done:
+			c.waiting.Add(-1)
+			return errListenerClosed
+		}
+	}
+	if c.waiting.Load() == 0 {
+		c.paused.Store(false)
+	}
+	return nil
+}
+
+// Run samples memory and sheds under pressure until ctx ends.
+func (c *Controller) Run(ctx context.Context) {
+	if c == nil {
+		return
+	}
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	sweep := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.sampleMemory()
+			if sweep++; sweep%20 == 0 { // every 5s
+				c.clients.sweep()
+				c.apps.prune(c.m)
+			}
+		case <-c.wake:
+		}
+		c.step()
+		c.apps.grantAll()
+	}
+}
+
+// sampleMemory moves the memory high-water state, with hysteresis.
+func (c *Controller) sampleMemory() {
+	limit := c.limits.MemoryLimit
+	if limit <= 0 {
+		return
+	}
+	use := float64(c.memUse())
+	switch {
+	case !c.memHigh.Load() && use >= memHighWater*float64(limit):
+		c.memHigh.Store(true)
+	case c.memHigh.Load() && use < memLowWater*float64(limit):
+		c.memHigh.Store(false)
+	}
+}
+
+// step starts or ends an episode of pressure and, during one, closes idle
+// connections: oldest first down to the low-water mark, and every one idle
+// past the short idle timeout.
+func (c *Controller) step() {
+	max := float64(c.limits.MaxConns)
+	used := c.inUse()
+	now := c.now()
+	c.episodeMu.Lock()
+	ep := c.episode
+	c.episodeMu.Unlock()
+	if !ep.active {
+		reason := ""
+		switch {
+		case c.paused.Load():
+			reason = "connection limit reached: not accepting"
+		case float64(used) >= highWater*max:
+			reason = "connections past the high-water mark"
+		case c.memHigh.Load():
+			reason = "memory past the high-water mark"
+		}
+		if reason == "" {
+			return
+		}
+		ep = episode{active: true, started: now, reason: reason, peak: used}
+		c.m.pressure.Set(1)
+		c.m.episodes.Inc()
+		c.log.Warn().Str("reason", reason).Int64("conns", used).Int("max_conns", c.limits.MaxConns).
+			Bool("memory_high", c.memHigh.Load()).Int("idle_conns", c.idle.len()).
+			Msg("overload: shedding idle connections oldest first, idle timeout shortened to " + pressureIdleTimeout.String() + "; refusing new requests while memory is high")
+	}
+	for float64(c.inUse()) > lowWater*max {
+		if !c.shedOldest(now, minIdleAge) {
+			break
+		}
+		ep.shed++
+	}
+	for c.shedOldest(now, pressureIdleTimeout) {
+		ep.shed++
+	}
+	used = c.inUse()
+	ep.peak = max64(ep.peak, used)
+	if float64(used) < lowWater*max && !c.memHigh.Load() && !c.paused.Load() {
+		c.m.pressure.Set(0)
+		c.log.Info().Dur("lasted", now.Sub(ep.started)).Int64("idle_closed", ep.shed).Int64("peak_conns", ep.peak).
+			Int64("conns", used).Msg("overload over: accepting, idle timeout back to normal")
+		ep = episode{}
+	}
+	c.episodeMu.Lock()
+	c.episode = ep
+	c.episodeMu.Unlock()
+}
+
+func max64(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// Status is the controller's state, for the status page.
+type Status struct {
+	Pressure          bool      `json:"pressure"`
+	PressureReason    string    `json:"pressure_reason,omitempty"`
+	PressureSince     time.Time `json:"pressure_since,omitzero"`
+	AcceptPaused      bool      `json:"accept_paused"`
+	MemoryHigh        bool      `json:"memory_high"`
+	ClientConns       int64     `json:"client_conns"`
+	UpstreamConns     int64     `json:"upstream_conns"`
+	IdleConns         int       `json:"idle_conns"`
+	MaxConns          int       `json:"max_conns"`
+	ConnsPerClient    int       `json:"conns_per_client"`
+	RequestsPerClient int       `json:"requests_per_client"`
+	AppShare          float64   `json:"app_share"`
+	ClientRate        float64   `json:"client_rate,omitempty"`
+	MemoryLimit       int64     `json:"memory_limit_bytes,omitempty"`
+	Clients           int       `json:"client_addresses"`
+	Apps              []AppLoad `json:"applications"`
+}
+
+// AppLoad is one application's requests in flight to its upstreams, those
+// waiting for a slot and its share now.
+type AppLoad struct {
+	Application string `json:"application"`
+	InFlight    int    `json:"in_flight"`
+	Queued      int    `json:"queued"`
+	Limit       int    `json:"limit"`
+}
+
+// Snapshot returns the controller's state now.
+func (c *Controller) Snapshot() Status {
+	if c == nil {
+		return Status{}
+	}
+	c.episodeMu.Lock()
+	ep := c.episode
+	c.episodeMu.Unlock()
+	return Status{
+		Pressure: ep.active, PressureReason: ep.reason, PressureSince: ep.started,
+		AcceptPaused: c.paused.Load(), MemoryHigh: c.memHigh.Load(),
+		ClientConns: c.clientConns.Load(), UpstreamConns: c.upstreamConns.Load(), IdleConns: c.idle.len(),
+		MaxConns: c.limits.MaxConns, ConnsPerClient: c.limits.ConnsPerClient, RequestsPerClient: c.limits.RequestsPerClient,
+		AppShare: c.limits.AppShare, ClientRate: c.limits.ClientRate, MemoryLimit: c.limits.MemoryLimit,
+		Clients: c.clients.len(), Apps: c.apps.loads(),
+	}
+}

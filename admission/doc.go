@@ -1,0 +1,29 @@
+// Package admission owns the edge's resource budget and who may spend it:
+// how many connections (client and upstream, each a descriptor) the edge
+// takes on, what it sheds under pressure and in which order, and the fair
+// shares that keep one application or one client address from taking the
+// box's edge from everyone else.
+//
+// The budget is derived at start from the descriptor and memory limits the
+// process runs under (Derive); a Controller enforces it:
+//
+//   - on every listener (Listener, QUICListener): connections are counted
+//     globally and per client address; past a client address's share a new
+//     connection is closed at once; at the global limit the edge stops
+//     accepting and the kernel keeps new connections in its backlog;
+//   - under pressure (connections past the high-water mark), idle
+//     keep-alive connections are closed oldest first (HTTP/2 ones after a
+//     GOAWAY), and idle connections get a short idle timeout, until the
+//     count is back under the low-water mark;
+//   - on every request about to be forwarded (Admit): past the memory
+//     high-water mark new requests are refused (503); past a client
+//     address's share of requests in flight, or its optional rate, 429; past
+//     an application's share of requests in flight to its upstreams,
+//     requests wait in a short bounded queue, then 503.
+//
+// A request already in flight is never cut for pressure.
+//
+// It does not know about routing or how bytes reach an upstream: the edge's
+// handler names the application, and backhaul hands over the connections it
+// dials to be counted.
+package admission

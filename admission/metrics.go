@@ -1,0 +1,118 @@
+package admission
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/scafo/scafo-edge/internal/promreg"
+)
+
+// Shed reasons beyond the request refusals' (Refusal.String): an idle
+// connection closed under pressure, a connection closed at once because its
+// client address held its share.
+const (
+	shedIdle           = "idle_closed"
+	refusedClientConns = "client_conns"
+)
+
+// ShedReasons lists every reason of scafo_edge_shed_total.
+var ShedReasons = []string{shedIdle, refusedClientConns, RefusedMemory.String(), RefusedClientRequests.String(),
+	RefusedClientRate.String(), RefusedAppQueueFull.String(), RefusedAppQueueTimeout.String()}
+
+type metrics struct {
+	shed         *prometheus.CounterVec
+	acceptPauses prometheus.Counter
+	pressure     prometheus.Gauge
+	episodes     prometheus.Counter
+	appInFlight  *prometheus.GaugeVec
+	appQueued    *prometheus.GaugeVec
+
+	// logs thins the refusal lines a flood can cause: one per kind a
+	// minute.
+	logMu sync.Mutex
+	logs  map[string]*rate.Sometimes
+}
+
+func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
+	m := &metrics{
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scafo_edge_shed_total",
+			Help: "Connections and requests the edge shed or refused to stay within its budget and fair shares, by reason.",
+		}, []string{"reason"}),
+		acceptPauses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "scafo_edge_accept_pauses_total",
+			Help: "Times the edge stopped accepting connections because its connection budget was spent (new ones waited in the kernel's backlog).",
+		}),
+		pressure: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "scafo_edge_pressure",
+			Help: "1 during an episode of overload (connections or memory past their high-water marks), else 0.",
+		}),
+		episodes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "scafo_edge_pressure_episodes_total",
+			Help: "Episodes of overload started.",
+		}),
+		appInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "scafo_edge_app_in_flight",
+			Help: "Requests in flight to an application's upstreams, WebSockets and streams included.",
+		}, []string{"application"}),
+		appQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "scafo_edge_app_queued",
+			Help: "Requests waiting for their application's share to free a slot.",
+		}, []string{"application"}),
+		logs: map[string]*rate.Sometimes{},
+	}
+	for _, r := range ShedReasons {
+		m.shed.WithLabelValues(r)
+	}
+	gauge := func(name, help string, labels prometheus.Labels, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f)
+	}
+	connsHelp := "Connections held now that count against the budget, by kind (client: accepted, HTTP/3 included; upstream: dialed)."
+	err := promreg.Register(reg, m.shed, m.acceptPauses, m.pressure, m.episodes, m.appInFlight, m.appQueued,
+		gauge("scafo_edge_conns", connsHelp, prometheus.Labels{"kind": "client"}, func() float64 { return float64(c.clientConns.Load()) }),
+		gauge("scafo_edge_conns", connsHelp, prometheus.Labels{"kind": "upstream"}, func() float64 { return float64(c.upstreamConns.Load()) }),
+		gauge("scafo_edge_conns_limit", "The connection budget: client and upstream connections the edge holds at most (--max-conns).", nil,
+			func() float64 { return float64(c.limits.MaxConns) }),
+		gauge("scafo_edge_idle_conns", "Client connections idle now, the first to be closed under pressure.", nil,
+			func() float64 { return float64(c.idle.len()) }),
+		gauge("scafo_edge_memory_limit_bytes", "The memory limit the edge keeps under (cgroup, GOMEMLIMIT or flag); 0: none known.", nil,
+			func() float64 { return float64(c.limits.MemoryLimit) }),
+		gauge("scafo_edge_client_addresses", "Client addresses the edge keeps counts for now.", nil,
+			func() float64 { return float64(c.clients.len()) }),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("register admission metrics: %w", err)
+	}
+	return m, nil
+}
+
+func (m *metrics) refused(reason string) { m.shed.WithLabelValues(reason).Inc() }
+
+// logRefusal logs a kind of refusal once a minute, with how many there were
+// in all. No address is logged: a flood would choose what the log says.
+func (c *Controller) logRefusal(reason string) {
+	m := c.m
+	m.logMu.Lock()
+	s := m.logs[reason]
+	if s == nil {
+		s = &rate.Sometimes{First: 1, Interval: time.Minute}
+		m.logs[reason] = s
+	}
+	m.logMu.Unlock()
+	s.Do(func() {
+		c.log.Warn().Str("reason", reason).Msg(refusalMessages[reason])
+	})
+}
+
+var refusalMessages = map[string]string{
+	refusedClientConns:              "closing new connections from a client address that holds its share of connections; more are counted in scafo_edge_shed_total, logged again in a minute",
+	RefusedMemory.String():          "refusing new requests (503) while memory is past its high-water mark",
+	RefusedClientRequests.String():  "refusing requests (429) from a client address that has its share in flight; more are counted, logged again in a minute",
+	RefusedClientRate.String():      "refusing requests (429) from a client address past its request rate; more are counted, logged again in a minute",
+	RefusedAppQueueFull.String():    "an application holds its share of requests in flight and its queue is full: refusing its new requests (503)",
+	RefusedAppQueueTimeout.String(): "an application held its share of requests in flight for a whole queue timeout: refusing its waiting requests (503)",
+}

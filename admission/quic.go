@@ -1,0 +1,62 @@
+package admission
+
+import (
+	"context"
+
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+)
+
+// h3ExcessiveLoad is HTTP/3's H3_EXCESSIVE_LOAD (RFC 9114 §8.1): the peer
+// is refused for the load it causes.
+const h3ExcessiveLoad quic.ApplicationErrorCode = 0x0107
+
+// QUICListener returns l counted against the budget like Listener's TCP
+// connections: a QUIC connection holds no descriptor but holds memory like
+// one. At the budget, or past its client address's share, a new connection
+// is closed with H3_EXCESSIVE_LOAD at once: QUIC has no backlog to leave it
+// in, and its client falls back to TCP, where the listener waits.
+func (c *Controller) QUICListener(l http3.QUICListener) http3.QUICListener {
+	if c == nil {
+		return l
+	}
+	return &quicListener{QUICListener: l, c: c}
+}
+
+type quicListener struct {
+	http3.QUICListener
+	c *Controller
+}
+
+func (l *quicListener) Accept(ctx context.Context) (*quic.Conn, error) {
+	for {
+		conn, err := l.QUICListener.Accept(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if l.c.inUse() >= int64(l.c.limits.MaxConns) {
+			conn.CloseWithError(h3ExcessiveLoad, "")
+			l.c.poke()
+			continue
+		}
+		var client *clientEntry
+		if key, ok := l.c.clientOfPeer(conn.RemoteAddr()); ok {
+			if client, ok = l.c.clients.addConn(key); !ok {
+				conn.CloseWithError(h3ExcessiveLoad, "")
+				l.c.m.refused(refusedClientConns)
+				l.c.logRefusal(refusedClientConns)
+				continue
+			}
+		}
+		l.c.clientConns.Add(1)
+		l.c.opened()
+		context.AfterFunc(conn.Context(), func() {
+			l.c.clientConns.Add(-1)
+			if client != nil {
+				l.c.clients.releaseConn(client)
+			}
+			l.c.released()
+		})
+		return conn, nil
+	}
+}
