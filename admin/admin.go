@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/scafo/scafo-edge/admission"
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/certs"
 	"github.com/scafo/scafo-edge/certs/prefetch"
@@ -46,6 +47,9 @@ type Server struct {
 	// Prefetch lists the names waiting for a prefetched certificate (and
 	// those not reaching the fleet); nil: prefetch is off.
 	Prefetch func() []prefetch.Entry
+	// Admission reports the connection budget, the pressure state and each
+	// application's share in use; nil: not shown.
+	Admission func() admission.Status
 	// Version is the build's version, reported in status.json.
 	Version string
 	// Started is when the process started, shown as uptime on the status

@@ -3,9 +3,12 @@ package admin
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/scafo/scafo-edge/admission"
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/node"
 )
@@ -24,19 +27,20 @@ const (
 // /status.json, which the routes command reads. Field names are the JSON
 // contract with scripts: add fields, never rename them.
 type Status struct {
-	Version     string           `json:"version"`
-	GeneratedAt time.Time        `json:"generated_at"`
-	Started     *time.Time       `json:"started,omitempty"`
-	Document    *DocumentStatus  `json:"document"` // null before the first document
-	Poll        PollStatus       `json:"poll"`
-	Routes      []RouteStatus    `json:"routes"`
-	API         *APIStatus       `json:"api,omitempty"`
-	Upstreams   []UpstreamStatus `json:"upstream_health"` // every upstream backhaul has seen, by address
-	Certs       []CertStatus     `json:"certificates"`
-	CertsNote   string           `json:"certificates_note,omitempty"`
-	Prefetch    []PrefetchStatus `json:"certificate_prefetch,omitempty"` // names waiting; absent when prefetch is off or none wait
-	pathLimit   int              // page only: prefixes listed per host
-	routeIndex  map[string]bool  // page only: hosts that are routes, for links
+	Version     string            `json:"version"`
+	GeneratedAt time.Time         `json:"generated_at"`
+	Started     *time.Time        `json:"started,omitempty"`
+	Document    *DocumentStatus   `json:"document"` // null before the first document
+	Poll        PollStatus        `json:"poll"`
+	Routes      []RouteStatus     `json:"routes"`
+	API         *APIStatus        `json:"api,omitempty"`
+	Upstreams   []UpstreamStatus  `json:"upstream_health"` // every upstream backhaul has seen, by address
+	Certs       []CertStatus      `json:"certificates"`
+	CertsNote   string            `json:"certificates_note,omitempty"`
+	Prefetch    []PrefetchStatus  `json:"certificate_prefetch,omitempty"` // names waiting; absent when prefetch is off or none wait
+	Load        *admission.Status `json:"load,omitempty"`                 // the connection budget, pressure and fair shares in use
+	pathLimit   int               // page only: prefixes listed per host
+	routeIndex  map[string]bool   // page only: hosts that are routes, for links
 }
 
 // DocumentStatus is the live routing document: where it came from, how old
@@ -211,6 +215,11 @@ func (a *Server) snapshot() *Status {
 		if len(v.Certs) == 0 {
 			v.CertsNote = "none yet: certificates are obtained on the first handshake for a name the document allows"
 		}
+	}
+	if a.Admission != nil {
+		l := a.Admission()
+		slices.SortFunc(l.Apps, func(x, y admission.AppLoad) int { return strings.Compare(x.Application, y.Application) })
+		v.Load = &l
 	}
 	if a.Prefetch != nil {
 		for _, e := range a.Prefetch() {

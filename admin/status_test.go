@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/admission"
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/certs"
 	"github.com/scafo/scafo-edge/certs/prefetch"
@@ -399,6 +400,43 @@ func TestStatusPage(t *testing.T) {
 		rec := serveAdmin(f.admin.Handler(), "/", "198.51.100.1:4000", "")
 		if rec.Code != 403 || strings.Contains(rec.Body.String(), "example.test") {
 			t.Errorf("GET / from a remote client = %d %q", rec.Code, rec.Body)
+		}
+	})
+	t.Run("shows the load: pressure, connections against the budget, each application's share", func(t *testing.T) {
+		a := *f.admin
+		a.Admission = func() admission.Status {
+			return admission.Status{
+				Pressure: true, PressureReason: "connections past the high-water mark", PressureSince: statusT0,
+				ClientConns: 1700, IdleConns: 120, UpstreamConns: 140, MaxConns: 2000, ConnsPerClient: 125, RequestsPerClient: 125,
+				Apps: []admission.AppLoad{{Application: "slow-app", InFlight: 750, Queued: 62, Limit: 750}, {Application: "fast-app", InFlight: 3, Limit: 180}},
+			}
+		}
+		_, page := fetchPage(t, a.Handler(), "/")
+		for _, want := range []string{"yes: connections past the high-water mark", "1700 client (120 idle) + 140 upstream of 2000",
+			"<td>slow-app</td><td>750</td><td><span class=\"bad\">62</span></td><td>750</td>"} {
+			if !strings.Contains(page, want) {
+				t.Errorf("page lacks %q", want)
+			}
+		}
+		if strings.Index(page, "fast-app") > strings.Index(page, "slow-app") {
+			t.Error("applications are not listed by name")
+		}
+		rec := serveAdmin(a.Handler(), "/status.json", "127.0.0.1:4000", "")
+		var v struct {
+			Load struct {
+				Pressure bool `json:"pressure"`
+				MaxConns int  `json:"max_conns"`
+				Apps     []struct {
+					Application string `json:"application"`
+					Queued      int    `json:"queued"`
+				} `json:"applications"`
+			} `json:"load"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
+			t.Fatal(err)
+		}
+		if !v.Load.Pressure || v.Load.MaxConns != 2000 || len(v.Load.Apps) != 2 || v.Load.Apps[1].Queued != 62 {
+			t.Errorf("status.json load = %+v", v.Load)
 		}
 	})
 	t.Run("escapes names from the document", func(t *testing.T) {
