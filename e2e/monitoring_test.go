@@ -76,6 +76,17 @@ var exportedFamilies = map[string]string{
 	"scafo_edge_tls_certificate_expiry_seconds":   "gauge",
 	"scafo_edge_tls_certificates":                 "gauge",
 	"scafo_edge_handovers_total":                  "counter",
+	"scafo_edge_conns":                            "gauge",
+	"scafo_edge_conns_limit":                      "gauge",
+	"scafo_edge_idle_conns":                       "gauge",
+	"scafo_edge_memory_limit_bytes":               "gauge",
+	"scafo_edge_pressure":                         "gauge",
+	"scafo_edge_pressure_episodes_total":          "counter",
+	"scafo_edge_accept_pauses_total":              "counter",
+	"scafo_edge_shed_total":                       "counter",
+	"scafo_edge_app_in_flight":                    "gauge",
+	"scafo_edge_app_queued":                       "gauge",
+	"scafo_edge_client_addresses":                 "gauge",
 }
 
 // unobservedValues are label values the assets match on that this test's
