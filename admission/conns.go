@@ -128,6 +128,11 @@ type trackedConn struct {
 	prev      *trackedConn
 	next      *trackedConn
 	listed    bool
+
+	// goAwayMu is held while a GOAWAY is written to the connection, and
+	// waited on before it turns active (see goAway).
+	goAwayMu sync.Mutex
+	draining atomic.Bool // sent a GOAWAY, not closed yet
 }
 
 // NetConn returns the connection underneath, as tls.Conn's does.
@@ -146,6 +151,7 @@ func (c *Controller) connClosed(t *trackedConn) {
 		c.upstreamConns.Add(-1)
 	} else {
 		c.idle.remove(t, stateGone)
+		c.undrain(t)
 		c.clientConns.Add(-1)
 		if t.client != nil {
 			c.clients.releaseConn(t.client)
@@ -199,11 +205,18 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		c.idle.push(t, conn, stateNew, c.now())
 	case http.StateIdle:
 		if c.idle.push(t, conn, stateIdle, c.now()) {
-			// Told to go away: the client opens no stream on it again.
-			t.closeRaw()
+			// Told to go away, the client opens no stream on it again.
+			// Its last stream's final frames may still be on their way
+			// out of the server's buffer: close it a little later.
+			c.closeIfIdleAfter(t, goAwayGrace)
 		}
 	case http.StateActive:
-		c.idle.remove(t, stateActive)
+		if c.idle.remove(t, stateActive) {
+			// A GOAWAY may be on its way out: the stream's first
+			// frame waits for it.
+			t.goAwayMu.Lock()
+			t.goAwayMu.Unlock() //nolint:staticcheck // a barrier, nothing to guard
+		}
 	case http.StateHijacked, http.StateClosed:
 		c.idle.remove(t, stateGone)
 	}
@@ -236,7 +249,8 @@ func (t *trackedConn) closeRaw() {
 
 // shedOldest closes the connection idle the longest, if it has been idle at
 // least age, and reports whether it shed one. An HTTP/2 connection is sent
-// a GOAWAY instead and closed after goAwayGrace if still idle.
+// a GOAWAY instead and closed after goAwayGrace if still idle; until then
+// it counts in c.draining.
 func (c *Controller) shedOldest(now time.Time, age time.Duration) bool {
 	t, outer, h2 := c.idle.popOldest(now, age)
 	if t == nil {
@@ -247,20 +261,56 @@ func (c *Controller) shedOldest(now time.Time, age time.Duration) bool {
 		t.closeRaw()
 		return true
 	}
-	go func() {
-		// The write could wait on a client that stopped reading, as long
-		// as the send timeout lets it; never on the monitor's goroutine.
-		if _, err := outer.Write(goAwayFrame[:]); err != nil {
-			t.closeRaw()
-			return
-		}
-		time.AfterFunc(goAwayGrace, func() {
-			if c.idle.isIdle(t) {
-				t.closeRaw()
-			}
-		})
-	}()
+	t.draining.Store(true)
+	c.draining.Add(1)
+	go c.goAway(t, outer)
 	return true
+}
+
+// goAway writes a GOAWAY to an idle HTTP/2 connection, then closes it after
+// goAwayGrace if it is idle again. It runs on its own goroutine: the write
+// could wait on a client that stopped reading, as long as the send timeout
+// lets it.
+//
+// The GOAWAY goes in between the server's own frames only while the
+// connection has no stream: ConnState waits on t.goAwayMu before a stream
+// makes the connection active, so no response frame of a stream the client
+// opened meanwhile can be split around it.
+func (c *Controller) goAway(t *trackedConn, outer net.Conn) {
+	t.goAwayMu.Lock()
+	idle := c.idle.isIdle(t)
+	var err error
+	if idle {
+		_, err = outer.Write(goAwayFrame[:])
+	}
+	t.goAwayMu.Unlock()
+	switch {
+	case !idle:
+		// A stream started first: it is left alone, and the connection
+		// is listed again when idle.
+		c.idle.cancelGoAway(t)
+		c.undrain(t)
+	case err != nil:
+		t.closeRaw()
+	default:
+		c.closeIfIdleAfter(t, goAwayGrace)
+	}
+}
+
+// closeIfIdleAfter closes t after d unless a stream made it active.
+func (c *Controller) closeIfIdleAfter(t *trackedConn, d time.Duration) {
+	time.AfterFunc(d, func() {
+		if c.idle.isIdle(t) {
+			t.closeRaw()
+		}
+	})
+}
+
+// undrain takes t out of c.draining, once.
+func (c *Controller) undrain(t *trackedConn) {
+	if t.draining.CompareAndSwap(true, false) {
+		c.draining.Add(-1)
+	}
 }
 
 // goAwayFrame is an HTTP/2 GOAWAY with the last stream identifier 2^31-1 and
@@ -314,7 +364,9 @@ func (l *idleList) push(t *trackedConn, outer net.Conn, st connState, now time.T
 	return false
 }
 
-func (l *idleList) remove(t *trackedConn, st connState) {
+// remove unlists t, now in state st, and reports whether it was told to go
+// away.
+func (l *idleList) remove(t *trackedConn, st connState) (goingAway bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if t.state != stateGone {
@@ -323,6 +375,15 @@ func (l *idleList) remove(t *trackedConn, st connState) {
 	if t.listed {
 		l.unlink(t)
 	}
+	return t.goingAway
+}
+
+// cancelGoAway forgets that t was to be told to go away: it turned active
+// before the GOAWAY was written.
+func (l *idleList) cancelGoAway(t *trackedConn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t.goingAway = false
 }
 
 func (l *idleList) isIdle(t *trackedConn) bool {

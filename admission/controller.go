@@ -74,6 +74,7 @@ type Controller struct {
 
 	clientConns   atomic.Int64
 	upstreamConns atomic.Int64
+	draining      atomic.Int64 // connections sent a GOAWAY, closing soon
 
 	// Accept waits for room on room, closed and replaced whenever a
 	// connection closes while waiting > 0.
@@ -280,7 +281,9 @@ func (c *Controller) step() {
 			Bool("memory_high", c.memHigh.Load()).Int("idle_conns", c.idle.len()).
 			Msg("overload: shedding idle connections oldest first, idle timeout shortened to " + pressureIdleTimeout.String() + "; refusing new requests while memory is high")
 	}
-	for float64(c.inUse()) > lowWater*max {
+	// Those sent a GOAWAY are as good as closed: shedding them again would
+	// close more than needed.
+	for float64(c.inUse()-c.draining.Load()) > lowWater*max {
 		if !c.shedOldest(now, minIdleAge) {
 			break
 		}
