@@ -28,6 +28,18 @@ func TestValidateNamesTheFlagAtFault(t *testing.T) {
 		{"a fleet store without a node", []string{"--cert-store", "fleet", "--routes-file", "r.json"}, nil, "--cert-store: "},
 		{"a prefetch budget under one order an hour", []string{"--cert-prefetch-per-hour", "0"}, nil, "--cert-prefetch-per-hour: "},
 		{"no prefetch budget with prefetch off", []string{"--cert-prefetch=false", "--cert-prefetch-per-hour", "0"}, nil, ""},
+		{"a negative connection budget", []string{"--max-conns", "-1"}, nil, "--max-conns: "},
+		{"a negative per-client connection share", []string{"--max-conns-per-client", "-5"}, nil, "--max-conns-per-client: "},
+		{"a negative per-client request share", []string{"--max-requests-per-client", "-5"}, nil, "--max-requests-per-client: "},
+		{"a per-client share above the budget", []string{"--max-conns", "100", "--max-conns-per-client", "101"}, nil, "--max-conns-per-client: "},
+		{"an application share of nothing", []string{"--app-share", "0"}, nil, "--app-share: "},
+		{"an application share above the whole", []string{"--app-share", "101"}, nil, "--app-share: "},
+		{"no queue timeout", []string{"--app-queue-timeout", "0"}, nil, "--app-queue-timeout: "},
+		{"a queue timeout that is a hang", []string{"--app-queue-timeout", "5m"}, nil, "--app-queue-timeout: "},
+		{"a negative client rate", []string{"--client-rate", "-1"}, nil, "--client-rate: "},
+		{"a burst without a rate", []string{"--client-burst", "10"}, nil, "--client-burst: "},
+		{"a rate with its burst", []string{"--client-rate", "50", "--client-burst", "100", "--app-share", "100"}, nil, ""},
+		{"the overload flags are checked with TLS off", []string{"--tls", "off", "--app-share", "0"}, nil, "--app-share: "},
 		{"TLS flags are not checked with TLS off", []string{"--tls", "off", "--cert-store", "s3", "--dns-provider", "route53"}, nil, ""},
 	}
 	for _, tc := range cases {
