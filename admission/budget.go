@@ -59,6 +59,9 @@ type Facts struct {
 	// was set from the cgroup's.
 	MemorySource string
 	SetGoLimit   bool
+	// GoLimit is the Go memory limit set from the connection budget when no
+	// memory limit is known (0: not set here).
+	GoLimit int64
 }
 
 const (
@@ -67,6 +70,15 @@ const (
 	// about 20 KiB (goroutine stack, read and write buffers); a proxied
 	// request in flight costs two descriptors and about 60 KiB.
 	connMemory = 32 << 10
+	// heapPerConn and baseHeap size the Go memory limit the edge sets when
+	// it knows no memory limit: what one connection of the budget holds in
+	// heap and stack at most, from measurement (about 21 KiB a descriptor
+	// with 7,000 long polls in flight, their upstream connections beside
+	// them), and what the edge holds with no traffic, with room. Without
+	// it the collector lets garbage grow as large as the live heap, and a
+	// box at its budget would hold twice what it uses.
+	heapPerConn = 24 << 10
+	baseHeap    = 64 << 20
 	// memoryForConns is the share of the memory limit the connection budget
 	// may take; the rest is the routing table, certificates, the heap's
 	// growth between collections.
@@ -114,6 +126,10 @@ func Derive(want Limits, getenv func(string) string, cgroupRoot string) (Limits,
 		if l.MemoryLimit > 0 {
 			l.MaxConns = min(l.MaxConns, int(float64(l.MemoryLimit)*memoryForConns/connMemory))
 		}
+	}
+	if l.MemoryLimit == 0 && getenv("GOMEMLIMIT") == "" {
+		f.GoLimit = int64(l.MaxConns)*heapPerConn + baseHeap
+		debug.SetMemoryLimit(f.GoLimit)
 	}
 	if l.MaxConns < 16 {
 		return l, f, fmt.Errorf("connection budget %d is too small to serve (descriptor limit %d, %d reserved)", l.MaxConns, f.Descriptors, f.Reserved)

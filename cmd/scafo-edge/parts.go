@@ -148,6 +148,9 @@ func newAdmission(s settings, reg prometheus.Registerer, log zerolog.Logger) (*a
 	if l.MemoryLimit > 0 {
 		ev = ev.Int64("memory_limit", l.MemoryLimit).Str("memory_limit_from", f.MemorySource).Bool("go_memory_limit_set", f.SetGoLimit)
 	}
+	if f.GoLimit > 0 {
+		ev = ev.Int64("go_memory_limit", f.GoLimit)
+	}
 	if l.ClientRate > 0 {
 		ev = ev.Float64("client_rate", l.ClientRate).Int("client_burst", l.ClientBurst)
 	}
