@@ -74,8 +74,11 @@ func TestDeriveSetsTheBudgetFromTheDescriptorAndMemoryLimits(t *testing.T) {
 		wantMemory int64
 		wantSource string
 		wantSetGo  bool // the Go memory limit was set to 90% of the cgroup's
+		// The Go memory limit was set from the connection budget: no memory
+		// limit is known and GOMEMLIMIT says nothing.
+		wantBudgetGo bool
 	}{
-		{name: "no memory limit anywhere: the descriptors alone decide", getenv: env()},
+		{name: "no memory limit anywhere: the descriptors alone decide, and the Go limit follows the budget", getenv: env(), wantBudgetGo: true},
 		{
 			name: "a cgroup v2 memory.max caps the budget and sets the Go memory limit", getenv: env(),
 			cgroup:     map[string]string{"memory.max": "536870912\n"},
@@ -88,18 +91,18 @@ func TestDeriveSetsTheBudgetFromTheDescriptorAndMemoryLimits(t *testing.T) {
 		},
 		{
 			name: "cgroup v2 max is no limit", getenv: env(),
-			cgroup: map[string]string{"memory.max": "max\n"},
+			cgroup: map[string]string{"memory.max": "max\n"}, wantBudgetGo: true,
 		},
 		{
 			name: "cgroup v1's huge page-rounded number is no limit", getenv: env(),
-			cgroup: map[string]string{v1: "9223372036854771712\n"},
+			cgroup: map[string]string{v1: "9223372036854771712\n"}, wantBudgetGo: true,
 		},
 		{
 			name: "an unreadable cgroup limit is no limit", getenv: env(),
-			cgroup: map[string]string{"memory.max": "lots\n"},
+			cgroup: map[string]string{"memory.max": "lots\n"}, wantBudgetGo: true,
 		},
 		{
-			name: "GOMEMLIMIT wins over the cgroup and leaves the Go memory limit as the runtime set it",
+			name:   "GOMEMLIMIT wins over the cgroup and leaves the Go memory limit as the runtime set it",
 			getenv: env("GOMEMLIMIT", "768MiB"), goLimit: 768 * mib,
 			cgroup:     map[string]string{"memory.max": "536870912"},
 			wantMemory: 768 * mib, wantSource: "GOMEMLIMIT",
@@ -110,7 +113,10 @@ func TestDeriveSetsTheBudgetFromTheDescriptorAndMemoryLimits(t *testing.T) {
 			wantMemory: 512 * mib, wantSource: "cgroup", wantSetGo: true,
 		},
 		{
-			name: "a memory limit flag wins over GOMEMLIMIT and the cgroup and leaves the Go limit alone",
+			name: "GOMEMLIMIT=off with no cgroup limit leaves the Go memory limit alone", getenv: env("GOMEMLIMIT", "off"),
+		},
+		{
+			name:   "a memory limit flag wins over GOMEMLIMIT and the cgroup and leaves the Go limit alone",
 			getenv: env("GOMEMLIMIT", "768MiB"), goLimit: 768 * mib,
 			cgroup:     map[string]string{"memory.max": "536870912"},
 			want:       Limits{MemoryLimit: 256 * mib},
@@ -133,11 +139,18 @@ func TestDeriveSetsTheBudgetFromTheDescriptorAndMemoryLimits(t *testing.T) {
 					l.MemoryLimit, f.MemorySource, f.SetGoLimit, tt.wantMemory, tt.wantSource, tt.wantSetGo)
 			}
 			goLimit := debug.SetMemoryLimit(-1)
+			budgetGo := int64(l.MaxConns)*(24<<10) + 64*mib
 			switch {
 			case tt.wantSetGo && goLimit != tt.wantMemory/10*9:
 				t.Errorf("Go memory limit = %d, want 90%% of the cgroup's %d", goLimit, tt.wantMemory)
-			case !tt.wantSetGo && goLimit != prevGo:
+			case tt.wantBudgetGo && (goLimit != budgetGo || f.GoLimit != budgetGo):
+				t.Errorf("Go memory limit = %d (Facts.GoLimit %d), want 24 KiB for each of %d connections and 64 MiB: %d",
+					goLimit, f.GoLimit, l.MaxConns, budgetGo)
+			case !tt.wantSetGo && !tt.wantBudgetGo && goLimit != prevGo:
 				t.Errorf("Go memory limit = %d, want it left at %d", goLimit, prevGo)
+			}
+			if !tt.wantBudgetGo && f.GoLimit != 0 {
+				t.Errorf("Facts.GoLimit = %d with a memory limit or GOMEMLIMIT known, want 0", f.GoLimit)
 			}
 
 			if soft := softDescriptorLimit(t); f.Descriptors != soft {

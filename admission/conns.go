@@ -257,6 +257,7 @@ func (c *Controller) shedOldest(now time.Time, age time.Duration) bool {
 		return false
 	}
 	c.m.shed.WithLabelValues(shedIdle).Inc()
+	c.shedIdle.Add(1)
 	if !h2 {
 		t.closeRaw()
 		return true

@@ -36,6 +36,10 @@ const (
 	// tick is how often the controller samples memory and, under
 	// pressure, looks for idle connections to close.
 	tick = 250 * time.Millisecond
+	// calmFor is how long connections and memory must stay under their
+	// low-water marks before an episode ends: a flood that comes in waves
+	// is one episode, logged once, not one a second.
+	calmFor = 5 * time.Second
 )
 
 // Options configure a Controller.
@@ -75,6 +79,7 @@ type Controller struct {
 	clientConns   atomic.Int64
 	upstreamConns atomic.Int64
 	draining      atomic.Int64 // connections sent a GOAWAY, closing soon
+	shedIdle      atomic.Int64 // idle connections shed, ever
 
 	// Accept waits for room on room, closed and replaced whenever a
 	// connection closes while waiting > 0.
@@ -97,11 +102,12 @@ type Controller struct {
 
 // episode is one stretch of pressure, from its start to its end.
 type episode struct {
-	active  bool
-	started time.Time
-	reason  string
-	shed    int64 // idle connections closed during it
-	peak    int64 // most connections in use
+	active      bool
+	started     time.Time
+	reason      string
+	shedAtStart int64     // c.shedIdle when it started
+	peak        int64     // most connections in use
+	calm        time.Time // since when it has been under the low-water marks; zero: not
 }
 
 // New returns a Controller enforcing opts.Limits, or the error registering
@@ -180,6 +186,12 @@ func (c *Controller) released() {
 func (c *Controller) awaitRoom(done <-chan struct{}) error {
 	max := int64(c.limits.MaxConns)
 	for c.inUse() >= max {
+		// Make room at once where an idle connection can give it: a
+		// listener that waits lets its backlog fill, and a visitor's
+		// connection waits behind every one queued there.
+		if c.shedOldest(c.now(), minIdleAge) && c.inUse() < max {
+			break
+		}
 		c.roomMu.Lock()
 		if c.room == nil {
 			c.room = make(chan struct{})
@@ -274,12 +286,15 @@ func (c *Controller) step() {
 		if reason == "" {
 			return
 		}
-		ep = episode{active: true, started: now, reason: reason, peak: used}
+		ep = episode{active: true, started: now, reason: reason, peak: used, shedAtStart: c.shedIdle.Load()}
 		c.m.pressure.Set(1)
 		c.m.episodes.Inc()
+		msg := "overload: closing idle connections oldest first, idle timeout " + pressureIdleTimeout.String() + " until it is over"
+		if c.memHigh.Load() {
+			msg += "; new requests get 503 while memory is past its high-water mark"
+		}
 		c.log.Warn().Str("reason", reason).Int64("conns", used).Int("max_conns", c.limits.MaxConns).
-			Bool("memory_high", c.memHigh.Load()).Int("idle_conns", c.idle.len()).
-			Msg("overload: shedding idle connections oldest first, idle timeout shortened to " + pressureIdleTimeout.String() + "; refusing new requests while memory is high")
+			Bool("memory_high", c.memHigh.Load()).Int("idle_conns", c.idle.len()).Msg(msg)
 	}
 	// Those sent a GOAWAY are as good as closed: shedding them again would
 	// close more than needed.
@@ -287,17 +302,20 @@ func (c *Controller) step() {
 		if !c.shedOldest(now, minIdleAge) {
 			break
 		}
-		ep.shed++
 	}
 	for c.shedOldest(now, pressureIdleTimeout) {
-		ep.shed++
 	}
 	used = c.inUse()
 	ep.peak = max64(ep.peak, used)
-	if float64(used) < lowWater*max && !c.memHigh.Load() && !c.paused.Load() {
+	switch {
+	case float64(used) >= lowWater*max || c.memHigh.Load() || c.paused.Load():
+		ep.calm = time.Time{}
+	case ep.calm.IsZero():
+		ep.calm = now
+	case now.Sub(ep.calm) >= calmFor:
 		c.m.pressure.Set(0)
-		c.log.Info().Dur("lasted", now.Sub(ep.started)).Int64("idle_closed", ep.shed).Int64("peak_conns", ep.peak).
-			Int64("conns", used).Msg("overload over: accepting, idle timeout back to normal")
+		c.log.Info().Dur("lasted", now.Sub(ep.started)).Int64("idle_closed", c.shedIdle.Load()-ep.shedAtStart).Int64("peak_conns", ep.peak).
+			Int64("conns", used).Msg("overload over: idle timeout back to normal")
 		ep = episode{}
 	}
 	c.episodeMu.Lock()

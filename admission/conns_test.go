@@ -1,0 +1,300 @@
+package admission
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
+)
+
+func remoteIP(c net.Conn) string {
+	return c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap().String()
+}
+
+func TestAClientAddressPastItsShareOfConnectionsIsClosedAtOnce(t *testing.T) {
+	t.Parallel()
+	l := testLimits(100)
+	l.ConnsPerClient = 2
+	c := newController(t, Options{Limits: l})
+	ln := listen(t)
+	conns := acceptLoop(t, c.Listener(ln))
+	addr := ln.Addr().String()
+
+	dialFrom(t, "127.0.0.1", addr)
+	first := accepted(t, conns, "first connection of 127.0.0.1")
+	dialFrom(t, "127.0.0.1", addr)
+	accepted(t, conns, "second connection of 127.0.0.1")
+
+	for i := range 2 {
+		extra := dialFrom(t, "127.0.0.1", addr)
+		if err := closedByPeer(extra); err != nil {
+			t.Fatalf("connection %d of 127.0.0.1 past its share of 2: %v", i+3, err)
+		}
+	}
+	dialFrom(t, "127.0.0.2", addr)
+	if got := accepted(t, conns, "a connection of 127.0.0.2"); remoteIP(got) != "127.0.0.2" {
+		t.Fatalf("the next connection accepted is from %s, want 127.0.0.2 (one past its share was handed over)", remoteIP(got))
+	}
+	if got := c.shed(t, "client_conns"); got != 2 {
+		t.Errorf("scafo_edge_shed_total{reason=client_conns} = %v, want 2", got)
+	}
+	if n := len(c.log.LogEntries("holds its share of connections")); n != 1 {
+		t.Errorf("closed connections logged %d times, want once a minute:\n%s", n, c.log.String())
+	}
+	if s := c.Snapshot(); s.ClientConns != 3 || s.Clients != 2 {
+		t.Errorf("Snapshot = %d connections of %d addresses, want 3 of 2", s.ClientConns, s.Clients)
+	}
+
+	first.Close()
+	dialFrom(t, "127.0.0.1", addr)
+	if got := accepted(t, conns, "a connection of 127.0.0.1 once one of its two closed"); remoteIP(got) != "127.0.0.1" {
+		t.Fatalf("accepted a connection from %s, want 127.0.0.1", remoteIP(got))
+	}
+}
+
+func TestAProxysConnectionsCountAgainstTheBudgetButNotAsOneClients(t *testing.T) {
+	t.Parallel()
+	l := testLimits(100)
+	l.ConnsPerClient = 1
+	c := newController(t, Options{Limits: l, Proxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	ln := listen(t)
+	conns := acceptLoop(t, c.Listener(ln))
+	for range 3 {
+		dialFrom(t, "127.0.0.1", ln.Addr().String())
+		accepted(t, conns, "a connection from the proxy")
+	}
+	if s := c.Snapshot(); s.ClientConns != 3 || s.Clients != 0 {
+		t.Errorf("Snapshot = %d connections of %d addresses, want 3 counted against the budget, none per address", s.ClientConns, s.Clients)
+	}
+}
+
+func TestAtTheConnectionBudgetTheListenerStopsAcceptingUntilAConnectionCloses(t *testing.T) {
+	cases := []struct {
+		name string
+		// hold takes the budget's last descriptor and returns what gives it
+		// back.
+		hold func(t *testing.T, c *testController, addr string, conns <-chan net.Conn) io.Closer
+	}{
+		{
+			name: "a client connection closing",
+			hold: func(t *testing.T, c *testController, addr string, conns <-chan net.Conn) io.Closer {
+				dialFrom(t, "127.0.0.1", addr)
+				return accepted(t, conns, "a client connection")
+			},
+		},
+		{
+			name: "an upstream connection closing",
+			hold: func(t *testing.T, c *testController, _ string, _ <-chan net.Conn) io.Closer {
+				up := listen(t)
+				return c.TrackUpstream(dialFrom(t, "127.0.0.1", up.Addr().String()))
+			},
+		},
+	}
+	for _, tt := range cases {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := newController(t, Options{Limits: testLimits(2)})
+			ln := listen(t)
+			conns := acceptLoop(t, c.Listener(ln))
+			addr := ln.Addr().String()
+			// The budget is spent before the accept loop asks for more: an
+			// Accept already parked in the kernel's accept when an upstream
+			// connection takes the last descriptor takes one connection more.
+			last := tt.hold(t, c, addr, conns)
+			dialFrom(t, "127.0.0.1", addr)
+			accepted(t, conns, "the other client connection")
+
+			// The kernel completes the handshake; the edge does not accept.
+			waiting := dialFrom(t, "127.0.0.1", addr)
+			testsupport.WaitFor(t, 10*time.Second, "the listener to stop accepting", func() bool { return c.Snapshot().AcceptPaused })
+			select {
+			case got := <-conns:
+				t.Fatalf("accepted a connection from %s past the budget", got.RemoteAddr())
+			default:
+			}
+			if got := c.metric(t, "scafo_edge_accept_pauses_total", nil); got != 1 {
+				t.Errorf("scafo_edge_accept_pauses_total = %v, want 1", got)
+			}
+			if got := c.metric(t, "scafo_edge_conns_limit", nil); got != 2 {
+				t.Errorf("scafo_edge_conns_limit = %v, want 2", got)
+			}
+
+			last.Close()
+			got := accepted(t, conns, "the waiting connection once one closed")
+			if got.RemoteAddr().String() != waiting.LocalAddr().String() {
+				t.Errorf("accepted %s, want the waiting %s", got.RemoteAddr(), waiting.LocalAddr())
+			}
+		})
+	}
+}
+
+// budgetSpent returns a controller whose budget of 2 is spent by two
+// accepted connections, and its listener with an Accept waiting for room,
+// whose result arrives on the channel returned.
+func budgetSpent(t *testing.T) (*testController, net.Listener, []net.Conn, <-chan error) {
+	t.Helper()
+	c := newController(t, Options{Limits: testLimits(2)})
+	ln := listen(t)
+	cl := c.Listener(ln)
+	t.Cleanup(func() { cl.Close() })
+	var held []net.Conn
+	for range 2 {
+		dialFrom(t, "127.0.0.1", ln.Addr().String())
+		conn, err := cl.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		held = append(held, conn)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		conn, err := cl.Accept()
+		if conn != nil {
+			conn.Close()
+		}
+		errc <- err
+	}()
+	testsupport.WaitFor(t, 10*time.Second, "Accept to wait for room", func() bool { return c.Snapshot().AcceptPaused })
+	return c, cl, held, errc
+}
+
+func TestClosingTheListenerEndsAnAcceptWaitingForRoom(t *testing.T) {
+	t.Parallel()
+	_, cl, _, errc := budgetSpent(t)
+	cl.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Accept after Close = %v, want net.ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Accept still waits for room 10s after its listener closed")
+	}
+}
+
+func TestAnAcceptEndedByItsListenerClosingLeavesNoPauseBehind(t *testing.T) {
+	t.Parallel()
+	c, cl, held, errc := budgetSpent(t)
+	c.run(t)
+	testsupport.WaitFor(t, 10*time.Second, "an episode of pressure to start", func() bool { return c.Snapshot().Pressure })
+	cl.Close()
+	select {
+	case <-errc:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Accept still waits for room 10s after its listener closed")
+	}
+	for _, conn := range held {
+		conn.Close()
+	}
+	if s := c.Snapshot(); s.AcceptPaused {
+		t.Errorf("Snapshot().AcceptPaused = true with no Accept waiting (its listener closed)")
+	}
+	// With no connection left, the episode must end.
+	if !testsupport.Poll(3*time.Second, func() bool { return !c.Snapshot().Pressure }) {
+		t.Errorf("pressure still on 3s after every connection closed: %+v", c.Snapshot())
+	}
+}
+
+func TestClosingATrackedConnectionTwiceGivesItsDescriptorBackOnce(t *testing.T) {
+	t.Parallel()
+	c := newController(t, Options{Limits: testLimits(100)})
+	ln := listen(t)
+	conns := acceptLoop(t, c.Listener(ln))
+	for range 2 {
+		dialFrom(t, "127.0.0.1", ln.Addr().String())
+	}
+	a := accepted(t, conns, "first connection")
+	accepted(t, conns, "second connection")
+	a.Close()
+	a.Close()
+	if s := c.Snapshot(); s.ClientConns != 1 || s.Clients != 1 {
+		t.Errorf("Snapshot = %d connections of %d addresses after one closed twice, want 1 of 1", s.ClientConns, s.Clients)
+	}
+	if got := c.metric(t, "scafo_edge_conns", testsupport.Labels{"kind": "client"}); got != 1 {
+		t.Errorf("scafo_edge_conns{kind=client} = %v, want 1", got)
+	}
+}
+
+func TestAnUpstreamConnectionIsCountedUntilItCloses(t *testing.T) {
+	up := listen(t)
+	cases := []struct {
+		name        string
+		dial        func(t *testing.T) net.Conn
+		wantSyscall bool
+	}{
+		{
+			name:        "a TCP connection keeps its descriptor reachable for the pool's peek",
+			dial:        func(t *testing.T) net.Conn { return dialFrom(t, "127.0.0.1", up.Addr().String()) },
+			wantSyscall: true,
+		},
+		{
+			name: "a connection without a descriptor stays without one",
+			dial: func(t *testing.T) net.Conn {
+				a, b := net.Pipe()
+				t.Cleanup(func() { b.Close() })
+				go io.Copy(io.Discard, b)
+				return a
+			},
+		},
+	}
+	for _, tt := range cases {
+		t.Run(tt.name, func(t *testing.T) {
+			// A budget of 1: an upstream connection is never refused.
+			c := newController(t, Options{Limits: testLimits(1)})
+			var tracked []net.Conn
+			for range 3 {
+				tracked = append(tracked, c.TrackUpstream(tt.dial(t)))
+			}
+			if s := c.Snapshot(); s.UpstreamConns != 3 || s.ClientConns != 0 {
+				t.Errorf("Snapshot = %d upstream, %d client connections; want 3 and 0", s.UpstreamConns, s.ClientConns)
+			}
+			if got := c.metric(t, "scafo_edge_conns", testsupport.Labels{"kind": "upstream"}); got != 3 {
+				t.Errorf("scafo_edge_conns{kind=upstream} = %v, want 3", got)
+			}
+			sc, ok := tracked[0].(syscall.Conn)
+			if ok != tt.wantSyscall {
+				t.Fatalf("tracked connection is a syscall.Conn: %v, want %v", ok, tt.wantSyscall)
+			}
+			if ok {
+				rc, err := sc.SyscallConn()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var fd uintptr
+				if err := rc.Control(func(f uintptr) { fd = f }); err != nil || fd == 0 {
+					t.Errorf("Control = fd %d, %v; want the connection's descriptor", fd, err)
+				}
+			}
+			if _, err := tracked[0].Write([]byte("ping")); err != nil {
+				t.Errorf("write through the tracked connection: %v", err)
+			}
+			for _, conn := range tracked {
+				conn.Close()
+				conn.Close()
+			}
+			if s := c.Snapshot(); s.UpstreamConns != 0 {
+				t.Errorf("Snapshot = %d upstream connections once all closed (twice), want 0", s.UpstreamConns)
+			}
+		})
+	}
+}
+
+func TestConnStateIgnoresAConnectionTheListenerDidNotCount(t *testing.T) {
+	c := newController(t, Options{Limits: testLimits(100)})
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	for _, st := range []http.ConnState{http.StateNew, http.StateActive, http.StateIdle, http.StateClosed} {
+		c.ConnState(a, st)
+	}
+	if s := c.Snapshot(); s.IdleConns != 0 || s.ClientConns != 0 {
+		t.Errorf("Snapshot = %d idle of %d connections, want nothing counted", s.IdleConns, s.ClientConns)
+	}
+}
