@@ -38,8 +38,8 @@ type Limits struct {
 	ClientRate  float64
 	ClientBurst int
 	// MemoryLimit is the memory the process may use, in bytes; 0 when none
-	// is known. Past 90% of it new requests are refused (503) until use is
-	// back under 80%.
+	// is known. Once the live heap and stacks pass 75 % of it new requests
+	// are refused (503) until they are back under 65 %.
 	MemoryLimit int64
 }
 

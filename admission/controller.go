@@ -18,10 +18,12 @@ import (
 const (
 	highWater = 0.90
 	lowWater  = 0.80
-	// memHighWater and memLowWater are the same for memory, as shares of
-	// Limits.MemoryLimit.
-	memHighWater = 0.90
-	memLowWater  = 0.80
+	// memHighWater and memLowWater are the same for memory in use (live
+	// heap and stacks), as shares of Limits.MemoryLimit. Past three
+	// quarters live, the collector has too little room left to keep up
+	// (Go's own limit is set at 90 % of a cgroup's).
+	memHighWater = 0.75
+	memLowWater  = 0.65
 	// minIdleAge spares a connection idle for less than this from shedding:
 	// a keep-alive connection between two requests of a page, or a new one
 	// whose first request is on its way.
@@ -60,9 +62,8 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now is the clock. Nil: time.Now.
 	Now func() time.Time
-	// MemoryInUse reports the memory the process uses, in bytes. Nil: read
-	// from the Go runtime (what it holds from the system, less what it
-	// returned).
+	// MemoryInUse reports the memory the edge's work holds, in bytes. Nil:
+	// the live heap and the goroutine stacks, from the Go runtime.
 	MemoryInUse func() int64
 }
 

@@ -2,14 +2,18 @@ package admission
 
 import rtmetrics "runtime/metrics"
 
-// goMemoryInUse is the memory the Go runtime holds from the system, less
-// what it has returned: close to the process's resident memory for a
-// program that is nearly all Go.
+// goMemoryInUse is the memory the edge's work holds: the heap the last
+// collection found live, and goroutine stacks. Garbage waiting for the next
+// collection is left out: with a memory limit set, the collector lets it grow
+// to near the limit by design, which is no reason to refuse requests.
 func goMemoryInUse() int64 {
-	s := []rtmetrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	s := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/heap/stacks:bytes"}}
 	rtmetrics.Read(s)
-	if s[0].Value.Kind() != rtmetrics.KindUint64 || s[1].Value.Kind() != rtmetrics.KindUint64 {
-		return 0
+	var n int64
+	for _, v := range s {
+		if v.Value.Kind() == rtmetrics.KindUint64 {
+			n += int64(v.Value.Uint64())
+		}
 	}
-	return int64(s[0].Value.Uint64() - s[1].Value.Uint64())
+	return n
 }
