@@ -299,17 +299,23 @@ func (c *Controller) step() {
 	}
 	// Those sent a GOAWAY are as good as closed: shedding them again would
 	// close more than needed.
-	for float64(c.inUse()-c.draining.Load()) > lowWater*max {
+	pressed := func() bool {
+		return float64(c.inUse()-c.draining.Load()) >= lowWater*max || c.memHigh.Load() || c.paused.Load()
+	}
+	for float64(c.inUse()-c.draining.Load()) >= lowWater*max {
 		if !c.shedOldest(now, minIdleAge) {
 			break
 		}
 	}
-	for c.shedOldest(now, pressureIdleTimeout) {
+	// The short idle timeout holds while the pressure does, not while the
+	// episode waits out calmFor: by then every connection idle since the
+	// start would be past it.
+	for pressed() && c.shedOldest(now, pressureIdleTimeout) {
 	}
 	used = c.inUse()
 	ep.peak = max64(ep.peak, used)
 	switch {
-	case float64(used) >= lowWater*max || c.memHigh.Load() || c.paused.Load():
+	case pressed():
 		ep.calm = time.Time{}
 	case ep.calm.IsZero():
 		ep.calm = now
