@@ -79,6 +79,7 @@ const (
 	// box at its budget would hold twice what it uses.
 	heapPerConn = 24 << 10
 	baseHeap    = 64 << 20
+	minGoLimit  = 256 << 20
 	// memoryForConns is the share of the memory limit the connection budget
 	// may take; the rest is the routing table, certificates, the heap's
 	// growth between collections.
@@ -127,10 +128,6 @@ func Derive(want Limits, getenv func(string) string, cgroupRoot string) (Limits,
 			l.MaxConns = min(l.MaxConns, int(float64(l.MemoryLimit)*memoryForConns/connMemory))
 		}
 	}
-	if l.MemoryLimit == 0 && getenv("GOMEMLIMIT") == "" {
-		f.GoLimit = int64(l.MaxConns)*heapPerConn + baseHeap
-		debug.SetMemoryLimit(f.GoLimit)
-	}
 	if l.MaxConns < 16 {
 		return l, f, fmt.Errorf("connection budget %d is too small to serve (descriptor limit %d, %d reserved)", l.MaxConns, f.Descriptors, f.Reserved)
 	}
@@ -152,7 +149,16 @@ func Derive(want Limits, getenv func(string) string, cgroupRoot string) (Limits,
 	if l.ClientRate > 0 && l.ClientBurst == 0 {
 		l.ClientBurst = max(1, int(math.Ceil(2*l.ClientRate)))
 	}
-	return l, f, l.validate()
+	if err := l.validate(); err != nil {
+		return l, f, err
+	}
+	if l.MemoryLimit == 0 && getenv("GOMEMLIMIT") == "" {
+		// A small --max-conns must not starve the routing table and the
+		// certificate cache: never under minGoLimit.
+		f.GoLimit = max(int64(l.MaxConns)*heapPerConn+baseHeap, minGoLimit)
+		debug.SetMemoryLimit(f.GoLimit)
+	}
+	return l, f, nil
 }
 
 func (l Limits) validate() error {

@@ -27,6 +27,7 @@ type clientTable struct {
 	rate        rate.Limit
 	burst       int
 	refillAfter time.Duration // how long an empty bucket takes to fill
+	now         func() time.Time
 }
 
 type clientShard struct {
@@ -41,7 +42,8 @@ type clientEntry struct {
 	limiter  *rate.Limiter // nil without a rate
 }
 
-func (t *clientTable) init(l Limits) {
+func (t *clientTable) init(l Limits, now func() time.Time) {
+	t.now = now
 	t.conns, t.requests = int32(l.ConnsPerClient), int32(l.RequestsPerClient)
 	t.maxEntries = max(int64(4*l.MaxConns), 1024)
 	if l.ClientRate > 0 {
@@ -110,7 +112,7 @@ func (t *clientTable) addConn(key netip.Addr) (*clientEntry, bool) {
 		return nil, true
 	}
 	if e.conns >= t.conns {
-		t.dropIfUnused(s, e, time.Now())
+		t.dropIfUnused(s, e, t.now())
 		return nil, false
 	}
 	e.conns++
@@ -121,7 +123,7 @@ func (t *clientTable) releaseConn(e *clientEntry) {
 	s := t.shard(e.key)
 	s.mu.Lock()
 	e.conns--
-	t.dropIfUnused(s, e, time.Now())
+	t.dropIfUnused(s, e, t.now())
 	s.mu.Unlock()
 }
 
@@ -151,7 +153,7 @@ func (t *clientTable) releaseRequest(e *clientEntry) {
 	s := t.shard(e.key)
 	s.mu.Lock()
 	e.requests--
-	t.dropIfUnused(s, e, time.Now())
+	t.dropIfUnused(s, e, t.now())
 	s.mu.Unlock()
 }
 
@@ -160,7 +162,7 @@ func (t *clientTable) sweep() {
 	if t.rate == 0 {
 		return
 	}
-	now := time.Now()
+	now := t.now()
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()

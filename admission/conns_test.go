@@ -134,12 +134,12 @@ func TestAtTheConnectionBudgetTheListenerStopsAcceptingUntilAConnectionCloses(t 
 	}
 }
 
-// budgetSpent returns a controller whose budget of 2 is spent by two
-// accepted connections, and its listener with an Accept waiting for room,
-// whose result arrives on the channel returned.
-func budgetSpent(t *testing.T) (*testController, net.Listener, []net.Conn, <-chan error) {
+// budgetSpent returns a controller (on clock) whose budget of 2 is spent by
+// two accepted connections, and its listener with an Accept waiting for
+// room, whose result arrives on the channel returned.
+func budgetSpent(t *testing.T, clock *fakeClock) (*testController, net.Listener, []net.Conn, <-chan error) {
 	t.Helper()
-	c := newController(t, Options{Limits: testLimits(2)})
+	c := newController(t, Options{Limits: testLimits(2), Now: clock.Now})
 	ln := listen(t)
 	cl := c.Listener(ln)
 	t.Cleanup(func() { cl.Close() })
@@ -167,7 +167,7 @@ func budgetSpent(t *testing.T) (*testController, net.Listener, []net.Conn, <-cha
 
 func TestClosingTheListenerEndsAnAcceptWaitingForRoom(t *testing.T) {
 	t.Parallel()
-	_, cl, _, errc := budgetSpent(t)
+	_, cl, _, errc := budgetSpent(t, newFakeClock())
 	cl.Close()
 	select {
 	case err := <-errc:
@@ -181,7 +181,8 @@ func TestClosingTheListenerEndsAnAcceptWaitingForRoom(t *testing.T) {
 
 func TestAnAcceptEndedByItsListenerClosingLeavesNoPauseBehind(t *testing.T) {
 	t.Parallel()
-	c, cl, held, errc := budgetSpent(t)
+	clock := newFakeClock()
+	c, cl, held, errc := budgetSpent(t, clock)
 	c.run(t)
 	testsupport.WaitFor(t, 10*time.Second, "an episode of pressure to start", func() bool { return c.Snapshot().Pressure })
 	cl.Close()
@@ -196,9 +197,14 @@ func TestAnAcceptEndedByItsListenerClosingLeavesNoPauseBehind(t *testing.T) {
 	if s := c.Snapshot(); s.AcceptPaused {
 		t.Errorf("Snapshot().AcceptPaused = true with no Accept waiting (its listener closed)")
 	}
-	// With no connection left, the episode must end.
-	if !testsupport.Poll(3*time.Second, func() bool { return !c.Snapshot().Pressure }) {
-		t.Errorf("pressure still on 3s after every connection closed: %+v", c.Snapshot())
+	// With no connection left, the episode ends once calm for long enough
+	// (calmFor of the controller's clock, moved on here).
+	ended := testsupport.Poll(3*time.Second, func() bool {
+		clock.Advance(100 * time.Millisecond)
+		return !c.Snapshot().Pressure
+	})
+	if !ended {
+		t.Errorf("pressure still on after every connection closed and far more than calmFor of the controller's clock: %+v", c.Snapshot())
 	}
 }
 

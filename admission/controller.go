@@ -134,7 +134,7 @@ func New(opts Options) (*Controller, error) {
 	if c.memUse == nil {
 		c.memUse = goMemoryInUse
 	}
-	c.clients.init(opts.Limits)
+	c.clients.init(opts.Limits, c.now)
 	c.apps.init(opts.Limits)
 	var err error
 	if c.m, err = newMetrics(opts.Registerer, c); err != nil {
@@ -214,7 +214,9 @@ func (c *Controller) awaitRoom(done <-chan struct{}) error {
 		case <-room:
 			c.waiting.Add(-1)
 		case <-done:
-			c.waiting.Add(-1)
+			if c.waiting.Add(-1) == 0 {
+				c.paused.Store(false)
+			}
 			return errListenerClosed
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -351,7 +352,9 @@ func (g *gate) handler() http.Handler {
 // so HTTP/2) when cert is not nil, until the test ends.
 func serve(t testing.TB, c *Controller, ln net.Listener, h http.Handler, cert *tls.Certificate) {
 	t.Helper()
-	srv := &http.Server{Handler: h, ConnState: c.ConnState}
+	// Its error log would only say that connections the tests closed or
+	// that never finished a handshake ended.
+	srv := &http.Server{Handler: h, ConnState: c.ConnState, ErrorLog: log.New(io.Discard, "", 0)}
 	if cert != nil {
 		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{*cert}, NextProtos: []string{"h2", "http/1.1"}}
 	}

@@ -129,7 +129,9 @@ func (cp *Pool) Put(pc *Conn, now time.Time) {
 		l.timer = time.AfterFunc(cp.idleTimeout, func() { cp.sweep(addr) })
 	}
 	if len(l.conns) == warmIdle+1 && cp.idleTimeout > surplusIdleTimeout {
-		l.timer.Reset(surplusIdleTimeout)
+		// Sooner, never later: a pool going 16, 17, 16 must not postpone
+		// the sweep of its oldest connection each time.
+		l.timer.Reset(max(surplusIdleTimeout-now.Sub(l.conns[0].idleAt), time.Millisecond))
 	}
 	cp.mu.Unlock()
 }

@@ -2,9 +2,13 @@ package h1
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
 func TestPoolReusesAConnectionIdlePastItsReadDeadline(t *testing.T) {
@@ -42,4 +46,74 @@ func TestPoolReusesAConnectionIdlePastItsReadDeadline(t *testing.T) {
 		t.Fatalf("Get after the deadline passed = reused %v, same %v, %v; want the idle connection", reused, got == pc, err)
 	}
 	got.NC.Close()
+}
+
+func TestPoolClosesIdleConnectionsBeyondTheSixteenNewestAfterTheSurplusTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const surplus = 4
+	const n = warmIdle + surplus
+	accepted := make(chan net.Conn, n)
+	go func() {
+		for range n {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	// The idle timeout is a minute: only the surplus rule closes anything
+	// within this test.
+	p := NewPool(time.Second, time.Minute, 0, 100, nil)
+	defer p.CloseIdle()
+	ctx, addr := context.Background(), ln.Addr().String()
+	var conns []*Conn
+	upstream := map[string]net.Conn{} // the upstream's side, by the pool's local address
+	for range n {
+		pc, err := p.Dial(ctx, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, pc)
+		select {
+		case srv := <-accepted:
+			defer srv.Close()
+			upstream[srv.RemoteAddr().String()] = srv
+		case <-time.After(5 * time.Second):
+			t.Fatal("the upstream never accepted a connection")
+		}
+	}
+	idleFrom := time.Now()
+	for _, pc := range conns {
+		p.Put(pc, time.Now())
+	}
+	testsupport.WaitFor(t, 10*time.Second, "the connections beyond the 16 newest to be closed", func() bool {
+		return p.IdleCount(addr) <= warmIdle
+	})
+	if waited := time.Since(idleFrom); waited < surplusIdleTimeout {
+		t.Errorf("surplus connections closed %v after they went idle, before surplusIdleTimeout %v", waited, surplusIdleTimeout)
+	}
+	if got := p.IdleCount(addr); got != warmIdle {
+		t.Fatalf("IdleCount = %d, want the %d newest kept", got, warmIdle)
+	}
+	for i, pc := range conns[:surplus] {
+		srv := upstream[pc.NC.LocalAddr().String()]
+		srv.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := srv.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+			t.Errorf("surplus connection %d (of the oldest): the upstream read %v, want the pool's close", i+1, err)
+		}
+	}
+	// The 16 newest are still there, most recently used first.
+	for i := range warmIdle {
+		want := conns[n-1-i]
+		got, reused, err := p.Get(ctx, addr, time.Now())
+		if err != nil || !reused || got != want {
+			t.Fatalf("Get %d = reused %v, the %d-th newest %v, %v; want the idle connections newest first", i+1, reused, i+1, got == want, err)
+		}
+		got.NC.Close()
+	}
 }
