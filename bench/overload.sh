@@ -1,0 +1,726 @@
+#!/usr/bin/env bash
+# bench/overload.sh: what one slow application does to the other
+# applications behind the same proxy, for scafo-edge, Caddy, Traefik, nginx
+# and HAProxy, each in its default configuration, and HAProxy with a
+# per-server maxconn and a queue. See "Overload: one slow application" in
+# bench/README.md for how to read it.
+#
+# This script installs, builds, configures and starts things (as
+# bench/run.sh does); the applications, the load and the measuring are
+# bench/overload, tested on its own.
+#
+# Everything it starts listens on 127.0.0.1, all load comes from
+# 127.0.0.0/8, and every process it starts is stopped on exit.
+set -euo pipefail
+
+usage() {
+	cat <<'EOF'
+Usage: bench/overload.sh [flags]
+
+  --quick              shorter windows: baseline 2s, window 5s, recovery
+                       wait 15s (default 3s, 8s, 30s)
+  --proxies LIST       comma list of: scafo-edge,caddy,traefik,nginx,haproxy,
+                       haproxy-queue (default: all)
+  --rows LIST          comma list of rows, KIND:N[@ADDRS]:
+                         held:N     N requests to slow.test, each on its own
+                                    HTTP/1.1 connection, held until released
+                         idle:N     N keep-alive connections to fast.test,
+                                    one request each, then silence
+                         h2:N       N held requests as HTTP/2 streams, 100
+                                    to a connection, over TLS (scafo-edge,
+                                    Caddy and Traefik only)
+                       @A: from A client addresses, 127.0.0.2 onwards
+                       (default one, 127.0.0.1). Default:
+                       held:2000,held:9900,held:12500,held:12500@8,
+                       held:30000@8,idle:19000,idle:50000@8
+                       "all" adds h2:2000,h2:12500,h2:30000
+  --edge-bin FILE      measure this scafo-edge binary instead of building one
+  --edge-args "ARGS"   extra flags for scafo-edge serve (word-split), e.g.
+                       "--max-conns 8000"; the table names them
+  --edge-rev REV       build scafo-edge from commit REV, not the working tree
+  --workers N          GOMAXPROCS = nginx workers = HAProxy threads
+                       (default: the number of CPUs)
+  --haproxy-server-maxconn N   the haproxy-queue row's per-server maxconn
+                       (default 1000)
+  --haproxy-queue-timeout D    its "timeout queue" (default 5s)
+  --nginx-worker-connections N nginx's worker_connections (default 4096,
+                       bench/run.sh's)
+  --json               print JSON instead of the Markdown table
+  --json-file FILE     also write the JSON to FILE
+  --cache DIR          where built binaries live (default
+                       ${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench, shared
+                       with bench/run.sh)
+  --no-install         install nothing; skip what is missing
+  --retry-builds       try again a Caddy/Traefik build that failed before
+  --port-base N        first of the loopback ports used (default 18280;
+                       it uses N..N+4 and N+10..N+10+upstreams)
+  --keep               keep the work directory (configs, logs, results)
+  -h, --help           this text
+EOF
+}
+
+# ---------------------------------------------------------------- settings
+
+BASELINE=3s
+WINDOW=8s
+RECOVERY=30s
+RAMP=60s
+PROXIES=scafo-edge,caddy,traefik,nginx,haproxy,haproxy-queue
+ROWS=held:2000,held:9900,held:12500,held:12500@8,held:30000@8,idle:19000,idle:50000@8
+H2_ROWS=h2:2000,h2:12500,h2:30000
+JSON=0
+JSON_FILE=
+INSTALL=1
+RETRY_BUILDS=0
+PORT_BASE=18280
+EDGE_REV=
+EDGE_BIN_FLAG=
+EDGE_ARGS=
+WORKERS=$(nproc)
+HAPROXY_SERVER_MAXCONN=1000
+HAPROXY_QUEUE_TIMEOUT=5s
+NGINX_WORKER_CONNECTIONS=4096
+UPSTREAMS=4 # processes of the applications, sharing their ports
+KEEP=0
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench
+CADDY_VERSION=v2.11.9
+TRAEFIK_MODULE=github.com/traefik/traefik/v3
+TRAEFIK_VERSION=v3.7.9
+
+while (($#)); do
+	case $1 in
+	--quick) BASELINE=2s WINDOW=5s RECOVERY=15s RAMP=45s ;;
+	--proxies) PROXIES=$2; shift ;;
+	--rows) ROWS=$2; shift ;;
+	--edge-bin) EDGE_BIN_FLAG=$2; shift ;;
+	--edge-args) EDGE_ARGS=$2; shift ;;
+	--edge-rev) EDGE_REV=$2; shift ;;
+	--workers) WORKERS=$2; shift ;;
+	--haproxy-server-maxconn) HAPROXY_SERVER_MAXCONN=$2; shift ;;
+	--haproxy-queue-timeout) HAPROXY_QUEUE_TIMEOUT=$2; shift ;;
+	--nginx-worker-connections) NGINX_WORKER_CONNECTIONS=$2; shift ;;
+	--json) JSON=1 ;;
+	--json-file) JSON_FILE=$2; shift ;;
+	--cache) CACHE=$2; shift ;;
+	--no-install) INSTALL=0 ;;
+	--retry-builds) RETRY_BUILDS=1 ;;
+	--port-base) PORT_BASE=$2; shift ;;
+	--keep) KEEP=1 ;;
+	-h | --help) usage; exit 0 ;;
+	*) echo "overload.sh: unknown flag $1" >&2; usage >&2; exit 2 ;;
+	esac
+	shift
+done
+[[ $ROWS == all ]] && ROWS=held:2000,held:9900,held:12500,held:12500@8,held:30000@8,idle:19000,idle:50000@8,$H2_ROWS
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# Ports, all on 127.0.0.1.
+FAST_PORT=$PORT_BASE           # fast.test's application
+SLOW_PORT=$((PORT_BASE + 1))   # slow.test's application
+PX_PORT=$((PORT_BASE + 2))     # proxy, plain HTTP
+PX_TLS_PORT=$((PORT_BASE + 3)) # proxy, TLS (h2 rows)
+ADMIN_PORT=$((PORT_BASE + 4))  # scafo-edge admin: /healthz, /metrics
+CTRL_BASE=$((PORT_BASE + 10))  # the application processes' /stats, /release
+FAST_HOST=fast.test
+SLOW_HOST=slow.test
+
+log() { printf '%s\n' "overload.sh: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+has() { [[ ,$1, == *,$2,* ]]; }
+
+# ------------------------------------------------------- processes, cleanup
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/scafo-overload.XXXXXX")
+chmod 755 "$WORK" # nginx workers may run as another user
+STARTED=()         # every pid this script started
+
+cleanup() {
+	local p
+	for p in "${STARTED[@]}"; do stop_tree "$p"; done
+	if ((KEEP)); then log "work directory kept: $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start LOG CMD... runs CMD in the background; its pid is in $PID.
+start() {
+	local logf=$1; shift
+	"$@" >"$logf" 2>&1 &
+	PID=$!
+	STARTED+=("$PID")
+}
+
+# proc_tree PID prints PID and all its descendants (bench/overload reads
+# /proc; before it is built, PID alone).
+proc_tree() {
+	if [[ -x ${OVERLOAD:-} ]]; then "$OVERLOAD" tree "$1"; else echo "$1"; fi
+}
+
+# stop_tree PID: SIGTERM, then SIGKILL for whatever of its tree is left
+# after 5 s. Only processes this script started, and their children.
+stop_tree() {
+	local pid=$1 pids i
+	kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
+	pids=$(proc_tree "$pid")
+	kill -TERM "$pid" 2>/dev/null || true
+	for ((i = 0; i < 50; i++)); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	for i in $pids; do kill -KILL "$i" 2>/dev/null || true; done
+	wait "$pid" 2>/dev/null || true
+}
+
+# ------------------------------------------------------------ installing
+# As bench/run.sh installs and builds them, into the same cache: a run of
+# either reuses what the other built.
+
+APT_UPDATED=0
+apt_install() {
+	((INSTALL)) || return 1
+	local sudo=()
+	if ((EUID != 0)); then
+		command -v sudo >/dev/null || { log "not root and no sudo: cannot install $*"; return 1; }
+		sudo=(sudo -n)
+	fi
+	log "installing from Debian: $*"
+	if ((!APT_UPDATED)); then
+		"${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600 update -qq >&2 || return 1
+		APT_UPDATED=1
+	fi
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 \
+		install -y -qq --no-install-recommends "$@" >&2
+}
+
+# find_bin NAME: the path of NAME, also looking in sbin.
+find_bin() {
+	command -v "$1" 2>/dev/null && return 0
+	local d
+	for d in /usr/sbin /sbin /usr/local/sbin; do
+		[[ -x $d/$1 ]] && { echo "$d/$1"; return 0; }
+	done
+	return 1
+}
+
+# need NAME [PACKAGE]: the path of a Debian-packaged tool, installed if missing.
+need() {
+	local p
+	p=$(find_bin "$1") && { echo "$p"; return 0; }
+	apt_install "${2:-$1}" || return 1
+	find_bin "$1"
+}
+
+# cached_build NAME BINARY DIR SPEC STEP: DIR/bin/BINARY, built once by
+# STEP DIR SPEC; a failed build is remembered in DIR/failed.log and not
+# tried again unless --retry-builds.
+cached_build() {
+	local name=$1 bin=$2 dir=$3 spec=$4 step=$5
+	if [[ -x $dir/bin/$bin ]]; then echo "$dir/bin/$bin"; return 0; fi
+	if [[ -f $dir/failed.log ]] && ((!RETRY_BUILDS)); then
+		log "$name: skipped: building $spec failed earlier (see $dir/failed.log; --retry-builds to try again):"
+		grep -v '^go: downloading' "$dir/failed.log" | tail -5 | sed 's/^/    /' >&2
+		return 1
+	fi
+	((INSTALL)) || { log "$name: not built and --no-install given"; return 1; }
+	mkdir -p "$dir"
+	log "$name: building $spec into $dir (first run only; several minutes)"
+	if ("$step" "$dir" "$spec") >"$dir/build.log" 2>&1; then
+		rm -f "$dir/failed.log"
+		echo "$dir/bin/$bin"
+		return 0
+	fi
+	mv "$dir/build.log" "$dir/failed.log"
+	log "$name: skipped: building $spec failed:"
+	grep -v '^go: downloading' "$dir/failed.log" | tail -5 | sed 's/^/    /' >&2
+	return 1
+}
+
+go_install() {
+	cached_build "$1" "$2" "$CACHE/$1" "$3" go_install_step
+}
+
+go_install_step() {
+	cd "$1" && GOBIN=$1/bin GOFLAGS='' go install "$2"
+}
+
+go_mod_version() {
+	go version -m "$1" 2>/dev/null | awk '$1 == "mod" && !v { v = $3 } END { print v }'
+}
+
+# traefik_build: as bench/run.sh does it (see there, and bench/README.md):
+# go build inside the downloaded module, with the nested ext module its
+# go.mod replaces written in.
+traefik_build() {
+	cached_build traefik traefik "$CACHE/traefik-$TRAEFIK_VERSION" "$TRAEFIK_MODULE@$TRAEFIK_VERSION" traefik_build_step
+}
+
+traefik_build_step() {
+	local dir=$1 spec=$2 src=$WORK/traefik-src
+	trap 'rm -rf "$src"' EXIT
+	cd "$dir" || exit
+	mod=$(GOFLAGS='' go mod download -json "$spec") || { printf '%s\n' "$mod"; exit 1; }
+	moddir=$(printf '%s\n' "$mod" | awk -F'"' '$2 == "Dir" { print $4 }')
+	[[ -d $moddir ]] || { printf '%s\n' "$mod"; exit 1; }
+	cp -r "$moddir" "$src" && chmod -R u+w "$src" || exit
+	mkdir -p "$src/pkg/config/dynamic/ext" || exit
+	printf 'module github.com/traefik/traefik/dynamic/ext\n\ngo 1.24\n' >"$src/pkg/config/dynamic/ext/go.mod" || exit
+	printf '%s\n' '// Package ext: the empty extension points of the dynamic configuration.' \
+		'package ext' '' 'type HTTP struct{}' '' 'type Router struct{}' >"$src/pkg/config/dynamic/ext/ext.go" || exit
+	cd "$src" && mkdir -p "$dir/bin" || exit
+	CGO_ENABLED=0 GOFLAGS='' go build -trimpath -o "$dir/bin/traefik.tmp" \
+		-ldflags "-X github.com/traefik/traefik/v3/pkg/version.Version=$TRAEFIK_VERSION" ./cmd/traefik || exit
+	mv "$dir/bin/traefik.tmp" "$dir/bin/traefik"
+}
+
+# ------------------------------------------------------------- the tools
+
+command -v go >/dev/null || die "Go is needed (the version go.mod names) to build scafo-edge and bench/overload"
+CURL=$(need curl) || die "curl is needed (Debian package curl)"
+OPENSSL=$(need openssl) || die "openssl is needed (Debian package openssl)"
+mkdir -p "$CACHE"
+
+log "building bench/overload"
+(cd "$REPO" && go build -o "$WORK/overload" ./bench/overload) || die "build bench/overload failed"
+OVERLOAD=$WORK/overload
+
+# Every process stays well below the descriptor limit: the load goes in
+# processes of at most PER_PROC connections.
+FD_LIMIT=$(ulimit -n)
+[[ $FD_LIMIT == unlimited ]] && FD_LIMIT=1048576
+PER_PROC=$((FD_LIMIT / 5))
+((PER_PROC > 4000)) && PER_PROC=4000
+((PER_PROC >= 100)) || die "ulimit -n is $FD_LIMIT: too few descriptors for the load processes"
+
+# scafo-edge: the working tree, or --edge-rev, or --edge-bin; a working
+# tree mid-edit gives way to the newest of HEAD … HEAD~5 that builds.
+EDGE_PKG=./cmd/scafo-edge EDGE_OUT=$CACHE/scafo-edge-overload
+SRC=$REPO
+EDGE_BIN='' EDGE_NOTE='' EDGE_VERSION=''
+
+export_rev() {
+	local dir=${2:-$WORK/src}
+	rm -rf "$dir" && mkdir -p "$dir"
+	(cd "$REPO" && git archive "$1") | tar -x -C "$dir" || return 1
+	rm -rf "$dir/bench" && cp -r "$REPO/bench" "$dir/bench"
+	SRC=$dir
+}
+build_edge() { (cd "$SRC" && go build -o "$EDGE_OUT" "$EDGE_PKG") 2>"$WORK/edge-build.log"; }
+
+if has "$PROXIES" scafo-edge; then
+	if [[ -n $EDGE_BIN_FLAG ]]; then
+		[[ -z $EDGE_REV ]] || die "--edge-bin and --edge-rev exclude each other"
+		[[ -x $EDGE_BIN_FLAG ]] || die "--edge-bin $EDGE_BIN_FLAG: not an executable file"
+		EDGE_VERSION="--edge-bin $EDGE_BIN_FLAG"
+		EDGE_BIN=$EDGE_BIN_FLAG
+	else
+		if [[ -n $EDGE_REV ]]; then
+			export_rev "$EDGE_REV" || die "--edge-rev $EDGE_REV: git archive failed"
+			EDGE_VERSION=$(cd "$REPO" && git rev-parse --short "$EDGE_REV")
+		else
+			EDGE_VERSION="$(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git diff --quiet HEAD -- . 2>/dev/null || echo '+dirty')"
+		fi
+		if log "building $EDGE_PKG from ${EDGE_REV:+commit $EDGE_REV of }$REPO" && build_edge; then
+			EDGE_BIN=$EDGE_OUT
+		elif [[ -z $EDGE_REV ]] && (cd "$REPO" && git rev-parse -q --verify HEAD >/dev/null 2>&1); then
+			log "$EDGE_PKG: the working tree does not build:"
+			grep -v '^#' "$WORK/edge-build.log" | head -2 | sed 's/^/    /' >&2
+			for rev in HEAD HEAD~1 HEAD~2 HEAD~3 HEAD~4 HEAD~5; do
+				(cd "$REPO" && git rev-parse -q --verify "$rev" >/dev/null 2>&1) || break
+				log "$EDGE_PKG: building $rev ($(cd "$REPO" && git rev-parse --short "$rev")) instead"
+				if export_rev "$rev" && build_edge; then
+					EDGE_BIN=$EDGE_OUT
+					EDGE_VERSION="$(cd "$REPO" && git rev-parse --short "$rev") ($rev; the working tree did not build)"
+					break
+				fi
+				grep -v '^#' "$WORK/edge-build.log" | head -1 | sed 's/^/    /' >&2
+			done
+		fi
+		if [[ -z $EDGE_BIN ]]; then
+			EDGE_NOTE="build failed: $(grep -v '^#' "$WORK/edge-build.log" | head -1)"
+			log "$EDGE_PKG: $EDGE_NOTE"
+		fi
+	fi
+	[[ -n $EDGE_ARGS ]] && EDGE_VERSION+=" with $EDGE_ARGS"
+fi
+read -r -a EDGE_ARGV <<<"$EDGE_ARGS"
+
+for p in "$FAST_PORT" "$SLOW_PORT" "$PX_PORT" "$PX_TLS_PORT" "$ADMIN_PORT" $(seq "$CTRL_BASE" $((CTRL_BASE + UPSTREAMS - 1))); do
+	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+		die "port $p is in use on 127.0.0.1; pick other ports with --port-base"
+	fi
+done
+
+# One self-signed ECDSA P-256 certificate for both hosts (h2 rows; Caddy,
+# Traefik); scafo-edge runs --tls internal and issues its own.
+"$OPENSSL" req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+	-subj "/CN=$FAST_HOST" -addext "subjectAltName=DNS:$FAST_HOST,DNS:$SLOW_HOST,IP:127.0.0.1" \
+	-keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null || die "openssl could not make a certificate"
+
+# ---------------------------------------------------------------- configs
+# Each proxy as bench/run.sh configures it, with two hosts, fast.test and
+# slow.test, on two applications, and nothing added for overload: no
+# connection, request or queue limit that the proxy does not have by
+# default. The one exception is the haproxy-queue row.
+
+write_edge_routes() {
+	cat >"$WORK/routes.json" <<EOF
+{"v": 1, "routes": [
+  {"host": "$FAST_HOST", "application": "fast",
+   "upstreams": [{"node": "bench", "address": "127.0.0.1:$FAST_PORT"}]},
+  {"host": "$SLOW_HOST", "application": "slow",
+   "upstreams": [{"node": "bench", "address": "127.0.0.1:$SLOW_PORT"}]}]}
+EOF
+}
+
+write_caddy_config() {
+	local rp_fast rp_slow routes
+	rp_fast='{"handler": "reverse_proxy", "upstreams": [{"dial": "127.0.0.1:'$FAST_PORT'"}]}'
+	rp_slow='{"handler": "reverse_proxy", "upstreams": [{"dial": "127.0.0.1:'$SLOW_PORT'"}]}'
+	routes='[{"match": [{"host": ["'$FAST_HOST'"]}], "handle": ['$rp_fast'], "terminal": true},
+	         {"match": [{"host": ["'$SLOW_HOST'"]}], "handle": ['$rp_slow'], "terminal": true}]'
+	cat >"$WORK/caddy.json" <<EOF
+{
+  "admin": {"disabled": true},
+  "logging": {"logs": {"default": {"level": "ERROR"}}},
+  "storage": {"module": "file_system", "root": "$WORK/caddy-data"},
+  "apps": {
+    "tls": {"certificates": {"load_files": [
+      {"certificate": "$WORK/cert.pem", "key": "$WORK/key.pem", "tags": ["bench"]}]}},
+    "http": {"servers": {
+      "plain": {"listen": ["127.0.0.1:$PX_PORT"], "protocols": ["h1"],
+        "automatic_https": {"disable": true}, "routes": $routes},
+      "tls": {"listen": ["127.0.0.1:$PX_TLS_PORT"], "protocols": ["h1", "h2"],
+        "automatic_https": {"disable": true},
+        "tls_connection_policies": [{"certificate_selection": {"any_tag": ["bench"]}}],
+        "routes": $routes}
+    }}
+  }
+}
+EOF
+}
+
+write_traefik_config() {
+	cat >"$WORK/traefik.yml" <<EOF
+http:
+  routers:
+    fast: {rule: "Host(\`$FAST_HOST\`)", entryPoints: [plain], service: fast}
+    slow: {rule: "Host(\`$SLOW_HOST\`)", entryPoints: [plain], service: slow}
+    fast-tls: {rule: "Host(\`$FAST_HOST\`)", entryPoints: [tls], service: fast, tls: {}}
+    slow-tls: {rule: "Host(\`$SLOW_HOST\`)", entryPoints: [tls], service: slow, tls: {}}
+  services:
+    fast: {loadBalancer: {servers: [{url: "http://127.0.0.1:$FAST_PORT"}]}}
+    slow: {loadBalancer: {servers: [{url: "http://127.0.0.1:$SLOW_PORT"}]}}
+tls:
+  stores:
+    default:
+      defaultCertificate: {certFile: "$WORK/cert.pem", keyFile: "$WORK/key.pem"}
+EOF
+}
+
+write_nginx_config() {
+	mkdir -p "$WORK/nginx/tmp"
+	local user=
+	((EUID == 0)) && user='user root;'
+	local loc='
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $host;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto $scheme;'
+	cat >"$WORK/nginx/nginx.conf" <<EOF
+$user
+worker_processes $WORKERS;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log error;
+events { worker_connections $NGINX_WORKER_CONNECTIONS; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/tmp/body;
+  proxy_temp_path $WORK/nginx/tmp/proxy;
+  fastcgi_temp_path $WORK/nginx/tmp/fastcgi;
+  uwsgi_temp_path $WORK/nginx/tmp/uwsgi;
+  scgi_temp_path $WORK/nginx/tmp/scgi;
+  upstream fast { server 127.0.0.1:$FAST_PORT; keepalive 256; }
+  upstream slow { server 127.0.0.1:$SLOW_PORT; keepalive 256; }
+  server {
+    listen 127.0.0.1:$PX_PORT reuseport default_server;
+    server_name $FAST_HOST;
+    location / { proxy_pass http://fast;$loc }
+  }
+  server {
+    listen 127.0.0.1:$PX_PORT;
+    server_name $SLOW_HOST;
+    location / { proxy_pass http://slow;$loc }
+  }
+}
+EOF
+}
+
+# write_haproxy_config [queue]: haproxy.cfg, HAProxy's defaults (no global
+# maxconn: it derives one from the descriptor limit), or with queue,
+# haproxy-queue.cfg: the same plus what its operators would add for a slow
+# backend, a per-server maxconn (requests beyond it wait in the backend's
+# queue) and "timeout queue" (a request that waited that long gets 503).
+write_haproxy_config() {
+	local conf=haproxy.cfg smax='' tq=''
+	if [[ ${1:-} == queue ]]; then
+		conf=haproxy-queue.cfg smax=" maxconn $HAPROXY_SERVER_MAXCONN" tq="  timeout queue $HAPROXY_QUEUE_TIMEOUT"
+	fi
+	cat >"$WORK/$conf" <<EOF
+global
+  nbthread $WORKERS
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 120s
+  timeout server 120s
+  timeout http-keep-alive 120s
+$tq
+  option http-keep-alive
+  option forwardfor
+  http-reuse always
+frontend bench
+  bind 127.0.0.1:$PX_PORT
+  use_backend slow if { hdr(host) -i $SLOW_HOST }
+  default_backend fast
+backend fast
+  server fast 127.0.0.1:$FAST_PORT$smax
+backend slow
+  server slow 127.0.0.1:$SLOW_PORT$smax
+EOF
+}
+
+# ------------------------------------------------------------ the proxies
+
+CADDY_BIN='' TRAEFIK_BIN='' NGINX_BIN='' HAPROXY_BIN=''
+declare -A SKIP=() # proxy -> why it is not run
+declare -A VERSION=()
+VERSION[go]=$(go env GOVERSION)
+
+if has "$PROXIES" scafo-edge; then
+	if [[ -n $EDGE_BIN ]]; then
+		VERSION[scafo-edge]=$EDGE_VERSION
+		write_edge_routes
+	else
+		SKIP[scafo-edge]=$EDGE_NOTE
+	fi
+fi
+if has "$PROXIES" caddy; then
+	if CADDY_BIN=$(go_install "caddy-$CADDY_VERSION" caddy "github.com/caddyserver/caddy/v2/cmd/caddy@$CADDY_VERSION"); then
+		VERSION[caddy]=$(go_mod_version "$CADDY_BIN")
+		write_caddy_config
+	else
+		SKIP[caddy]="Caddy $CADDY_VERSION did not build from the Go module proxy"
+	fi
+fi
+if has "$PROXIES" traefik; then
+	if TRAEFIK_BIN=$(traefik_build); then
+		VERSION[traefik]=$TRAEFIK_VERSION
+		write_traefik_config
+	else
+		SKIP[traefik]="Traefik $TRAEFIK_VERSION did not build; see $CACHE/traefik-$TRAEFIK_VERSION/failed.log"
+	fi
+fi
+if has "$PROXIES" nginx; then
+	if NGINX_BIN=$(need nginx); then
+		VERSION[nginx]="$("$NGINX_BIN" -v 2>&1 | sed 's/.*nginx\///') (worker_connections $NGINX_WORKER_CONNECTIONS)"
+		write_nginx_config
+	else
+		SKIP[nginx]="nginx is not installed and could not be"
+	fi
+fi
+if has "$PROXIES" haproxy || has "$PROXIES" haproxy-queue; then
+	if HAPROXY_BIN=$(need haproxy); then
+		VERSION[haproxy]=$("$HAPROXY_BIN" -v 2>&1 | awk 'NR==1 {print $3}')
+		VERSION[haproxy-queue]="${VERSION[haproxy]} (server maxconn $HAPROXY_SERVER_MAXCONN, timeout queue $HAPROXY_QUEUE_TIMEOUT)"
+		write_haproxy_config
+		write_haproxy_config queue
+	else
+		SKIP[haproxy]="HAProxy is not installed and could not be"
+		SKIP[haproxy-queue]=${SKIP[haproxy]}
+	fi
+fi
+for p in "${!SKIP[@]}"; do log "$p: skipped: ${SKIP[$p]}"; done
+
+# start_proxy NAME TLS: starts NAME (TLS=1: also its HTTPS listener, for
+# the h2 rows) and sets PID.
+start_proxy() {
+	local name=$1 tls=$2 logf=$WORK/$1.log state
+	case $name in
+	scafo-edge)
+		state=$(mktemp -d "$WORK/edge-state.XXXXXX")
+		local mode=(--tls off)
+		((tls)) && mode=(--tls internal --https-addr "127.0.0.1:$PX_TLS_PORT")
+		start "$logf" env GOMAXPROCS="$WORKERS" "$EDGE_BIN" serve --routes-file "$WORK/routes.json" \
+			"${mode[@]}" --http-addr "127.0.0.1:$PX_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" \
+			--state-dir "$state" --handover=false --access-log=false "${EDGE_ARGV[@]}"
+		;;
+	caddy)
+		start "$logf" env GOMAXPROCS="$WORKERS" XDG_DATA_HOME="$WORK/caddy-data" \
+			XDG_CONFIG_HOME="$WORK/caddy-config" "$CADDY_BIN" run --config "$WORK/caddy.json"
+		;;
+	traefik)
+		start "$logf" env GOMAXPROCS="$WORKERS" "$TRAEFIK_BIN" \
+			--entryPoints.plain.address="127.0.0.1:$PX_PORT" \
+			--entryPoints.tls.address="127.0.0.1:$PX_TLS_PORT" \
+			--providers.file.filename="$WORK/traefik.yml" --log.level=ERROR \
+			--global.checkNewVersion=false --global.sendAnonymousUsage=false
+		;;
+	nginx)
+		start "$logf" "$NGINX_BIN" -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf"
+		;;
+	haproxy)
+		start "$logf" "$HAPROXY_BIN" -db -f "$WORK/haproxy.cfg"
+		;;
+	haproxy-queue)
+		start "$logf" "$HAPROXY_BIN" -db -f "$WORK/haproxy-queue.cfg"
+		;;
+	esac
+	return 0
+}
+
+# start_apps: the applications, UPSTREAMS processes sharing fast.test's and
+# slow.test's ports, each with its control address; sets APP_PIDS and
+# CONTROL. Fresh for every row: nothing held from the last one.
+start_apps() {
+	local i
+	APP_PIDS=() CONTROL=
+	for ((i = 0; i < UPSTREAMS; i++)); do
+		start "$WORK/app-$i.log" "$OVERLOAD" upstream -fast-addr "127.0.0.1:$FAST_PORT" \
+			-slow-addr "127.0.0.1:$SLOW_PORT" -control-addr "127.0.0.1:$((CTRL_BASE + i))" -max-hold 3m
+		APP_PIDS+=("$PID")
+		CONTROL+=${CONTROL:+,}127.0.0.1:$((CTRL_BASE + i))
+	done
+	for ((i = 0; i < UPSTREAMS; i++)); do
+		wait_ok "http://127.0.0.1:$((CTRL_BASE + i))/stats" '' "${APP_PIDS[$i]}" || return 1
+	done
+}
+
+stop_apps() {
+	local p
+	for p in "${APP_PIDS[@]}"; do stop_tree "$p"; done
+	APP_PIDS=()
+}
+
+# wait_ok URL HOST PID [CURL-FLAGS...]: until URL (with Host: HOST, if
+# any) answers 200, while PID lives, at most 30 s.
+wait_ok() {
+	local url=$1 host=$2 pid=$3 out deadline=$((SECONDS + 30))
+	shift 3
+	local hdr=()
+	[[ -n $host ]] && hdr=(-H "Host: $host")
+	while ((SECONDS < deadline)); do
+		out=$("$CURL" -sk -o /dev/null -w '%{http_code}' --max-time 5 "${hdr[@]}" "$@" "$url" 2>/dev/null) || true
+		[[ $out == 200 ]] && return 0
+		kill -0 "$pid" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	log "$url ($host): last answer '$out', wanted 200"
+	return 1
+}
+
+# ---------------------------------------------------------------- one row
+
+RESULTS=$WORK/results.jsonl
+: >"$RESULTS"
+
+# row PROXY SPEC STATUS NOTE: a row without figures, and why.
+row() {
+	local note=${4//\\/\\\\}
+	note=${note//\"/\\\"}
+	note=$(printf '%s' "$note" | tr '\000-\037' ' ')
+	printf '{"proxy":"%s","row":"%s","status":"%s","note":"%s","recovery_s":-1}\n' "$1" "$2" "$3" "$note" >>"$RESULTS"
+}
+
+run_row() {
+	local proxy=$1 spec=$2 kind=${2%%:*} tls=0 pid why
+	if [[ -n ${SKIP[$proxy]:-} ]]; then
+		row "$proxy" "$spec" skipped "${SKIP[$proxy]}"
+		return
+	fi
+	if [[ $kind == h2 ]]; then
+		case $proxy in
+		scafo-edge | caddy | traefik) tls=1 ;;
+		*)
+			row "$proxy" "$spec" n/a "the h2 rows are run for scafo-edge, Caddy and Traefik only"
+			return ;;
+		esac
+	fi
+	log "$proxy $spec"
+	if ! start_apps; then
+		row "$proxy" "$spec" failed "the applications did not start: $(tail -1 "$WORK/app-0.log")"
+		stop_apps
+		return
+	fi
+	start_proxy "$proxy" "$tls"
+	pid=$PID
+	local ok=1 tlsflags=(--resolve "$FAST_HOST:$PX_TLS_PORT:127.0.0.1" --resolve "$SLOW_HOST:$PX_TLS_PORT:127.0.0.1")
+	if ((tls)); then
+		# The h2 rows ask fast.test over HTTPS too: a proxy serving TLS may
+		# redirect plain HTTP there (scafo-edge does).
+		wait_ok "https://$FAST_HOST:$PX_TLS_PORT/" '' "$pid" --http2 "${tlsflags[@]}" || ok=0
+		((ok)) && { wait_ok "https://$SLOW_HOST:$PX_TLS_PORT/ping" '' "$pid" --http2 "${tlsflags[@]}" || ok=0; }
+	else
+		wait_ok "http://127.0.0.1:$PX_PORT/" "$FAST_HOST" "$pid" || ok=0
+		((ok)) && { wait_ok "http://127.0.0.1:$PX_PORT/ping" "$SLOW_HOST" "$pid" || ok=0; }
+	fi
+	if ((!ok)); then
+		why=$(grep -v '^\s*$' "$WORK/$proxy.log" 2>/dev/null | tail -1 | cut -c1-200)
+		log "$proxy $spec: not serving: $why"
+		row "$proxy" "$spec" failed "not serving: $why"
+		stop_tree "$pid"
+		stop_apps
+		return
+	fi
+	local flags=(-results "$RESULTS" -proxy "$proxy" -spec "$spec" -pid "$pid"
+		-addr "127.0.0.1:$PX_PORT" -control "$CONTROL" -self "$OVERLOAD"
+		-baseline "$BASELINE" -window "$WINDOW" -recovery "$RECOVERY" -ramp "$RAMP"
+		-per-proc "$PER_PROC" -timeout 10s)
+	((tls)) && flags+=(-tls-addr "127.0.0.1:$PX_TLS_PORT")
+	[[ $proxy == scafo-edge ]] && flags+=(-admin "http://127.0.0.1:$ADMIN_PORT")
+	# In the background and waited for, so that Ctrl-C reaches the trap at
+	# once; the trap stops it and its load processes.
+	"$OVERLOAD" row "${flags[@]}" &
+	local row_pid=$!
+	STARTED+=("$row_pid")
+	wait "$row_pid" || row "$proxy" "$spec" failed "bench/overload row failed (see the log above)"
+	stop_tree "$pid"
+	stop_apps
+	return 0
+}
+
+# ------------------------------------------------------------------- main
+
+proxy_list=()
+for p in ${PROXIES//,/ }; do
+	case $p in scafo-edge | caddy | traefik | nginx | haproxy | haproxy-queue) ;; *) die "unknown proxy $p" ;; esac
+done
+for p in scafo-edge caddy traefik nginx haproxy haproxy-queue; do
+	has "$PROXIES" "$p" && proxy_list+=("$p")
+done
+IFS=, read -r -a row_list <<<"$ROWS"
+for spec in "${row_list[@]}"; do
+	[[ $spec =~ ^(held|idle|h2):[0-9]+k?(@[0-9]+)?$ ]] || die "row $spec: want held:N, idle:N or h2:N, optionally @ADDRESSES"
+done
+
+for spec in "${row_list[@]}"; do
+	for proxy in "${proxy_list[@]}"; do
+		run_row "$proxy" "$spec"
+	done
+done
+
+report() {
+	local flags=(-results "$RESULTS"
+		-setting "baseline=$BASELINE" -setting "window=$WINDOW" -setting "recovery wait=$RECOVERY"
+		-setting "cpus=$(nproc)" -setting "workers=$WORKERS" -setting "ulimit -n=$FD_LIMIT"
+		-setting "load processes=at most $PER_PROC connections each"
+		-setting "applications=$UPSTREAMS processes") p
+	for p in "${!VERSION[@]}"; do flags+=(-version "$p=${VERSION[$p]}"); done
+	"$OVERLOAD" report "${flags[@]}" "$@"
+}
+if ((JSON)); then report -json; else report; fi
+if [[ -n $JSON_FILE ]]; then report -json >"$JSON_FILE"; fi

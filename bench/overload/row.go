@@ -1,0 +1,747 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Row is one proxy under one load: a line of the results file.
+type Row struct {
+	Proxy string `json:"proxy"`
+	Row   string `json:"row"` // the spec: held:9900, idle:50000@8
+	Kind  string `json:"kind"`
+	N     int    `json:"n"`
+	Addrs int    `json:"addrs"`
+	// Status is empty for a measured row; otherwise why there are no
+	// figures (skipped, failed, n/a) and Note says more.
+	Status string   `json:"status,omitempty"`
+	Note   string   `json:"note,omitempty"`
+	Notes  []string `json:"notes,omitempty"`
+	Time   string   `json:"time,omitempty"`
+
+	// fast.test before any load: the same clients, the same way.
+	BaseServed int     `json:"base_served"`
+	BaseFailed int     `json:"base_failed"`
+	BaseP50Ms  float64 `json:"base_p50_ms"`
+	BaseP99Ms  float64 `json:"base_p99_ms"`
+
+	// The proxy's descriptors (every process of it, /proc/PID/fd) and RSS
+	// (VmRSS summed): before the load, the most sampled under it, and after
+	// it left (at the end of the recovery wait).
+	FDBase      int   `json:"fd_base"`
+	FDPeak      int   `json:"fd_peak"`
+	FDAfter     int   `json:"fd_after"`
+	RSSBaseKiB  int64 `json:"rss_base_kib"`
+	RSSPeakKiB  int64 `json:"rss_peak_kib"`
+	RSSAfterKiB int64 `json:"rss_after_kib"`
+
+	// The load going in: how long it took to place, how many connections
+	// were attempted, and (held, h2) how many requests reached the slow
+	// application and were waiting there when the window began and at its
+	// end.
+	RampSeconds    float64 `json:"ramp_s"`
+	Attempted      int     `json:"attempted"`
+	AppHeldAtStart int64   `json:"app_held_at_start"`
+	AppHeld        int64   `json:"app_held"`
+	AppPeak        int64   `json:"app_peak"`
+
+	// fast.test during the window: 4 keep-alive clients (fresh connections
+	// at the window's start, reopened after a failure).
+	FastServed   int     `json:"fast_served"`
+	FastFailed   int     `json:"fast_failed"`
+	FastFailures Counts  `json:"fast_failures,omitempty"`
+	FastP50Ms    float64 `json:"fast_p50_ms"`
+	FastP99Ms    float64 `json:"fast_p99_ms"`
+	FastMaxMs    float64 `json:"fast_max_ms"`
+	// New visitors: a new connection to fast.test every 250 ms of the
+	// window, served 200 within 1 s or not.
+	NewOK       int    `json:"new_ok"`
+	NewTotal    int    `json:"new_total"`
+	NewFailures Counts `json:"new_failures,omitempty"`
+	// The admin listener's /healthz every 500 ms of the window, answered
+	// 200 within 1 s; AdminTotal 0 where there is none (not scafo-edge).
+	AdminOK    int `json:"admin_ok"`
+	AdminTotal int `json:"admin_total"`
+
+	// What the load's own requests got (held, h2: the held requests; idle:
+	// each connection's one request), and which of them came before the
+	// release; idle: connections the proxy closed before the release, and
+	// those open at it.
+	Outcomes      Counts `json:"outcomes"`
+	Early         Counts `json:"early"`
+	ClosedEarly   int    `json:"closed_early"`
+	OpenAtRelease int    `json:"open_at_release"`
+
+	// After the release: seconds until the proxy's descriptors (and for
+	// scafo-edge its go_goroutines and process_open_fds) are back to
+	// baseline (Settled), -1 if not within the recovery wait.
+	RecoverySeconds float64 `json:"recovery_s"`
+	// scafo-edge's admin /metrics: before, most sampled, after.
+	GoroutinesBase  int `json:"goroutines_base,omitempty"`
+	GoroutinesPeak  int `json:"goroutines_peak,omitempty"`
+	GoroutinesAfter int `json:"goroutines_after,omitempty"`
+	EdgeFDsBase     int `json:"edge_fds_base,omitempty"`
+	EdgeFDsPeak     int `json:"edge_fds_peak,omitempty"`
+	EdgeFDsAfter    int `json:"edge_fds_after,omitempty"`
+
+	ProxyExited   bool    `json:"proxy_exited,omitempty"`
+	WindowSeconds float64 `json:"window_s"`
+}
+
+type rowConfig struct {
+	results, proxy, addr, tlsAddr, fastHost, slowHost, admin, self string
+	control                                                        []string
+	spec                                                           Spec
+	fastSrc                                                        string
+	pid, fastClients, perProc, concurrency                         int
+	baseline, window, ramp, recovery, timeout                      time.Duration
+}
+
+func rowCmd(args []string) error {
+	fs := flag.NewFlagSet("row", flag.ContinueOnError)
+	var c rowConfig
+	var spec, control string
+	fs.StringVar(&c.results, "results", "", "results file (JSON lines), appended to")
+	fs.StringVar(&c.proxy, "proxy", "", "proxy name, for the table")
+	fs.StringVar(&spec, "spec", "", "the row: held:N[@A], idle:N[@A] or h2:N[@A]")
+	fs.IntVar(&c.pid, "pid", 0, "the proxy's process (its whole tree is measured)")
+	fs.StringVar(&c.addr, "addr", "", "the proxy's HTTP address, 127.0.0.1:PORT")
+	fs.StringVar(&c.tlsAddr, "tls-addr", "", "the proxy's HTTPS address (h2 rows)")
+	fs.StringVar(&c.fastHost, "fast-host", "fast.test", "the fast application's host")
+	fs.StringVar(&c.slowHost, "slow-host", "slow.test", "the slow application's host")
+	fs.StringVar(&control, "control", "", "comma list of the upstream processes' control addresses")
+	fs.StringVar(&c.admin, "admin", "", "scafo-edge's admin base URL (/healthz, /metrics); empty for other proxies")
+	fs.StringVar(&c.self, "self", "", "this program, run as the load processes (default: os.Executable)")
+	fs.IntVar(&c.fastClients, "fast-clients", 4, "keep-alive clients of fast.test")
+	fs.StringVar(&c.fastSrc, "fast-src", "127.0.0.200", "source address of fast.test's keep-alive clients (new visitors: 127.0.1.1 onwards, one each); never one the load uses")
+	fs.IntVar(&c.perProc, "per-proc", 4000, "most connections per load process (well below the descriptor limit)")
+	fs.IntVar(&c.concurrency, "concurrency", 1000, "connections each load process opens at once")
+	fs.DurationVar(&c.baseline, "baseline", 3*time.Second, "fast.test alone, before the load")
+	fs.DurationVar(&c.window, "window", 8*time.Second, "the measured window under the load")
+	fs.DurationVar(&c.ramp, "ramp", 60*time.Second, "longest wait for the load to be in place")
+	fs.DurationVar(&c.recovery, "recovery", 30*time.Second, "longest wait for the proxy to come back to baseline")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "every client request's timeout (fast.test, connects)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if c.spec, err = ParseSpec(spec); err != nil {
+		return err
+	}
+	if c.results == "" || c.proxy == "" || c.pid <= 0 || c.addr == "" || control == "" {
+		return errors.New("need -results, -proxy, -pid, -addr and -control")
+	}
+	c.control = strings.Split(control, ",")
+	if c.spec.Kind == "h2" && c.tlsAddr == "" {
+		return errors.New("an h2 row needs -tls-addr")
+	}
+	if c.self == "" {
+		if c.self, err = os.Executable(); err != nil {
+			return err
+		}
+	}
+	row := measureRow(c)
+	return appendRow(c.results, row)
+}
+
+func appendRow(path string, r Row) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(r)
+	_, err = f.Write(append(b, '\n'))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "overload: "+format+"\n", args...)
+}
+
+// ---------------------------------------------------------- the row itself
+
+func measureRow(c rowConfig) Row {
+	proc := procFS{Dir: "/proc"}
+	tree := func() []int {
+		t, err := proc.Tree(c.pid)
+		if err != nil {
+			return []int{c.pid}
+		}
+		return t
+	}
+	r := Row{Proxy: c.proxy, Row: c.spec.String(), Kind: c.spec.Kind, N: c.spec.N, Addrs: c.spec.Addrs,
+		Time: time.Now().UTC().Format(time.RFC3339), WindowSeconds: c.window.Seconds(), RecoverySeconds: -1}
+	note := func(format string, args ...any) {
+		r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
+	}
+
+	// 1. fast.test alone.
+	base := fastLoad(c.fastURL(), c.fastHost, c.fastSrc, c.fastClients, c.baseline, c.timeout)
+	r.BaseServed, r.BaseFailed = base.served, base.failed
+	bl := Summarise(base.ms)
+	r.BaseP50Ms, r.BaseP99Ms = bl.P50, bl.P99
+	time.Sleep(500 * time.Millisecond) // the clients' connections close
+	t := tree()
+	r.FDBase, r.RSSBaseKiB = proc.FDs(t), proc.RSSKiB(t)
+	r.FDPeak, r.RSSPeakKiB = r.FDBase, r.RSSBaseKiB
+	if c.admin != "" {
+		if m, err := scrape(c.admin); err == nil {
+			r.GoroutinesBase, r.EdgeFDsBase = int(m["go_goroutines"]), int(m["process_open_fds"])
+			r.GoroutinesPeak, r.EdgeFDsPeak = r.GoroutinesBase, r.EdgeFDsBase
+		} else {
+			note("admin /metrics before the load: %v", err)
+		}
+	}
+
+	// 2. The load, spread over processes, sampled from its first connection.
+	var peakMu sync.Mutex
+	sctx, stopSampling := context.WithCancel(context.Background())
+	var sampling sync.WaitGroup
+	sampling.Add(1)
+	go func() {
+		defer sampling.Done()
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			t := tree()
+			fds, rss := proc.FDs(t), proc.RSSKiB(t)
+			peakMu.Lock()
+			r.FDPeak, r.RSSPeakKiB = max(r.FDPeak, fds), max(r.RSSPeakKiB, rss)
+			peakMu.Unlock()
+			select {
+			case <-sctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	if c.admin != "" {
+		sampling.Add(1)
+		go func() {
+			defer sampling.Done()
+			tick := time.NewTicker(500 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				if m, err := scrape(c.admin); err == nil {
+					peakMu.Lock()
+					r.GoroutinesPeak = max(r.GoroutinesPeak, int(m["go_goroutines"]))
+					r.EdgeFDsPeak = max(r.EdgeFDsPeak, int(m["process_open_fds"]))
+					peakMu.Unlock()
+				}
+				select {
+				case <-sctx.Done():
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+	}
+
+	// Every load connection lives at most this long: the ramp, the window
+	// and a margin for the answers after the release.
+	connLife := c.ramp + c.window + 20*time.Second
+	rampStart := time.Now()
+	load, err := startLoad(c, connLife)
+	if err != nil {
+		stopSampling()
+		sampling.Wait()
+		r.Status, r.Note = "failed", "starting the load processes: "+err.Error()
+		return r
+	}
+	defer load.kill()
+	rampEnd := rampStart.Add(c.ramp)
+	ready := load.waitReady(rampEnd)
+	r.Attempted = ready.Attempted
+	if ready.Attempted < c.spec.N {
+		note("the ramp ended (%s) with %s of %s connections attempted", c.ramp, thousands(ready.Attempted), thousands(c.spec.N))
+	}
+	if c.spec.Kind != "idle" {
+		// Until the held requests reaching the application stop growing for
+		// a second (or all are there, or the ramp's time is up).
+		var last int64 = -1
+		stableSince := time.Now()
+		for time.Now().Before(rampEnd) {
+			s, err := appStats(c.control)
+			if err == nil && s.Held != last {
+				last, stableSince = s.Held, time.Now()
+			}
+			if err == nil && (s.Held >= int64(c.spec.N) || time.Since(stableSince) >= time.Second) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if s, err := appStats(c.control); err == nil {
+			r.AppHeldAtStart = s.Held
+		}
+	}
+	r.RampSeconds = time.Since(rampStart).Seconds()
+	logf("%s %s: load in place after %.1fs (%s attempted, %s held at the app); measuring %s",
+		c.proxy, r.Row, r.RampSeconds, thousands(r.Attempted), thousands(int(r.AppHeldAtStart)), c.window)
+
+	// 3. The window: fast.test's keep-alive clients, new visitors, admin.
+	var wg sync.WaitGroup
+	var fast fastResult
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		fast = fastLoad(c.fastURL(), c.fastHost, c.fastSrc, c.fastClients, c.window, c.timeout)
+	}()
+	var newOK, newTotal atomic.Int64
+	newFail := Counts{}
+	var newMu sync.Mutex
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		end := time.Now().Add(c.window)
+		var probes sync.WaitGroup
+		for i := 0; time.Now().Before(end); i++ {
+			probes.Add(1)
+			newTotal.Add(1)
+			// Each a new person: an address of its own.
+			src := fmt.Sprintf("127.0.1.%d", 1+i%250)
+			go func() {
+				defer probes.Done()
+				if o := newVisitor(c.fastURL(), c.fastHost, src, time.Second); o == "" {
+					newOK.Add(1)
+				} else {
+					newMu.Lock()
+					newFail[o]++
+					newMu.Unlock()
+				}
+			}()
+			time.Sleep(250 * time.Millisecond)
+		}
+		probes.Wait()
+	}()
+	if c.admin != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			end := time.Now().Add(c.window)
+			for time.Now().Before(end) {
+				r.AdminTotal++
+				if healthz(c.admin) {
+					r.AdminOK++
+				}
+				time.Sleep(500 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	r.FastServed, r.FastFailed, r.FastFailures = fast.served, fast.failed, fast.failures
+	fl := Summarise(fast.ms)
+	r.FastP50Ms, r.FastP99Ms, r.FastMaxMs = fl.P50, fl.P99, fl.Max
+	r.NewOK, r.NewTotal, r.NewFailures = int(newOK.Load()), int(newTotal.Load()), newFail
+
+	// 4. The release: the slow application answers what it holds (and
+	// anything after at once); idle connections close.
+	if s, err := appStats(c.control); err == nil {
+		r.AppHeld, r.AppPeak = s.Held, s.PeakHeld
+	} else {
+		note("upstream /stats: %v", err)
+	}
+	stopSampling()
+	sampling.Wait()
+	// The load processes first (an answer after this is not "early"),
+	// then, once they have read it, the application.
+	load.release()
+	time.Sleep(200 * time.Millisecond)
+	releaseAt := time.Now()
+	if err := appRelease(c.control); err != nil {
+		note("upstream /release: %v", err)
+	}
+
+	// 5. Recovery: from the release until the proxy is back to baseline.
+	recDone := make(chan struct{})
+	go func() {
+		defer close(recDone)
+		for time.Since(releaseAt) < c.recovery {
+			fds := proc.FDs(tree())
+			ok := Settled(fds, r.FDBase, r.FDPeak, 16)
+			if ok && c.admin != "" {
+				m, err := scrape(c.admin)
+				ok = err == nil &&
+					Settled(int(m["go_goroutines"]), r.GoroutinesBase, r.GoroutinesPeak, 32) &&
+					Settled(int(m["process_open_fds"]), r.EdgeFDsBase, r.EdgeFDsPeak, 16)
+			}
+			if ok {
+				r.RecoverySeconds = time.Since(releaseAt).Seconds()
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	// Until every load process reported, which each does by the end of its
+	// connections' life (connections the proxy left in its backlog are
+	// accepted and answered only now); at least 30 s after the release.
+	resDeadline := rampStart.Add(connLife + c.timeout + 12*time.Second)
+	if d := releaseAt.Add(30 * time.Second); d.After(resDeadline) {
+		resDeadline = d
+	}
+	res := load.waitResults(resDeadline)
+	r.Outcomes, r.Early = res.Outcomes, res.Early
+	r.ClosedEarly, r.OpenAtRelease = res.ClosedEarly, res.OpenAtRelease
+	if n := res.Outcomes.Total(); n < c.spec.N {
+		note("%s of %s load connections reported no end (a load process did not finish)", thousands(c.spec.N-n), thousands(c.spec.N))
+	}
+	<-recDone
+	time.Sleep(time.Second)
+	t = tree()
+	r.FDAfter, r.RSSAfterKiB = proc.FDs(t), proc.RSSKiB(t)
+	if c.admin != "" {
+		if m, err := scrape(c.admin); err == nil {
+			r.GoroutinesAfter, r.EdgeFDsAfter = int(m["go_goroutines"]), int(m["process_open_fds"])
+		} else {
+			note("admin /metrics after the load: %v", err)
+		}
+	}
+	if !proc.Alive(c.pid) {
+		r.ProxyExited = true
+		note("the proxy exited during the row")
+	}
+	return r
+}
+
+// ------------------------------------------------------------ the load
+
+type loadProcs struct {
+	procs   []*exec.Cmd
+	stdins  []io.WriteCloser
+	ready   chan ConnsReport
+	results chan ConnsReport
+	exited  chan struct{}
+}
+
+// startLoad runs the row's load as `overload conns` processes, each at
+// most perProc connections, so that none nears the descriptor limit.
+func startLoad(c rowConfig, life time.Duration) (*loadProcs, error) {
+	mode, target, host, path := "held", c.addr, c.slowHost, "/hold"
+	per := c.perProc
+	switch c.spec.Kind {
+	case "idle":
+		mode, host, path = "idle", c.fastHost, "/"
+	case "h2":
+		// One process opens every connection (the scenario: one client);
+		// its descriptors are the connections, N/100.
+		mode, target, per = "h2", c.tlsAddr, 0
+	}
+	parts := Split(c.spec.N, per)
+	l := &loadProcs{ready: make(chan ConnsReport, len(parts)), results: make(chan ConnsReport, len(parts)),
+		exited: make(chan struct{})}
+	srcs := strings.Join(c.spec.SourceAddrs(), ",")
+	offset := 0
+	var waits sync.WaitGroup
+	for _, n := range parts {
+		cmd := exec.Command(c.self, "conns", "-mode", mode, "-target", target, "-host", host, "-path", path,
+			"-n", strconv.Itoa(n), "-src", srcs, "-offset", strconv.Itoa(offset),
+			"-dial-timeout", c.timeout.String(), "-timeout", life.String(),
+			"-concurrency", strconv.Itoa(c.concurrency))
+		offset += n
+		cmd.Stderr = os.Stderr
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			l.kill()
+			return nil, err
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			l.kill()
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			l.kill()
+			return nil, err
+		}
+		l.procs = append(l.procs, cmd)
+		l.stdins = append(l.stdins, in)
+		waits.Add(1)
+		go func() {
+			defer waits.Done()
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				var rep ConnsReport
+				if json.Unmarshal(sc.Bytes(), &rep) != nil {
+					continue
+				}
+				switch rep.Event {
+				case "ready":
+					l.ready <- rep
+				case "result":
+					l.results <- rep
+				}
+			}
+			cmd.Wait()
+		}()
+	}
+	go func() { waits.Wait(); close(l.exited) }()
+	return l, nil
+}
+
+// waitReady merges the processes' ready reports until all came or the
+// deadline.
+func (l *loadProcs) waitReady(deadline time.Time) ConnsReport {
+	var sum ConnsReport
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	for range l.procs {
+		select {
+		case rep := <-l.ready:
+			sum.Merge(rep)
+		case <-t.C:
+			return sum
+		}
+	}
+	return sum
+}
+
+func (l *loadProcs) release() {
+	for _, in := range l.stdins {
+		io.WriteString(in, "release\n")
+		in.Close()
+	}
+}
+
+// waitResults merges the processes' final reports until all came or the
+// deadline.
+func (l *loadProcs) waitResults(deadline time.Time) ConnsReport {
+	sum := ConnsReport{Outcomes: Counts{}, Early: Counts{}}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	for range l.procs {
+		select {
+		case rep := <-l.results:
+			sum.Merge(rep)
+		case <-t.C:
+			return sum
+		}
+	}
+	return sum
+}
+
+// kill ends every load process still running and waits (bounded) for
+// them to be reaped.
+func (l *loadProcs) kill() {
+	for _, p := range l.procs {
+		if p.Process != nil {
+			p.Process.Kill()
+		}
+	}
+	if l.exited != nil && len(l.procs) > 0 {
+		select {
+		case <-l.exited:
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// --------------------------------------------------------- fast.test
+
+type fastResult struct {
+	served, failed int
+	failures       Counts
+	ms             []float64
+}
+
+// fastURL is where fast.test is asked: plain HTTP, or in the h2 rows
+// HTTPS (h2 where offered, as a browser would), since a proxy serving TLS
+// may redirect plain HTTP there (scafo-edge does).
+func (c rowConfig) fastURL() string {
+	if c.spec.Kind == "h2" {
+		return "https://" + c.tlsAddr + "/"
+	}
+	return "http://" + c.addr + "/"
+}
+
+// transport is a client of url's scheme from src: over TLS it skips
+// verification (scafo-edge's certificate comes from its internal CA) and
+// names host.
+func transport(url, host, src string, timeout time.Duration) *http.Transport {
+	tr := &http.Transport{
+		DialContext:        sourceDialer(src, timeout).DialContext,
+		DisableCompression: true,
+	}
+	if strings.HasPrefix(url, "https:") {
+		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true, ServerName: host}
+		tr.TLSHandshakeTimeout = timeout
+		tr.ForceAttemptHTTP2 = true
+	}
+	return tr
+}
+
+// fastLoad runs clients keep-alive clients of host at url for d: each its
+// own connection, one request at a time, every request bounded by timeout;
+// after a failure a client waits 50 ms and goes on (on a new connection).
+func fastLoad(url, host, src string, clients int, d, timeout time.Duration) fastResult {
+	var mu sync.Mutex
+	res := fastResult{failures: Counts{}}
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for i := 0; i < clients; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tr := transport(url, host, src, timeout)
+			tr.MaxIdleConnsPerHost, tr.MaxConnsPerHost = 1, 1
+			defer tr.CloseIdleConnections()
+			client := &http.Client{Transport: tr, Timeout: timeout}
+			var ms []float64
+			served, failed := 0, 0
+			fails := Counts{}
+			for time.Now().Before(end) {
+				req, _ := http.NewRequest(http.MethodGet, url, nil)
+				req.Host = host
+				t0 := time.Now()
+				resp, err := client.Do(req)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = statusError(resp.StatusCode)
+					}
+				}
+				if err != nil {
+					failed++
+					var se statusError
+					if errors.As(err, &se) {
+						fails[strconv.Itoa(int(se))]++
+					} else {
+						fails[Classify(err)]++
+					}
+					tr.CloseIdleConnections()
+					time.Sleep(50 * time.Millisecond)
+					continue
+				}
+				served++
+				ms = append(ms, float64(time.Since(t0).Microseconds())/1000)
+			}
+			mu.Lock()
+			res.served += served
+			res.failed += failed
+			res.failures.Add(fails)
+			res.ms = append(res.ms, ms...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return res
+}
+
+// sourceDialer dials from src (a loopback address; empty: the kernel's
+// choice).
+func sourceDialer(src string, timeout time.Duration) *net.Dialer {
+	d := &net.Dialer{Timeout: timeout}
+	if src != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+		d.Control = bindNoPort
+	}
+	return d
+}
+
+type statusError int
+
+func (s statusError) Error() string { return "status " + strconv.Itoa(int(s)) }
+
+// newVisitor: one request of host on a new connection; "" if answered 200
+// within limit, else what happened.
+func newVisitor(url, host, src string, limit time.Duration) string {
+	tr := transport(url, host, src, limit)
+	tr.DisableKeepAlives = true
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: limit}
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req.Host = host
+	resp, err := client.Do(req)
+	if err != nil {
+		return Classify(err)
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return Classify(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return strconv.Itoa(resp.StatusCode)
+	}
+	return ""
+}
+
+// ------------------------------------------------- admin and upstream
+
+var shortClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+func healthz(base string) bool {
+	resp, err := shortClient.Get(base + "/healthz")
+	if err != nil {
+		return false
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func scrape(base string) (map[string]float64, error) {
+	resp, err := shortClient.Get(base + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	m, err := ParseMetrics(resp.Body, "go_goroutines", "process_open_fds")
+	if err == nil && len(m) < 2 {
+		err = errors.New("no go_goroutines or process_open_fds in /metrics")
+	}
+	return m, err
+}
+
+// controlClient: the upstream processes' control listeners are never
+// loaded, but a generous timeout still bounds every call.
+var controlClient = &http.Client{Timeout: 5 * time.Second}
+
+func appCall(control []string, path string) (Stats, error) {
+	var sum Stats
+	var errs []error
+	for _, a := range control {
+		resp, err := controlClient.Get("http://" + a + path)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var s Stats
+		err = json.NewDecoder(resp.Body).Decode(&s)
+		resp.Body.Close()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		sum.Held += s.Held
+		sum.PeakHeld += s.PeakHeld
+		sum.Slow += s.Slow
+		sum.Answered += s.Answered
+		sum.Fast += s.Fast
+	}
+	return sum, errors.Join(errs...)
+}
+
+func appStats(control []string) (Stats, error) { return appCall(control, "/stats") }
+
+func appRelease(control []string) error { _, err := appCall(control, "/release"); return err }
