@@ -26,6 +26,9 @@ const (
 	RefusedAppQueueTimeout
 	// RefusedCanceled: the client went away while its request waited.
 	RefusedCanceled
+	// RefusedBudget: the connection budget is spent and no idle connection
+	// could give a descriptor for the request's upstream (503).
+	RefusedBudget
 )
 
 // String is the refusal's metric label.
@@ -43,6 +46,8 @@ func (r Refusal) String() string {
 		return "app_queue_timeout"
 	case RefusedCanceled:
 		return "client_canceled"
+	case RefusedBudget:
+		return "budget"
 	}
 	return "admitted"
 }
@@ -78,6 +83,13 @@ func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal
 	if c.memHigh.Load() {
 		c.refusedRequest(RefusedMemory)
 		return Ticket{}, RefusedMemory
+	}
+	// The request may need a descriptor for its upstream. Past the budget
+	// an idle connection gives one back if it can; past the overdraft
+	// too, the request is refused rather than the edge running out.
+	if max := int64(c.limits.MaxConns); c.inUse() >= max && !c.makeRoom() && c.inUse() >= max+int64(c.limits.Overdraft) {
+		c.refusedRequest(RefusedBudget)
+		return Ticket{}, RefusedBudget
 	}
 	k := Ticket{t: c}
 	if key, ok := c.clientOfRequest(r); ok {
@@ -115,11 +127,14 @@ func (c *Controller) clientOfRequest(r *http.Request) (netip.Addr, bool) {
 		return netip.Addr{}, false
 	}
 	ip := ap.Addr().Unmap()
-	if !c.isProxy(ip) {
+	if !contains(c.trusted, ip) {
+		if c.isProxy(ip) {
+			return netip.Addr{}, false
+		}
 		return clientKey(ip), true
 	}
-	// The rightmost address that is not a proxy's is the client the
-	// proxies vouch for; any left of it could be forged.
+	// The rightmost address that is not a trusted proxy's is the client
+	// the proxies vouch for; any left of it could be forged.
 	vals := r.Header["X-Forwarded-For"]
 	for i := len(vals) - 1; i >= 0; i-- {
 		v := vals[i]
@@ -135,7 +150,7 @@ func (c *Controller) clientOfRequest(r *http.Request) (netip.Addr, bool) {
 				return netip.Addr{}, false
 			}
 			a = a.Unmap()
-			if !c.isProxy(a) {
+			if !contains(c.trusted, a) {
 				return clientKey(a), true
 			}
 		}

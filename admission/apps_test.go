@@ -153,8 +153,9 @@ func TestRequestsPastTheShareWaitInOrderAndAreGrantedAsSlotsFree(t *testing.T) {
 	if got := c.appGauge(t, "scafo_edge_app_in_flight", "app"); got != 0 {
 		t.Errorf("scafo_edge_app_in_flight{application=app} = %v after every request ended, want 0", got)
 	}
+	c.clients.sweep()
 	if n := c.Snapshot().Clients; n != 0 {
-		t.Errorf("Clients = %d after every request ended, want 0", n)
+		t.Errorf("Clients = %d after every request ended and a sweep, want 0", n)
 	}
 }
 
@@ -177,8 +178,9 @@ func TestARequestThatWaitsTheWholeQueueTimeoutIsRefused(t *testing.T) {
 	if got := c.appGauge(t, "scafo_edge_app_queued", "app"); got != 0 {
 		t.Errorf("scafo_edge_app_queued{application=app} = %v after the timeout, want 0", got)
 	}
+	c.clients.sweep()
 	if n := c.Snapshot().Clients; n != 1 {
-		t.Errorf("Clients = %d, want only the address holding requests (the refused one's request given back)", n)
+		t.Errorf("Clients = %d after a sweep, want only the address holding requests (the refused one's request given back)", n)
 	}
 	if n := len(c.log.LogEntries("for a whole queue timeout")); n != 1 {
 		t.Errorf("queue timeouts logged %d times, want once:\n%s", n, c.log.String())
@@ -213,8 +215,9 @@ func TestARequestFindingItsApplicationsQueueFullIsRefusedAtOnce(t *testing.T) {
 	if got := c.app("app"); got.Queued != 0 {
 		t.Errorf("after the clients left: %+v, want nothing queued", got)
 	}
+	c.clients.sweep()
 	if n := c.Snapshot().Clients; n != 1 {
-		t.Errorf("Clients = %d, want only the address holding requests", n)
+		t.Errorf("Clients = %d after a sweep, want only the address holding requests", n)
 	}
 	for _, r := range []string{"app_queue_timeout", "client_canceled"} {
 		if got := c.shed(t, r); got != 0 {
@@ -315,6 +318,7 @@ func TestConcurrentRequestsGiveEverySlotBack(t *testing.T) {
 	if total[Admitted] == 0 {
 		t.Errorf("no request was admitted: %v", total)
 	}
+	c.clients.sweep()
 	s := c.Snapshot()
 	if s.Clients != 0 {
 		t.Errorf("Clients = %d once every request ended, want 0", s.Clients)

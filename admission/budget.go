@@ -37,6 +37,12 @@ type Limits struct {
 	// may start, with bursts of ClientBurst; past it, 429. Zero: no rate.
 	ClientRate  float64
 	ClientBurst int
+	// Overdraft is how far past MaxConns the upstream connections of
+	// admitted requests may go: the clients were accepted while there was
+	// room, and a request of theirs past it is refused (503) only beyond
+	// this. Derive sets it to half the reserve; the other half stays the
+	// edge's own.
+	Overdraft int
 	// MemoryLimit is the memory the process may use, in bytes; 0 when none
 	// is known. Once the live heap and stacks pass 75 % of it new requests
 	// are refused (503) until they are back under 65 %.
@@ -122,6 +128,9 @@ func Derive(want Limits, getenv func(string) string, cgroupRoot string) (Limits,
 		f.SetGoLimit = true
 	}
 	f.Reserved = reserveFor(f.Descriptors)
+	if l.Overdraft == 0 {
+		l.Overdraft = f.Reserved / 2
+	}
 	if l.MaxConns == 0 {
 		l.MaxConns = int(min(f.Descriptors, math.MaxInt32)) - f.Reserved
 		if l.MemoryLimit > 0 {

@@ -149,19 +149,18 @@ func (t *clientTable) addRequest(key netip.Addr, now time.Time) (*clientEntry, R
 	return e, Admitted
 }
 
+// releaseRequest gives a request back. An entry left holding nothing stays
+// for sweep to drop: a client behind a proxy holds no connection entry, and
+// dropping it here would allocate it anew for its every request.
 func (t *clientTable) releaseRequest(e *clientEntry) {
 	s := t.shard(e.key)
 	s.mu.Lock()
 	e.requests--
-	t.dropIfUnused(s, e, t.now())
 	s.mu.Unlock()
 }
 
-// sweep drops the entries kept only for their buckets once those are full.
+// sweep drops the entries that hold nothing and whose buckets are full.
 func (t *clientTable) sweep() {
-	if t.rate == 0 {
-		return
-	}
 	now := t.now()
 	for i := range t.shards {
 		s := &t.shards[i]

@@ -82,8 +82,10 @@ func (c *Controller) clientOfPeer(a net.Addr) (netip.Addr, bool) {
 	return clientKey(ip), true
 }
 
-func (c *Controller) isProxy(ip netip.Addr) bool {
-	for _, p := range c.proxies {
+func (c *Controller) isProxy(ip netip.Addr) bool { return contains(c.proxies, ip) }
+
+func contains(ps []netip.Prefix, ip netip.Addr) bool {
+	for _, p := range ps {
 		if p.Contains(ip) {
 			return true
 		}

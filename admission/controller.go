@@ -51,9 +51,14 @@ type Options struct {
 	Limits Limits
 	// Proxies are the peers whose connections carry many clients: PROXY
 	// protocol senders and trusted proxies. Their connections count against
-	// the budget but not as one client address's; for their requests the
-	// client is the address X-Forwarded-For names after the last proxy.
+	// the budget but not as one client address's.
 	Proxies []netip.Prefix
+	// TrustedProxies are the proxies whose X-Forwarded-For is believed (as
+	// backhaul believes it): for their requests the client is the address
+	// it names after the last trusted proxy. A request straight from
+	// another of Proxies (a PROXY protocol sender that sent no header) is
+	// not counted per address.
+	TrustedProxies []netip.Prefix
 	// Log receives one line when an episode of pressure starts and one when
 	// it ends, and one per refusal kind per minute. The zero value logs
 	// nothing.
@@ -62,6 +67,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now is the clock. Nil: time.Now.
 	Now func() time.Time
+	// CloseIdleUpstreams, if non-nil, closes the idle pooled connections to
+	// upstreams: under pressure they are given up before any client's.
+	CloseIdleUpstreams func()
 	// MemoryInUse reports the memory the edge's work holds, in bytes. Nil:
 	// the live heap and the goroutine stacks, from the Go runtime.
 	MemoryInUse func() int64
@@ -72,13 +80,15 @@ type Options struct {
 type Controller struct {
 	limits  Limits
 	proxies []netip.Prefix
+	trusted []netip.Prefix
 	log     zerolog.Logger
 	now     func() time.Time
 	memUse  func() int64
 	m       *metrics
 
-	clientConns   atomic.Int64
+	clientConns   atomic.Int64 // TCP, each a descriptor
 	upstreamConns atomic.Int64
+	quicConns     atomic.Int64 // HTTP/3: memory, no descriptor
 	draining      atomic.Int64 // connections sent a GOAWAY, closing soon
 	shedIdle      atomic.Int64 // idle connections shed, ever
 
@@ -95,6 +105,11 @@ type Controller struct {
 
 	memHigh atomic.Bool
 	wake    chan struct{}
+
+	// shedMu serialises shedding; closeIdleUpstreams is
+	// Options.CloseIdleUpstreams.
+	shedMu             sync.Mutex
+	closeIdleUpstreams func()
 
 	// episode is the monitor's; Snapshot reads it under episodeMu.
 	episodeMu sync.Mutex
@@ -123,10 +138,13 @@ func New(opts Options) (*Controller, error) {
 	c := &Controller{
 		limits:  opts.Limits,
 		proxies: opts.Proxies,
+		trusted: opts.TrustedProxies,
 		log:     opts.Log,
 		now:     opts.Now,
 		memUse:  opts.MemoryInUse,
 		wake:    make(chan struct{}, 1),
+
+		closeIdleUpstreams: opts.CloseIdleUpstreams,
 	}
 	if c.now == nil {
 		c.now = time.Now
@@ -190,7 +208,7 @@ func (c *Controller) awaitRoom(done <-chan struct{}) error {
 		// Make room at once where an idle connection can give it: a
 		// listener that waits lets its backlog fill, and a visitor's
 		// connection waits behind every one queued there.
-		if c.shedOldest(c.now(), minIdleAge) && c.inUse() < max {
+		if c.makeRoom() {
 			break
 		}
 		c.roomMu.Lock()
@@ -224,6 +242,22 @@ func (c *Controller) awaitRoom(done <-chan struct{}) error {
 		c.paused.Store(false)
 	}
 	return nil
+}
+
+// makeRoom reports whether a descriptor is free, closing the oldest idle
+// client connection (or, with none, the idle upstream ones) to free one if
+// the budget is spent.
+func (c *Controller) makeRoom() bool {
+	max := int64(c.limits.MaxConns)
+	c.shedMu.Lock()
+	defer c.shedMu.Unlock()
+	if c.inUse() < max {
+		return true
+	}
+	if !c.shedOldest(c.now(), minIdleAge) && c.closeIdleUpstreams != nil {
+		c.closeIdleUpstreams()
+	}
+	return c.inUse() < max
 }
 
 // Run samples memory and sheds under pressure until ctx ends.
@@ -304,6 +338,14 @@ func (c *Controller) step() {
 	pressed := func() bool {
 		return float64(c.inUse()-c.draining.Load()) >= lowWater*max || c.memHigh.Load() || c.paused.Load()
 	}
+	// One shedder at a time (Accept and Admit make room too), or two
+	// would close a connection more than needed.
+	c.shedMu.Lock()
+	if pressed() && c.closeIdleUpstreams != nil {
+		// Idle upstream connections cost the least to give up: the next
+		// request dials again, and no client notices.
+		c.closeIdleUpstreams()
+	}
 	for float64(c.inUse()-c.draining.Load()) >= lowWater*max {
 		if !c.shedOldest(now, minIdleAge) {
 			break
@@ -314,6 +356,7 @@ func (c *Controller) step() {
 	// start would be past it.
 	for pressed() && c.shedOldest(now, pressureIdleTimeout) {
 	}
+	c.shedMu.Unlock()
 	used = c.inUse()
 	ep.peak = max64(ep.peak, used)
 	switch {
@@ -347,6 +390,7 @@ type Status struct {
 	AcceptPaused      bool      `json:"accept_paused"`
 	MemoryHigh        bool      `json:"memory_high"`
 	ClientConns       int64     `json:"client_conns"`
+	HTTP3Conns        int64     `json:"http3_conns"`
 	UpstreamConns     int64     `json:"upstream_conns"`
 	IdleConns         int       `json:"idle_conns"`
 	MaxConns          int       `json:"max_conns"`
@@ -379,7 +423,7 @@ func (c *Controller) Snapshot() Status {
 	return Status{
 		Pressure: ep.active, PressureReason: ep.reason, PressureSince: ep.started,
 		AcceptPaused: c.paused.Load(), MemoryHigh: c.memHigh.Load(),
-		ClientConns: c.clientConns.Load(), UpstreamConns: c.upstreamConns.Load(), IdleConns: c.idle.len(),
+		ClientConns: c.clientConns.Load(), HTTP3Conns: c.quicConns.Load(), UpstreamConns: c.upstreamConns.Load(), IdleConns: c.idle.len(),
 		MaxConns: c.limits.MaxConns, ConnsPerClient: c.limits.ConnsPerClient, RequestsPerClient: c.limits.RequestsPerClient,
 		AppShare: c.limits.AppShare, ClientRate: c.limits.ClientRate, MemoryLimit: c.limits.MemoryLimit,
 		Clients: c.clients.len(), Apps: c.apps.loads(),

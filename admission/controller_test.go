@@ -109,7 +109,9 @@ func quicServer(t *testing.T, c *Controller, cert tls.Certificate) (string, <-ch
 	// A transport of its own, closed at the end, closes every connection
 	// the server still holds.
 	tr := &quic.Transport{Conn: pc}
-	ql, err := tr.ListenEarly(&tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h3"}}, nil)
+	// Not early: the edge takes connections once their handshake is
+	// complete (QUICListener's contract).
+	ql, err := tr.Listen(&tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h3"}}, nil)
 	if err != nil {
 		pc.Close()
 		t.Fatal(err)
@@ -198,7 +200,7 @@ func refusedExcessiveLoad(conn *quic.Conn, err error) error {
 	return fmt.Errorf("closed with %v, want the server's H3_EXCESSIVE_LOAD", err)
 }
 
-func TestAQUICConnectionIsCountedLikeATCPOne(t *testing.T) {
+func TestAQUICConnectionIsCountedAgainstTheBudgetAndItsAddressShare(t *testing.T) {
 	t.Parallel()
 	cert, roots := selfSigned(t)
 	l := testLimits(2)
@@ -208,8 +210,8 @@ func TestAQUICConnectionIsCountedLikeATCPOne(t *testing.T) {
 
 	first := dialQUIC(t, "127.0.0.1", addr, roots)
 	receiveQUIC(t, conns, "the first connection")
-	if s := c.Snapshot(); s.ClientConns != 1 || s.Clients != 1 {
-		t.Errorf("Snapshot = %d connections of %d addresses, want 1 of 1", s.ClientConns, s.Clients)
+	if s := c.Snapshot(); s.HTTP3Conns != 1 || s.ClientConns != 0 || s.Clients != 1 {
+		t.Errorf("Snapshot = %d HTTP/3 and %d TCP connections of %d addresses, want 1, 0 of 1", s.HTTP3Conns, s.ClientConns, s.Clients)
 	}
 	t.Run("past its client address's share it is closed with H3_EXCESSIVE_LOAD", func(t *testing.T) {
 		if err := refusedExcessiveLoad(tryDialQUIC(t, "127.0.0.1", addr, roots)); err != nil {
@@ -227,10 +229,17 @@ func TestAQUICConnectionIsCountedLikeATCPOne(t *testing.T) {
 			t.Error(err)
 		}
 	})
+	t.Run("HTTP/3 connections holding the budget do not keep TCP out", func(t *testing.T) {
+		ln := c.Listener(listen(t))
+		conns := acceptLoop(t, ln)
+		client := dialFrom(t, "127.0.0.4", ln.Addr().String())
+		accepted(t, conns, "a TCP connection while HTTP/3 holds the whole budget").Close()
+		client.Close()
+	})
 	first.CloseWithError(0, "")
 	testsupport.WaitFor(t, 10*time.Second, "the closed connection to be given back", func() bool {
 		s := c.Snapshot()
-		return s.ClientConns == 1 && s.Clients == 1
+		return s.HTTP3Conns == 1 && s.Clients == 1
 	})
 	dialQUIC(t, "127.0.0.1", addr, roots)
 	receiveQUIC(t, conns, "a connection of the first address once its first closed")
@@ -294,7 +303,7 @@ func TestAdmitAndReleaseAllocateNothingForAKnownClientAndApplication(t *testing.
 	if raceEnabled {
 		t.Skip("the race detector's bookkeeping allocates")
 	}
-	c := newController(t, Options{Limits: testLimits(1000), Proxies: testProxies})
+	c := newController(t, Options{Limits: testLimits(1000), Proxies: testProxies, TrustedProxies: testProxies})
 	for _, r := range []*http.Request{request("192.0.2.1:1234"), request("10.0.0.1:80", "198.51.100.1, 10.0.0.2")} {
 		held, why := c.Admit(r, "app")
 		if why != Admitted {
@@ -308,5 +317,38 @@ func TestAdmitAndReleaseAllocateNothingForAKnownClientAndApplication(t *testing.
 		if allocs != 0 {
 			t.Errorf("Admit and Release from %s allocate %v times, want 0", r.RemoteAddr, allocs)
 		}
+	}
+}
+
+func TestPastTheBudgetARequestIsRefusedOnlyBeyondTheOverdraft(t *testing.T) {
+	t.Parallel()
+	l := testLimits(4)
+	l.Overdraft = 2
+	l.AppShare = 1
+	c := newController(t, Options{Limits: l})
+	// upstream counts a connection to an upstream until the test ends.
+	upstream := func() {
+		a, b := net.Pipe()
+		tracked := c.TrackUpstream(a)
+		t.Cleanup(func() { tracked.Close(); b.Close() })
+	}
+	// Four upstream connections spend the budget, and no client
+	// connection is idle to give one back.
+	for range 4 {
+		upstream()
+	}
+	for i := range 2 {
+		k, why := c.Admit(request(fmt.Sprintf("192.0.2.%d:1", i+1)), "app")
+		if why != Admitted {
+			t.Fatalf("request %d within the overdraft = %v, want admitted", i, why)
+		}
+		t.Cleanup(k.Release)
+		upstream() // its upstream leg
+	}
+	if _, why := c.Admit(request("192.0.2.9:1"), "app"); why != RefusedBudget {
+		t.Errorf("a request past the budget and the overdraft = %v, want %v", why, RefusedBudget)
+	}
+	if v := c.shed(t, "budget"); v != 1 {
+		t.Errorf("scafo_edge_shed_total{reason=budget} = %v, want 1", v)
 	}
 }

@@ -20,7 +20,7 @@ const (
 )
 
 // ShedReasons lists every reason of scafo_edge_shed_total.
-var ShedReasons = []string{shedIdle, refusedClientConns, RefusedMemory.String(), RefusedClientRequests.String(),
+var ShedReasons = []string{shedIdle, refusedClientConns, RefusedMemory.String(), RefusedBudget.String(), RefusedClientRequests.String(),
 	RefusedClientRate.String(), RefusedAppQueueFull.String(), RefusedAppQueueTimeout.String()}
 
 type metrics struct {
@@ -71,10 +71,11 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 	gauge := func(name, help string, labels prometheus.Labels, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f)
 	}
-	connsHelp := "Connections held now that count against the budget, by kind (client: accepted, HTTP/3 included; upstream: dialed)."
+	connsHelp := "Connections held now that count against the budget, by kind (client: accepted over TCP; http3: QUIC, which take what TCP leaves; upstream: dialed)."
 	err := promreg.Register(reg, m.shed, m.acceptPauses, m.pressure, m.episodes, m.appInFlight, m.appQueued,
 		gauge("scafo_edge_conns", connsHelp, prometheus.Labels{"kind": "client"}, func() float64 { return float64(c.clientConns.Load()) }),
 		gauge("scafo_edge_conns", connsHelp, prometheus.Labels{"kind": "upstream"}, func() float64 { return float64(c.upstreamConns.Load()) }),
+		gauge("scafo_edge_conns", connsHelp, prometheus.Labels{"kind": "http3"}, func() float64 { return float64(c.quicConns.Load()) }),
 		gauge("scafo_edge_conns_limit", "The connection budget: client and upstream connections the edge holds at most (--max-conns).", nil,
 			func() float64 { return float64(c.limits.MaxConns) }),
 		gauge("scafo_edge_idle_conns", "Client connections idle now, the first to be closed under pressure.", nil,

@@ -11,11 +11,16 @@ import (
 // is refused for the load it causes.
 const h3ExcessiveLoad quic.ApplicationErrorCode = 0x0107
 
-// QUICListener returns l counted against the budget like Listener's TCP
-// connections: a QUIC connection holds no descriptor but holds memory like
-// one. At the budget, or past its client address's share, a new connection
-// is closed with H3_EXCESSIVE_LOAD at once: QUIC has no backlog to leave it
-// in, and its client falls back to TCP, where the listener waits.
+// QUICListener returns l counted against the budget: a QUIC connection
+// holds no descriptor but memory like one, so it may take what TCP
+// connections leave of the budget (never the other way round: HTTP/3 clients
+// fall back to TCP, TCP clients have nowhere to go). At the budget, or past
+// its client address's share, which it shares with TCP, a new connection is
+// closed with H3_EXCESSIVE_LOAD at once: QUIC has no backlog to leave it in.
+//
+// l must hand over connections whose handshake is complete (quic.Listener,
+// not an early one): the handshake proves the client's address, which a
+// spoofed Initial packet does not.
 func (c *Controller) QUICListener(l http3.QUICListener) http3.QUICListener {
 	if c == nil {
 		return l
@@ -34,9 +39,10 @@ func (l *quicListener) Accept(ctx context.Context) (*quic.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.c.inUse() >= int64(l.c.limits.MaxConns) {
+		if l.c.inUse()+l.c.quicConns.Load() >= int64(l.c.limits.MaxConns) {
 			conn.CloseWithError(h3ExcessiveLoad, "")
-			l.c.poke()
+			l.c.m.refused(RefusedBudget.String())
+			l.c.logRefusal(RefusedBudget.String())
 			continue
 		}
 		var client *clientEntry
@@ -48,10 +54,9 @@ func (l *quicListener) Accept(ctx context.Context) (*quic.Conn, error) {
 				continue
 			}
 		}
-		l.c.clientConns.Add(1)
-		l.c.opened()
+		l.c.quicConns.Add(1)
 		context.AfterFunc(conn.Context(), func() {
-			l.c.clientConns.Add(-1)
+			l.c.quicConns.Add(-1)
 			if client != nil {
 				l.c.clients.releaseConn(client)
 			}

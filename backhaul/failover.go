@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strings"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/scafo/scafo-edge/backhaul/internal/h1"
 	"github.com/scafo/scafo-edge/node"
@@ -186,6 +187,11 @@ func (p *Proxy) failed(r *http.Request, body *requestBody, u node.Upstream, s *h
 	case body != nil && body.clientFailed.Load():
 		// The client's upload broke off: its fault, not the upstream's.
 		return false, clientGone(err)
+	case isConnectError(err) && outOfDescriptors(err):
+		// The edge ran out, not the upstream: ejecting it would turn
+		// the edge's own shortage into an outage of every application
+		// behind it.
+		return true, err
 	case isConnectError(err):
 		p.connectFailed(u, s, err)
 		return true, err
@@ -197,6 +203,12 @@ func (p *Proxy) failed(r *http.Request, body *requestBody, u node.Upstream, s *h
 		return false, fmt.Errorf("%w: %s: %w", ErrUpstreamTimeout, u.Address, err)
 	}
 	return false, fmt.Errorf("%w: %w: %s: %w", ErrNoUpstream, ErrUpstreamFailed, u.Address, err)
+}
+
+// outOfDescriptors reports whether a dial failed because this process or the
+// system has no descriptor left.
+func outOfDescriptors(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
 // connectFailed ejects u and logs the first failure of an episode.

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -415,4 +417,27 @@ func sortedByAddress(ups ...node.Upstream) []string {
 		names = append(names, u.Node)
 	}
 	return names
+}
+
+func TestADialThatFindsTheEdgeOutOfDescriptorsEjectsNoUpstream(t *testing.T) {
+	p, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := node.Upstream{Node: "n", Address: "127.0.0.1:1"}
+	r := httptest.NewRequest("GET", "http://a.example/", nil)
+	for _, tc := range []struct {
+		errno syscall.Errno
+		eject bool
+	}{{syscall.EMFILE, false}, {syscall.ENFILE, false}, {syscall.ECONNREFUSED, true}} {
+		s := p.health.state(u, p.now())
+		dial := &connectError{addr: u.Address, err: &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", tc.errno)}}
+		connectFailed, _ := p.failed(r, nil, u, s, dial)
+		if !connectFailed {
+			t.Errorf("%v: not a connect failure: the next upstream would not be tried", tc.errno)
+		}
+		if got := s.ejected(p.now()); got != tc.eject {
+			t.Errorf("%v: ejected = %v, want %v", tc.errno, got, tc.eject)
+		}
+	}
 }

@@ -85,6 +85,7 @@ var retryAfter = map[Reason]string{
 // refusalReasons maps an admission refusal to the edge's answer.
 var refusalReasons = [...]Reason{
 	admission.RefusedMemory:          ReasonOverloaded,
+	admission.RefusedBudget:          ReasonOverloaded,
 	admission.RefusedClientRequests:  ReasonClientBusy,
 	admission.RefusedClientRate:      ReasonClientRate,
 	admission.RefusedAppQueueFull:    ReasonAppBusy,
@@ -250,7 +251,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		h.canceled(r, rec)
 		return
 	}
-	ticket, refusal := h.Admission.Admit(r, res.Route.Application)
+	ticket, refusal := h.Admission.Admit(r, shareKey(res.Route))
 	switch refusal {
 	case admission.Admitted:
 	case admission.RefusedCanceled:
@@ -277,6 +278,16 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		// stopped reading, not a request it never wanted.
 		rec.Reason, rec.Status = ReasonCanceled, 499
 	}
+}
+
+// shareKey names the application whose share a request of route spends:
+// the document's application, the API apex's own, or for a route that names
+// none, its host, so that such routes do not share one unnamed share.
+func shareKey(route *Route) string {
+	if k := applicationLabel(route); k != "" {
+		return k
+	}
+	return route.Host
 }
 
 // canceled records a request its client cancelled before any response was

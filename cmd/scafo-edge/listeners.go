@@ -63,8 +63,8 @@ type http3Listener struct {
 
 	mu     sync.Mutex
 	closed bool
-	tr     *quic.Transport     // set by serve
-	ln     *quic.EarlyListener // set by serve
+	tr     *quic.Transport // set by serve
+	ln     *quic.Listener  // set by serve
 }
 
 // newHTTP3 binds the UDP side of httpsAddr, or takes inherited (the socket
@@ -103,7 +103,12 @@ func (h *http3Listener) serve() error {
 		return nil
 	}
 	h.tr = &quic.Transport{Conn: h.conn, StatelessResetKey: h.resetKey}
-	ln, err := h.tr.ListenEarly(h.tlsConf, &quic.Config{Allow0RTT: true})
+	// Connections are handed over once their handshake is complete, not
+	// early: admission counts a connection against its address's share
+	// only when the handshake has proven the address (a spoofed Initial
+	// would otherwise hold a share, or the budget, for the idle timeout),
+	// and 0-RTT requests, which an attacker can replay, are not taken.
+	ln, err := h.tr.Listen(h.tlsConf, &quic.Config{})
 	h.ln = ln
 	h.mu.Unlock()
 	if err != nil {

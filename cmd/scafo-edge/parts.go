@@ -93,7 +93,10 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 		return nil, err
 	}
 
-	if p.admission, err = newAdmission(s, p.reg, log); err != nil {
+	// The proxy is built with the controller's connection counting, so
+	// the controller reaches its idle pool through p.
+	closeIdleUpstreams := func() { p.proxy.Close() }
+	if p.admission, err = newAdmission(s, p.reg, closeIdleUpstreams, log); err != nil {
 		return nil, err
 	}
 	if p.proxy, err = backhaul.New(backhaul.Options{
@@ -133,7 +136,7 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 
 // newAdmission derives the connection budget from the process's limits and
 // the overload flags, and says what it came to.
-func newAdmission(s settings, reg prometheus.Registerer, log zerolog.Logger) (*admission.Controller, error) {
+func newAdmission(s settings, reg prometheus.Registerer, closeIdleUpstreams func(), log zerolog.Logger) (*admission.Controller, error) {
 	alog := log.With().Str("component", "admission").Logger()
 	l, f, err := admission.Derive(s.limits, getenv, "/sys/fs/cgroup")
 	if err != nil {
@@ -156,10 +159,13 @@ func newAdmission(s settings, reg prometheus.Registerer, log zerolog.Logger) (*a
 	}
 	ev.Msg("connection budget: descriptor soft limit raised to the hard limit; the reserve is kept for the edge's own work")
 	return admission.New(admission.Options{
-		Limits:     l,
-		Proxies:    append(slices.Clone(s.trusted), s.proxyFrom...),
-		Log:        alog,
-		Registerer: reg,
+		Limits:         l,
+		Proxies:        append(slices.Clone(s.trusted), s.proxyFrom...),
+		TrustedProxies: s.trusted,
+		Log:            alog,
+		Registerer:     reg,
+
+		CloseIdleUpstreams: closeIdleUpstreams,
 	})
 }
 
