@@ -1,0 +1,75 @@
+package admission
+
+import (
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+// FuzzClientOfRequest holds the client key a request is counted by to what
+// its peer and X-Forwarded-For allow: a request straight from a client is
+// counted by its own address; one from a trusted proxy by an address the
+// header names that is not a trusted proxy's, or not at all. Whatever the
+// header says, the key is never a trusted proxy's and never a forged
+// address left of one the proxy vouches for... nor does parsing panic.
+func FuzzClientOfRequest(f *testing.F) {
+	for _, seed := range []struct{ remote, xff string }{
+		{"203.0.113.7:4000", ""},
+		{"10.0.0.1:80", "198.51.100.1"},
+		{"10.0.0.1:80", "203.0.113.9, 198.51.100.1, 10.0.0.2"},
+		{"10.0.0.1:80", " 203.0.113.9 ,198.51.100.1 ,  10.0.0.2 "},
+		{"10.0.0.1:80", "::ffff:198.51.100.1"},
+		{"[fd00:1::1]:80", "2001:db8:5:6::1, fd00:1::2"},
+		{"10.0.0.1:80", "198.51.100.1:443"},
+		{"10.0.0.1:80", ",,,"},
+		{"10.0.0.1:80", "unknown, 10.0.0.9"},
+		{"@pipe", "198.51.100.1"},
+	} {
+		f.Add(seed.remote, seed.xff)
+	}
+	c := &Controller{proxies: testProxies, trusted: testProxies}
+	f.Fuzz(func(t *testing.T, remote, xff string) {
+		r := &http.Request{RemoteAddr: remote, Header: http.Header{}}
+		if xff != "" {
+			r.Header.Set("X-Forwarded-For", xff)
+		}
+		key, ok := c.clientOfRequest(r)
+		peer, err := netip.ParseAddrPort(remote)
+		if err != nil {
+			if ok {
+				t.Fatalf("peer %q is no address, yet counted as %v", remote, key)
+			}
+			return
+		}
+		if !ok {
+			return
+		}
+		if contains(testProxies, key) {
+			t.Fatalf("counted as a trusted proxy's address %v (peer %q, header %q)", key, remote, xff)
+		}
+		ip := peer.Addr().Unmap()
+		if !contains(testProxies, ip) {
+			if key != clientKey(ip) {
+				t.Fatalf("a direct client %v counted as %v", ip, key)
+			}
+			return
+		}
+		// From a trusted proxy: the key is the rightmost address of the
+		// header that is not a trusted proxy's.
+		parts := strings.Split(xff, ",")
+		for i := len(parts) - 1; i >= 0; i-- {
+			a, err := netip.ParseAddr(strings.TrimSpace(parts[i]))
+			if err != nil {
+				t.Fatalf("counted as %v though %q, right of any client, is no address", key, parts[i])
+			}
+			if a = a.Unmap(); !contains(testProxies, a) {
+				if key != clientKey(a) {
+					t.Fatalf("counted as %v, want the rightmost untrusted %v (header %q)", key, a, xff)
+				}
+				return
+			}
+		}
+		t.Fatalf("counted as %v though the header %q names only trusted proxies", key, xff)
+	})
+}
