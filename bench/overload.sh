@@ -59,6 +59,10 @@ Usage: bench/overload.sh [flags]
 EOF
 }
 
+BENCH_NAME=overload.sh
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
 # ---------------------------------------------------------------- settings
 
 BASELINE=3s
@@ -83,9 +87,6 @@ NGINX_WORKER_CONNECTIONS=4096
 UPSTREAMS=4 # processes of the applications, sharing their ports
 KEEP=0
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench
-CADDY_VERSION=v2.11.9
-TRAEFIK_MODULE=github.com/traefik/traefik/v3
-TRAEFIK_VERSION=v3.7.9
 
 while (($#)); do
 	case $1 in
@@ -125,155 +126,12 @@ CTRL_BASE=$((PORT_BASE + 10))  # the application processes' /stats, /release
 FAST_HOST=fast.test
 SLOW_HOST=slow.test
 
-log() { printf '%s\n' "overload.sh: $*" >&2; }
-die() { log "$*"; exit 1; }
-
-has() { [[ ,$1, == *,$2,* ]]; }
-
 # ------------------------------------------------------- processes, cleanup
+# start, stop_tree, the cleanup on exit, installing and building: bench/lib.sh,
+# as bench/run.sh does them, into the same cache: a run of either reuses
+# what the other built.
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/scafo-overload.XXXXXX")
-chmod 755 "$WORK" # nginx workers may run as another user
-STARTED=()         # every pid this script started
-
-cleanup() {
-	local p
-	for p in "${STARTED[@]}"; do stop_tree "$p"; done
-	if ((KEEP)); then log "work directory kept: $WORK"; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# start LOG CMD... runs CMD in the background; its pid is in $PID.
-start() {
-	local logf=$1; shift
-	"$@" >"$logf" 2>&1 &
-	PID=$!
-	STARTED+=("$PID")
-}
-
-# proc_tree PID prints PID and all its descendants (bench/overload reads
-# /proc; before it is built, PID alone).
-proc_tree() {
-	if [[ -x ${OVERLOAD:-} ]]; then "$OVERLOAD" tree "$1"; else echo "$1"; fi
-}
-
-# stop_tree PID: SIGTERM, then SIGKILL for whatever of its tree is left
-# after 5 s. Only processes this script started, and their children.
-stop_tree() {
-	local pid=$1 pids i
-	kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
-	pids=$(proc_tree "$pid")
-	kill -TERM "$pid" 2>/dev/null || true
-	for ((i = 0; i < 50; i++)); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	for i in $pids; do kill -KILL "$i" 2>/dev/null || true; done
-	wait "$pid" 2>/dev/null || true
-}
-
-# ------------------------------------------------------------ installing
-# As bench/run.sh installs and builds them, into the same cache: a run of
-# either reuses what the other built.
-
-APT_UPDATED=0
-apt_install() {
-	((INSTALL)) || return 1
-	local sudo=()
-	if ((EUID != 0)); then
-		command -v sudo >/dev/null || { log "not root and no sudo: cannot install $*"; return 1; }
-		sudo=(sudo -n)
-	fi
-	log "installing from Debian: $*"
-	if ((!APT_UPDATED)); then
-		"${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600 update -qq >&2 || return 1
-		APT_UPDATED=1
-	fi
-	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 \
-		install -y -qq --no-install-recommends "$@" >&2
-}
-
-# find_bin NAME: the path of NAME, also looking in sbin.
-find_bin() {
-	command -v "$1" 2>/dev/null && return 0
-	local d
-	for d in /usr/sbin /sbin /usr/local/sbin; do
-		[[ -x $d/$1 ]] && { echo "$d/$1"; return 0; }
-	done
-	return 1
-}
-
-# need NAME [PACKAGE]: the path of a Debian-packaged tool, installed if missing.
-need() {
-	local p
-	p=$(find_bin "$1") && { echo "$p"; return 0; }
-	apt_install "${2:-$1}" || return 1
-	find_bin "$1"
-}
-
-# cached_build NAME BINARY DIR SPEC STEP: DIR/bin/BINARY, built once by
-# STEP DIR SPEC; a failed build is remembered in DIR/failed.log and not
-# tried again unless --retry-builds.
-cached_build() {
-	local name=$1 bin=$2 dir=$3 spec=$4 step=$5
-	if [[ -x $dir/bin/$bin ]]; then echo "$dir/bin/$bin"; return 0; fi
-	if [[ -f $dir/failed.log ]] && ((!RETRY_BUILDS)); then
-		log "$name: skipped: building $spec failed earlier (see $dir/failed.log; --retry-builds to try again):"
-		grep -v '^go: downloading' "$dir/failed.log" | tail -5 | sed 's/^/    /' >&2
-		return 1
-	fi
-	((INSTALL)) || { log "$name: not built and --no-install given"; return 1; }
-	mkdir -p "$dir"
-	log "$name: building $spec into $dir (first run only; several minutes)"
-	if ("$step" "$dir" "$spec") >"$dir/build.log" 2>&1; then
-		rm -f "$dir/failed.log"
-		echo "$dir/bin/$bin"
-		return 0
-	fi
-	mv "$dir/build.log" "$dir/failed.log"
-	log "$name: skipped: building $spec failed:"
-	grep -v '^go: downloading' "$dir/failed.log" | tail -5 | sed 's/^/    /' >&2
-	return 1
-}
-
-go_install() {
-	cached_build "$1" "$2" "$CACHE/$1" "$3" go_install_step
-}
-
-go_install_step() {
-	cd "$1" && GOBIN=$1/bin GOFLAGS='' go install "$2"
-}
-
-go_mod_version() {
-	go version -m "$1" 2>/dev/null | awk '$1 == "mod" && !v { v = $3 } END { print v }'
-}
-
-# traefik_build: as bench/run.sh does it (see there, and bench/README.md):
-# go build inside the downloaded module, with the nested ext module its
-# go.mod replaces written in.
-traefik_build() {
-	cached_build traefik traefik "$CACHE/traefik-$TRAEFIK_VERSION" "$TRAEFIK_MODULE@$TRAEFIK_VERSION" traefik_build_step
-}
-
-traefik_build_step() {
-	local dir=$1 spec=$2 src=$WORK/traefik-src
-	trap 'rm -rf "$src"' EXIT
-	cd "$dir" || exit
-	mod=$(GOFLAGS='' go mod download -json "$spec") || { printf '%s\n' "$mod"; exit 1; }
-	moddir=$(printf '%s\n' "$mod" | awk -F'"' '$2 == "Dir" { print $4 }')
-	[[ -d $moddir ]] || { printf '%s\n' "$mod"; exit 1; }
-	cp -r "$moddir" "$src" && chmod -R u+w "$src" || exit
-	mkdir -p "$src/pkg/config/dynamic/ext" || exit
-	printf 'module github.com/traefik/traefik/dynamic/ext\n\ngo 1.24\n' >"$src/pkg/config/dynamic/ext/go.mod" || exit
-	printf '%s\n' '// Package ext: the empty extension points of the dynamic configuration.' \
-		'package ext' '' 'type HTTP struct{}' '' 'type Router struct{}' >"$src/pkg/config/dynamic/ext/ext.go" || exit
-	cd "$src" && mkdir -p "$dir/bin" || exit
-	CGO_ENABLED=0 GOFLAGS='' go build -trimpath -o "$dir/bin/traefik.tmp" \
-		-ldflags "-X github.com/traefik/traefik/v3/pkg/version.Version=$TRAEFIK_VERSION" ./cmd/traefik || exit
-	mv "$dir/bin/traefik.tmp" "$dir/bin/traefik"
-}
+work_dir scafo-overload
 
 # ------------------------------------------------------------- the tools
 
@@ -285,6 +143,7 @@ mkdir -p "$CACHE"
 log "building bench/overload"
 (cd "$REPO" && go build -o "$WORK/overload" ./bench/overload) || die "build bench/overload failed"
 OVERLOAD=$WORK/overload
+PROC_TOOL=$OVERLOAD
 
 # Every process stays well below the descriptor limit: the load goes in
 # processes of at most PER_PROC connections.
@@ -294,70 +153,23 @@ PER_PROC=$((FD_LIMIT / 5))
 ((PER_PROC > 4000)) && PER_PROC=4000
 ((PER_PROC >= 100)) || die "ulimit -n is $FD_LIMIT: too few descriptors for the load processes"
 
-# scafo-edge: the working tree, or --edge-rev, or --edge-bin; a working
-# tree mid-edit gives way to the newest of HEAD … HEAD~5 that builds.
+# scafo-edge: the working tree, or --edge-rev, or --edge-bin (edge_build,
+# bench/lib.sh); a working tree mid-edit gives way to the newest of HEAD …
+# HEAD~5 that builds.
 EDGE_PKG=./cmd/scafo-edge EDGE_OUT=$CACHE/scafo-edge-overload
-SRC=$REPO
 EDGE_BIN='' EDGE_NOTE='' EDGE_VERSION=''
 
-export_rev() {
-	local dir=${2:-$WORK/src}
-	rm -rf "$dir" && mkdir -p "$dir"
-	(cd "$REPO" && git archive "$1") | tar -x -C "$dir" || return 1
-	rm -rf "$dir/bench" && cp -r "$REPO/bench" "$dir/bench"
-	SRC=$dir
-}
-build_edge() { (cd "$SRC" && go build -o "$EDGE_OUT" "$EDGE_PKG") 2>"$WORK/edge-build.log"; }
-
 if has "$PROXIES" scafo-edge; then
-	if [[ -n $EDGE_BIN_FLAG ]]; then
-		[[ -z $EDGE_REV ]] || die "--edge-bin and --edge-rev exclude each other"
-		[[ -x $EDGE_BIN_FLAG ]] || die "--edge-bin $EDGE_BIN_FLAG: not an executable file"
-		EDGE_VERSION="--edge-bin $EDGE_BIN_FLAG"
-		EDGE_BIN=$EDGE_BIN_FLAG
-	else
-		if [[ -n $EDGE_REV ]]; then
-			export_rev "$EDGE_REV" || die "--edge-rev $EDGE_REV: git archive failed"
-			EDGE_VERSION=$(cd "$REPO" && git rev-parse --short "$EDGE_REV")
-		else
-			EDGE_VERSION="$(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$REPO" && git diff --quiet HEAD -- . 2>/dev/null || echo '+dirty')"
-		fi
-		if log "building $EDGE_PKG from ${EDGE_REV:+commit $EDGE_REV of }$REPO" && build_edge; then
-			EDGE_BIN=$EDGE_OUT
-		elif [[ -z $EDGE_REV ]] && (cd "$REPO" && git rev-parse -q --verify HEAD >/dev/null 2>&1); then
-			log "$EDGE_PKG: the working tree does not build:"
-			grep -v '^#' "$WORK/edge-build.log" | head -2 | sed 's/^/    /' >&2
-			for rev in HEAD HEAD~1 HEAD~2 HEAD~3 HEAD~4 HEAD~5; do
-				(cd "$REPO" && git rev-parse -q --verify "$rev" >/dev/null 2>&1) || break
-				log "$EDGE_PKG: building $rev ($(cd "$REPO" && git rev-parse --short "$rev")) instead"
-				if export_rev "$rev" && build_edge; then
-					EDGE_BIN=$EDGE_OUT
-					EDGE_VERSION="$(cd "$REPO" && git rev-parse --short "$rev") ($rev; the working tree did not build)"
-					break
-				fi
-				grep -v '^#' "$WORK/edge-build.log" | head -1 | sed 's/^/    /' >&2
-			done
-		fi
-		if [[ -z $EDGE_BIN ]]; then
-			EDGE_NOTE="build failed: $(grep -v '^#' "$WORK/edge-build.log" | head -1)"
-			log "$EDGE_PKG: $EDGE_NOTE"
-		fi
-	fi
+	edge_build
 	[[ -n $EDGE_ARGS ]] && EDGE_VERSION+=" with $EDGE_ARGS"
 fi
 read -r -a EDGE_ARGV <<<"$EDGE_ARGS"
 
-for p in "$FAST_PORT" "$SLOW_PORT" "$PX_PORT" "$PX_TLS_PORT" "$ADMIN_PORT" $(seq "$CTRL_BASE" $((CTRL_BASE + UPSTREAMS - 1))); do
-	if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-		die "port $p is in use on 127.0.0.1; pick other ports with --port-base"
-	fi
-done
+check_ports "$FAST_PORT" "$SLOW_PORT" "$PX_PORT" "$PX_TLS_PORT" "$ADMIN_PORT" $(seq "$CTRL_BASE" $((CTRL_BASE + UPSTREAMS - 1)))
 
 # One self-signed ECDSA P-256 certificate for both hosts (h2 rows; Caddy,
 # Traefik); scafo-edge runs --tls internal and issues its own.
-"$OPENSSL" req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-	-subj "/CN=$FAST_HOST" -addext "subjectAltName=DNS:$FAST_HOST,DNS:$SLOW_HOST,IP:127.0.0.1" \
-	-keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null || die "openssl could not make a certificate"
+make_cert "$FAST_HOST" "DNS:$FAST_HOST,DNS:$SLOW_HOST,IP:127.0.0.1"
 
 # ---------------------------------------------------------------- configs
 # Each proxy as bench/run.sh configures it, with two hosts, fast.test and
@@ -501,46 +313,26 @@ declare -A SKIP=() # proxy -> why it is not run
 declare -A VERSION=()
 VERSION[go]=$(go env GOVERSION)
 
-if has "$PROXIES" scafo-edge; then
-	if [[ -n $EDGE_BIN ]]; then
-		VERSION[scafo-edge]=$EDGE_VERSION
-		write_edge_routes
-	else
-		SKIP[scafo-edge]=$EDGE_NOTE
-	fi
+# proxy_bin (bench/lib.sh): the binary and VERSION, or SKIP and why.
+if has "$PROXIES" scafo-edge && proxy_bin scafo-edge; then
+	write_edge_routes
 fi
-if has "$PROXIES" caddy; then
-	if CADDY_BIN=$(go_install "caddy-$CADDY_VERSION" caddy "github.com/caddyserver/caddy/v2/cmd/caddy@$CADDY_VERSION"); then
-		VERSION[caddy]=$(go_mod_version "$CADDY_BIN")
-		write_caddy_config
-	else
-		SKIP[caddy]="Caddy $CADDY_VERSION did not build from the Go module proxy"
-	fi
+if has "$PROXIES" caddy && proxy_bin caddy; then
+	write_caddy_config
 fi
-if has "$PROXIES" traefik; then
-	if TRAEFIK_BIN=$(traefik_build); then
-		VERSION[traefik]=$TRAEFIK_VERSION
-		write_traefik_config
-	else
-		SKIP[traefik]="Traefik $TRAEFIK_VERSION did not build; see $CACHE/traefik-$TRAEFIK_VERSION/failed.log"
-	fi
+if has "$PROXIES" traefik && proxy_bin traefik; then
+	write_traefik_config
 fi
-if has "$PROXIES" nginx; then
-	if NGINX_BIN=$(need nginx); then
-		VERSION[nginx]="$("$NGINX_BIN" -v 2>&1 | sed 's/.*nginx\///') (worker_connections $NGINX_WORKER_CONNECTIONS)"
-		write_nginx_config
-	else
-		SKIP[nginx]="nginx is not installed and could not be"
-	fi
+if has "$PROXIES" nginx && proxy_bin nginx; then
+	VERSION[nginx]+=" (worker_connections $NGINX_WORKER_CONNECTIONS)"
+	write_nginx_config
 fi
 if has "$PROXIES" haproxy || has "$PROXIES" haproxy-queue; then
-	if HAPROXY_BIN=$(need haproxy); then
-		VERSION[haproxy]=$("$HAPROXY_BIN" -v 2>&1 | awk 'NR==1 {print $3}')
+	if proxy_bin haproxy; then
 		VERSION[haproxy-queue]="${VERSION[haproxy]} (server maxconn $HAPROXY_SERVER_MAXCONN, timeout queue $HAPROXY_QUEUE_TIMEOUT)"
 		write_haproxy_config
 		write_haproxy_config queue
 	else
-		SKIP[haproxy]="HAProxy is not installed and could not be"
 		SKIP[haproxy-queue]=${SKIP[haproxy]}
 	fi
 fi
