@@ -70,13 +70,17 @@ func (t *clientTable) shard(key netip.Addr) *clientShard {
 	return &t.shards[h%clientShards]
 }
 
-// entry returns key's entry, creating it unless the table is full; s.mu is
-// held.
+// entry returns key's entry, creating it; s.mu is held. A full table makes
+// room by forgetting an address that holds nothing (its bucket, if any,
+// starts full again): addresses that hold connections or requests are at
+// most the budget's worth, far under maxEntries, so an attacker spraying
+// addresses cannot fill the table and have new addresses go uncounted. Nil
+// only if every entry holds something.
 func (t *clientTable) entry(s *clientShard, key netip.Addr) *clientEntry {
 	if e := s.m[key]; e != nil {
 		return e
 	}
-	if t.entries.Load() >= t.maxEntries {
+	if t.entries.Load() >= t.maxEntries && !t.evictOne(s) {
 		return nil
 	}
 	e := &clientEntry{key: key}
@@ -86,6 +90,38 @@ func (t *clientTable) entry(s *clientShard, key netip.Addr) *clientEntry {
 	s.m[key] = e
 	t.entries.Add(1)
 	return e
+}
+
+// evictOne forgets one address that holds nothing, from s (whose lock is
+// held) or, failing that, from another shard whose lock is free.
+func (t *clientTable) evictOne(s *clientShard) bool {
+	if evictUnused(s, t) {
+		return true
+	}
+	for i := range t.shards {
+		o := &t.shards[i]
+		if o == s || !o.mu.TryLock() {
+			continue
+		}
+		ok := evictUnused(o, t)
+		o.mu.Unlock()
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// evictUnused deletes an entry of s that holds nothing; s.mu is held.
+func evictUnused(s *clientShard, t *clientTable) bool {
+	for k, e := range s.m {
+		if e.conns == 0 && e.requests == 0 {
+			delete(s.m, k)
+			t.entries.Add(-1)
+			return true
+		}
+	}
+	return false
 }
 
 // dropIfUnused removes e once it holds nothing and its bucket is full;
@@ -150,12 +186,16 @@ func (t *clientTable) addRequest(key netip.Addr, now time.Time) (*clientEntry, R
 }
 
 // releaseRequest gives a request back. An entry left holding nothing stays
-// for sweep to drop: a client behind a proxy holds no connection entry, and
-// dropping it here would allocate it anew for its every request.
+// for sweep to drop while the table is at most half full: a client behind a
+// proxy holds no connection entry, and dropping it here would allocate it
+// anew for its every request.
 func (t *clientTable) releaseRequest(e *clientEntry) {
 	s := t.shard(e.key)
 	s.mu.Lock()
 	e.requests--
+	if t.entries.Load() > t.maxEntries/2 {
+		t.dropIfUnused(s, e, t.now())
+	}
 	s.mu.Unlock()
 }
 

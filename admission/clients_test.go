@@ -284,7 +284,7 @@ func TestTheClientTableForgetsAnAddressThatHoldsNothing(t *testing.T) {
 	})
 }
 
-func TestTheClientTableStaysBoundedAndAFullTableRefusesNobody(t *testing.T) {
+func TestTheClientTableStaysBoundedAndANewAddressIsStillCounted(t *testing.T) {
 	l := testLimits(40)
 	l.ClientRate, l.ClientBurst = 0.001, 1 // an address is kept for 1000s after a request
 	c := newController(t, Options{Limits: l})
@@ -300,14 +300,22 @@ func TestTheClientTableStaysBoundedAndAFullTableRefusesNobody(t *testing.T) {
 	if n := c.Snapshot().Clients; n != bound {
 		t.Errorf("Clients = %d after %d addresses, want the bound %d", n, bound+100, bound)
 	}
-	// An address the table holds is still held to its rate; one it had no
-	// room for is not counted, and not refused.
-	if _, why := c.Admit(request("[2001:db8:0::1]:1"), "app"); why != RefusedClientRate {
-		t.Errorf("second request of a counted address = %v, want %v", why, RefusedClientRate)
+	// A full table forgets an address that holds nothing to count a new
+	// one: spraying addresses does not turn the per-address limits off.
+	if _, why := c.Admit(request(fmt.Sprintf("[2001:db8:%x::1]:1", bound+99)), "app"); why != RefusedClientRate {
+		t.Errorf("second request of the newest address = %v, want %v", why, RefusedClientRate)
 	}
-	k, why := c.Admit(request(fmt.Sprintf("[2001:db8:%x::1]:1", bound+99)), "app")
-	if why != Admitted {
-		t.Errorf("second request of an address the full table has no room for = %v, want admitted", why)
+	held := make([]Ticket, 0, 20)
+	for range 20 {
+		k, why := c.Admit(request("[2001:db8:ffff::1]:1"), "other")
+		if why == Admitted {
+			held = append(held, k)
+		}
 	}
-	k.Release()
+	for _, k := range held {
+		k.Release()
+	}
+	if len(held) != 1 {
+		t.Errorf("a fresh address with the table full got %d requests admitted, want its burst of 1", len(held))
+	}
 }
