@@ -135,10 +135,22 @@ type trackedConn struct {
 	// waited on before it turns active (see goAway).
 	goAwayMu sync.Mutex
 	draining atomic.Bool // sent a GOAWAY, not closed yet
+	arriving atomic.Bool // received bytes since it was listed idle
 }
 
 // NetConn returns the connection underneath, as tls.Conn's does.
 func (t *trackedConn) NetConn() net.Conn { return t.Conn }
+
+// Read notes that bytes arrived: a connection listed as idle (or new) that
+// receives some has a TLS handshake or a request on its way, which its
+// server reports only once the request's headers are in.
+func (t *trackedConn) Read(p []byte) (int, error) {
+	n, err := t.Conn.Read(p)
+	if n > 0 && !t.arriving.Load() {
+		t.arriving.Store(true)
+	}
+	return n, err
+}
 
 func (t *trackedConn) Close() error {
 	err := t.Conn.Close()
@@ -350,6 +362,7 @@ func (l *idleList) push(t *trackedConn, outer net.Conn, st connState, now time.T
 		return false
 	}
 	t.outer, t.state, t.since = outer, st, now
+	t.arriving.Store(false)
 	if t.goingAway {
 		return true
 	}
@@ -416,17 +429,25 @@ func (l *idleList) unlink(t *trackedConn) {
 func (l *idleList) popOldest(now time.Time, age time.Duration) (t *trackedConn, outer net.Conn, h2 bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t = l.head
-	if t == nil || now.Sub(t.since) < age {
-		return nil, nil, false
+	for {
+		t = l.head
+		if t == nil || now.Sub(t.since) < age {
+			return nil, nil, false
+		}
+		l.unlink(t)
+		outer = t.outer
+		// Only a connection past its handshake can be asked its protocol
+		// without waiting on the handshake's lock.
+		if tc, ok := outer.(*tls.Conn); ok && t.state == stateIdle && tc.ConnectionState().NegotiatedProtocol == "h2" {
+			// A GOAWAY is graceful whatever arrives meanwhile (a PING,
+			// a stream its client opened first).
+			t.goingAway = true
+			return t, outer, true
+		}
+		if !t.arriving.Load() {
+			return t, outer, false
+		}
+		// A handshake or a request is on its way: not idle, and not
+		// listed again until its server says it is.
 	}
-	l.unlink(t)
-	outer = t.outer
-	// Only a connection past its handshake can be asked its protocol
-	// without waiting on the handshake's lock.
-	if tc, ok := outer.(*tls.Conn); ok && t.state == stateIdle && tc.ConnectionState().NegotiatedProtocol == "h2" {
-		t.goingAway = true
-		return t, outer, true
-	}
-	return t, outer, false
 }

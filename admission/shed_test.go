@@ -566,3 +566,44 @@ func TestAtTheBudgetAcceptClosesTheOldestIdleConnectionItself(t *testing.T) {
 		t.Errorf("Snapshot = %d connections, %d idle; want %d and %d", s.ClientConns, s.IdleConns, maxConns, maxConns-1)
 	}
 }
+
+func TestAConnectionWhoseRequestIsArrivingIsNotShed(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	c := newController(t, Options{Limits: testLimits(shedMaxConns), Now: clock.Now})
+	c.run(t)
+	ln := listen(t)
+	serve(t, c.Controller, ln, newGate(t).handler(), nil)
+	var conns []net.Conn
+	for i := range shedHigh {
+		conns = append(conns, dialFrom(t, "127.0.0.1", ln.Addr().String()))
+		c.waitIdle(t, i+1)
+		clock.Advance(time.Millisecond)
+	}
+	// The oldest has begun its request; the rest of its headers are slow
+	// to come. Its server still reports it new: only its bytes tell.
+	oldest := conns[0]
+	if _, err := io.WriteString(oldest, "GET / HTTP/1.1\r\nHost: app.example\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.WaitFor(t, 10*time.Second, "the edge to read the first bytes of the oldest's request", func() bool {
+		c.idle.mu.Lock()
+		defer c.idle.mu.Unlock()
+		return c.idle.head != nil && c.idle.head.arriving.Load()
+	})
+	c.waitPressure(t)
+	clock.Advance(time.Second)
+	testsupport.WaitFor(t, 10*time.Second, "silent connections to be shed", func() bool { return c.Snapshot().ClientConns < shedLow })
+	for i, conn := range conns[1 : shedHigh-shedLow+2] {
+		if err := closedByPeer(conn); err != nil {
+			t.Errorf("silent connection %d (of the oldest after the arriving one): %v", i+2, err)
+		}
+	}
+	if _, err := io.WriteString(oldest, "\r\n"); err != nil {
+		t.Fatalf("the rest of the arriving request: %v", err)
+	}
+	h := &h1Client{conn: oldest, br: bufio.NewReader(oldest)}
+	if _, err := h.read(); err != nil {
+		t.Errorf("the request that was arriving under pressure: %v, want it answered", err)
+	}
+}
