@@ -202,7 +202,7 @@ func refusedExcessiveLoad(conn *quic.Conn, err error) error {
 
 func TestAQUICConnectionIsCountedAgainstTheBudgetAndItsAddressShare(t *testing.T) {
 	t.Parallel()
-	cert, roots := selfSigned(t)
+	cert, roots := testsupport.SelfSigned(t)
 	l := testLimits(2)
 	l.ConnsPerClient = 1
 	c := newController(t, Options{Limits: l})

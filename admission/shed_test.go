@@ -256,7 +256,7 @@ func TestUnderPressureAnIdleHTTP2ConnectionIsToldToGoAwayAndNoRequestFails(t *te
 	c := newController(t, Options{Limits: testLimits(maxConns), Now: clock.Now})
 	c.run(t)
 	g := newGate(t)
-	cert, roots := selfSigned(t)
+	cert, roots := testsupport.SelfSigned(t)
 	ln := listen(t)
 	serve(t, c.Controller, ln, g.handler(), &cert)
 	url := "https://" + ln.Addr().String() + "/"
@@ -313,7 +313,7 @@ func TestUnderPressureOnlyAsManyHTTP2ConnectionsAsNeededAreToldToGoAway(t *testi
 	const maxConns = 10 // pressure at 9 connections, shedding to under 8
 	c := newController(t, Options{Limits: testLimits(maxConns), Now: clock.Now})
 	c.run(t)
-	cert, roots := selfSigned(t)
+	cert, roots := testsupport.SelfSigned(t)
 	ln := listen(t)
 	serve(t, c.Controller, ln, newGate(t).handler(), &cert)
 	url := "https://" + ln.Addr().String() + "/"

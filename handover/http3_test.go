@@ -2,15 +2,9 @@ package handover
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"sync"
@@ -25,41 +19,12 @@ import (
 	"github.com/scafo/scafo-edge/node"
 )
 
-// selfSigned returns a certificate for localhost and a pool trusting it.
-func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "localhost"},
-		DNSNames:     []string{"localhost"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
-}
-
 // TestHTTP3ClientsCarryOver replaces an HTTP/3 server by another on the
 // same UDP socket while clients keep sending requests: the old one drains
 // with GOAWAY and stops reading before the new one reads, and no request
 // fails (a new connection's Initial dropped in between is retransmitted).
 func TestHTTP3ClientsCarryOver(t *testing.T) {
-	cert, roots := selfSigned(t)
+	cert, roots := testsupport.SelfSigned(t)
 	tlsConf := &tls.Config{Certificates: []tls.Certificate{cert}}
 	dir := t.TempDir()
 	old, tk, h := handOver(t, dir)
