@@ -417,19 +417,28 @@ func TestPastTheMemoryHighWaterMarkNewRequestsAreRefusedUntilUnderTheLowOne(t *t
 	}
 }
 
-func TestAConnectionThatHasSentNothingIsShedLikeAnIdleOne(t *testing.T) {
-	t.Parallel()
+// silentConnections starts a running controller and a server, and opens
+// shedHigh connections that send nothing, one a millisecond of its clock
+// apart, oldest first: enough for an episode of pressure.
+func silentConnections(t *testing.T) (*testController, *fakeClock, []net.Conn) {
+	t.Helper()
 	clock := newFakeClock()
 	c := newController(t, Options{Limits: testLimits(shedMaxConns), Now: clock.Now})
 	c.run(t)
 	ln := listen(t)
 	serve(t, c.Controller, ln, newGate(t).handler(), nil)
-	var silent []net.Conn
+	var conns []net.Conn
 	for i := range shedHigh {
-		silent = append(silent, dialFrom(t, "127.0.0.1", ln.Addr().String()))
+		conns = append(conns, dialFrom(t, "127.0.0.1", ln.Addr().String()))
 		c.waitIdle(t, i+1)
 		clock.Advance(time.Millisecond)
 	}
+	return c, clock, conns
+}
+
+func TestAConnectionThatHasSentNothingIsShedLikeAnIdleOne(t *testing.T) {
+	t.Parallel()
+	c, clock, silent := silentConnections(t)
 	c.waitPressure(t)
 	clock.Advance(time.Second)
 	testsupport.WaitFor(t, 10*time.Second, "silent connections to be shed", func() bool { return c.Snapshot().ClientConns < shedLow })
@@ -569,17 +578,7 @@ func TestAtTheBudgetAcceptClosesTheOldestIdleConnectionItself(t *testing.T) {
 
 func TestAConnectionWhoseRequestIsArrivingIsNotShed(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
-	c := newController(t, Options{Limits: testLimits(shedMaxConns), Now: clock.Now})
-	c.run(t)
-	ln := listen(t)
-	serve(t, c.Controller, ln, newGate(t).handler(), nil)
-	var conns []net.Conn
-	for i := range shedHigh {
-		conns = append(conns, dialFrom(t, "127.0.0.1", ln.Addr().String()))
-		c.waitIdle(t, i+1)
-		clock.Advance(time.Millisecond)
-	}
+	c, clock, conns := silentConnections(t)
 	// The oldest has begun its request; the rest of its headers are slow
 	// to come. Its server still reports it new: only its bytes tell.
 	oldest := conns[0]
