@@ -209,11 +209,6 @@ func handOff(h *handover.Handoff, c *config, p *parts, sv *servers, stopSource, 
 		log.Warn().Err(err).Msg("handover: the successor was not told everything; it finds out when this process exits")
 	}
 	sv.shutdown(time.Until(deadline), log)
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	if err := sv.requests.Wait(ctx); err != nil {
-		log.Warn().Msg("handover: shutdown timeout passed with upgraded connections (WebSockets) still open; closing them")
-	}
 }
 
 // handedDocument is the routing document an old edge hands over: the one

@@ -180,10 +180,19 @@ func (sv *servers) start(h3Ready <-chan struct{}) <-chan error {
 }
 
 // shutdown closes the listeners and waits up to timeout for in-flight
-// requests, then closes the connections that remain.
+// requests, upgraded connections (WebSockets) included, then closes the
+// connections that remain; upgraded ones end with the process.
+// http.Server.Shutdown forgets a hijacked connection, so those are waited
+// for through sv.requests, which counts every handler still running: a
+// tunnel's lasts as long as the tunnel.
 func (sv *servers) shutdown(timeout time.Duration, log zerolog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	defer func() {
+		if err := sv.requests.Wait(ctx); err != nil {
+			log.Warn().Msg("shutdown timeout passed with upgraded connections (WebSockets) still open; they close as the process exits")
+		}
+	}()
 	var wg sync.WaitGroup
 	for _, srv := range sv.all {
 		wg.Add(1)
