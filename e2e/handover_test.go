@@ -488,7 +488,7 @@ func TestShuttingDownEdgeHandsNothingOver(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	tk, err := handover.Take(ctx, state)
+	tk, err := handover.Take(ctx, state, handover.Serves{HTTP: "127.0.0.1:0", HTTPS: "127.0.0.1:0", HTTP3: "127.0.0.1:0", Admin: "127.0.0.1:0"})
 	if err == nil {
 		tk.Sockets.Close()
 		tk.Close()
@@ -509,5 +509,39 @@ func TestShuttingDownEdgeHandsNothingOver(t *testing.T) {
 	}
 	if err := e.stop(t); err != nil {
 		t.Errorf("edge exit: %v", err)
+	}
+}
+
+// TestASecondEdgeServingOtherAddressesTakesNothing: an edge started on the
+// production state directory with other addresses (a debug instance, a typo
+// in a port) is not an upgrade of the running edge. The running edge keeps
+// its sockets and serves on, saying why once; the second one falls back to
+// edge.db's lock and exits naming it, as before the handover existed.
+func TestASecondEdgeServingOtherAddressesTakesNothing(t *testing.T) {
+	state := t.TempDir()
+	routes := oneRoute(t)
+	first := startEdge(t, "--routes-file", routes, "--tls", "off", "--state-dir", state)
+	waitEdgeReady(t, first)
+
+	other := fmt.Sprintf("127.0.0.1:%d", testsupport.FreePort(t))
+	code, out := runEdgeToExit(t, edgeBinary, nil, "--routes-file", routes, "--tls", "off", "--state-dir", state, "--http-addr", other)
+	if code == 0 {
+		t.Errorf("the second edge exited 0, want it to fail on edge.db's lock\n%s", out)
+	}
+	for _, want := range []string{"this edge serves http on " + first.HTTPAddr + "; the successor asks for " + other, "locked by another process"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the second edge's output lacks %q\n%s", want, out)
+		}
+	}
+	// A route whose upstream refuses: 502 from the first edge, which still
+	// holds its listener.
+	if got, _ := first.get(t, "a.example", "/"); got != http.StatusBadGateway {
+		t.Errorf("the first edge answered %d after the second one came and went, want 502 (still serving)", got)
+	}
+	if !first.logged("this edge serves http on") {
+		t.Errorf("the first edge does not say why it kept its sockets\n%s", first.logText())
+	}
+	if got := first.metric(t, "scafo_edge_handovers_total", testsupport.Labels{"result": "given"}); got != 0 {
+		t.Errorf(`scafo_edge_handovers_total{result="given"} = %v, want 0`, got)
 	}
 }

@@ -18,7 +18,11 @@
 // with Offer.Wait. A new edge started on the same state directory calls
 // Take before it binds anything or opens edge.db:
 //
-//  1. new → old: hello, with the protocol version.
+//  1. new → old: hello, with the protocol version and the addresses the
+//     new edge will serve (Serves). An edge that would not serve every
+//     socket of the old one where it does is refused: a handover is an
+//     upgrade of the same edge, not a takeover by whatever starts on the
+//     state directory.
 //  2. old → new: the listening sockets (TCP for HTTP, HTTPS and the admin
 //     listener; the UDP socket of HTTP/3), as descriptors passed with
 //     SCM_RIGHTS, each named by its role. The old edge keeps serving.

@@ -275,7 +275,7 @@ func take(t *testing.T, dir string) *Taken {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	tk, err := Take(ctx, dir)
+	tk, err := Take(ctx, dir, loopbackServes)
 	if err != nil {
 		t.Fatalf("Take: %v", err)
 	}
@@ -442,7 +442,7 @@ func TestTakeWithoutPeer(t *testing.T) {
 			tc.setup(t, path)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			tk, err := Take(ctx, dir)
+			tk, err := Take(ctx, dir, loopbackServes)
 			if !errors.Is(err, ErrNoPeer) {
 				if tk != nil {
 					tk.Close()
@@ -509,7 +509,7 @@ func TestTakeFailsCleanly(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
 			start := time.Now()
-			tk, err := Take(ctx, dir)
+			tk, err := Take(ctx, dir, loopbackServes)
 			if tk != nil {
 				tk.Close()
 				t.Fatal("Take succeeded against a broken peer")
@@ -538,7 +538,7 @@ func TestOfferSurvivesAFailedSuccessor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := writeFrame(c, frame{Kind: kindHello, Protocol: protocol}, nil); err != nil {
+	if err := writeFrame(c, frame{Kind: kindHello, Protocol: protocol, Serves: &loopbackServes}, nil); err != nil {
 		t.Fatal(err)
 	}
 	f, fds, err := readFrame(c)
@@ -633,7 +633,7 @@ func TestOfferRefusesWhatItCannotHand(t *testing.T) {
 	}()
 	tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer tcancel()
-	if tk, err := Take(tctx, dir); err == nil || errors.Is(err, ErrNoPeer) {
+	if tk, err := Take(tctx, dir, loopbackServes); err == nil || errors.Is(err, ErrNoPeer) {
 		if tk != nil {
 			tk.Close()
 		}

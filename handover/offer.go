@@ -209,6 +209,14 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 		writeFrame(c, frame{Kind: kindRefused, Error: "want " + protocol}, nil)
 		return fmt.Errorf("hello: got %s %q, want %s", hello.Kind, hello.Protocol, protocol)
 	}
+	if hello.Serves == nil {
+		writeFrame(c, frame{Kind: kindRefused, Error: "say what you will serve"}, nil)
+		return errors.New("hello: the successor did not say what it will serve")
+	}
+	if why := socks.mismatch(*hello.Serves); why != "" {
+		writeFrame(c, frame{Kind: kindRefused, Error: why}, nil)
+		return fmt.Errorf("%w: %s", ErrNotTheSameEdge, why)
+	}
 	roles, files, err := socks.files()
 	if err != nil {
 		writeFrame(c, frame{Kind: kindRefused, Error: err.Error()}, nil)

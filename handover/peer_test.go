@@ -40,7 +40,7 @@ const takeAsChildEnv = "SCAFO_HANDOVER_TEST_TAKE_DIR"
 func takeAsChild(dir string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	tk, err := Take(ctx, dir)
+	tk, err := Take(ctx, dir, loopbackServes)
 	if err == nil {
 		tk.Sockets.Close()
 		tk.Close()

@@ -21,6 +21,61 @@ type Sockets struct {
 	HTTP3              net.PacketConn
 }
 
+// Serves is what a successor says it will serve, as its flags name the
+// addresses (":443", "127.0.0.1:0"; empty for a listener it will not open).
+// The old edge hands its sockets only to a successor that will serve every
+// one of them where it does: a handover is an upgrade of the same edge, and
+// a second edge started on the same state directory with other addresses (a
+// debug instance, a typo in a port) must not take them and leave their
+// clients refused. The admin address counts too: a successor that closed
+// the admin socket would leave health checks and scrapes refused.
+type Serves struct {
+	HTTP  string `json:"http"`
+	HTTPS string `json:"https,omitempty"`
+	HTTP3 string `json:"http3,omitempty"`
+	Admin string `json:"admin"`
+}
+
+// mismatch names the first socket of s that serves would not serve where s
+// does, "" when there is none.
+func (s Sockets) mismatch(serves Serves) string {
+	for _, c := range []struct {
+		role string
+		have net.Addr
+		want string
+	}{
+		{roleHTTP, addrOf(s.HTTP), serves.HTTP},
+		{roleHTTPS, addrOf(s.HTTPS), serves.HTTPS},
+		{roleHTTP3, packetAddrOf(s.HTTP3), serves.HTTP3},
+		{roleAdmin, addrOf(s.Admin), serves.Admin},
+	} {
+		if c.have == nil {
+			continue
+		}
+		if c.want == "" {
+			return fmt.Sprintf("this edge serves %s on %s; the successor would not serve it", c.role, c.have)
+		}
+		if !SameAddr(c.want, c.have) {
+			return fmt.Sprintf("this edge serves %s on %s; the successor asks for %s", c.role, c.have, c.want)
+		}
+	}
+	return ""
+}
+
+func addrOf(l net.Listener) net.Addr {
+	if l == nil {
+		return nil
+	}
+	return l.Addr()
+}
+
+func packetAddrOf(c net.PacketConn) net.Addr {
+	if c == nil {
+		return nil
+	}
+	return c.LocalAddr()
+}
+
 // Roles, as named on the wire.
 const (
 	roleHTTP  = "http"

@@ -25,6 +25,10 @@ var ErrNoPeer = errors.New("no edge to take over from")
 // with it, if it died: the caller goes on as if it had released.
 var ErrPeerGone = errors.New("old edge gone before releasing")
 
+// ErrNotTheSameEdge: the running edge refused the sockets because the
+// successor would not serve them where it does (see Serves).
+var ErrNotTheSameEdge = errors.New("not an upgrade of the running edge")
+
 // Taken is the new edge's side once it holds the old edge's sockets. Its
 // methods are safe for concurrent use.
 type Taken struct {
@@ -55,7 +59,7 @@ type Taken struct {
 // The error wraps ErrNoPeer when nobody serves dir; any other error means a
 // peer was there and the exchange failed. Either way nothing was taken and
 // the caller binds its own listeners.
-func Take(ctx context.Context, dir string) (*Taken, error) {
+func Take(ctx context.Context, dir string, serves Serves) (*Taken, error) {
 	path := filepath.Join(dir, SocketFile)
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
@@ -76,7 +80,7 @@ func Take(ctx context.Context, dir string) (*Taken, error) {
 		c.SetDeadline(time.Unix(1, 0))
 		close(interrupted)
 	})
-	socks, err := takeSockets(c)
+	socks, err := takeSockets(c, serves)
 	if !stop() {
 		<-interrupted
 	}
@@ -104,8 +108,8 @@ func Take(ctx context.Context, dir string) (*Taken, error) {
 }
 
 // takeSockets runs hello, sockets, ack on c.
-func takeSockets(c *net.UnixConn) (Sockets, error) {
-	if err := writeFrame(c, frame{Kind: kindHello, Protocol: protocol}, nil); err != nil {
+func takeSockets(c *net.UnixConn, serves Serves) (Sockets, error) {
+	if err := writeFrame(c, frame{Kind: kindHello, Protocol: protocol, Serves: &serves}, nil); err != nil {
 		return Sockets{}, err
 	}
 	f, fds, err := readFrame(c)

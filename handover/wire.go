@@ -43,6 +43,8 @@ type frame struct {
 	Roles    []string  `json:"roles,omitempty"`
 	Document *document `json:"document,omitempty"`
 	Error    string    `json:"error,omitempty"`
+	// Serves, in a hello, is what the successor will serve (see Serves).
+	Serves *Serves `json:"serves,omitempty"`
 }
 
 // document is the last good routing document as it travels: the exact

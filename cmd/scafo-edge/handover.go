@@ -49,7 +49,7 @@ func takeOver(ctx context.Context, c *config, log zerolog.Logger) inherited {
 		return inherited{}
 	}
 	tctx, cancel := context.WithTimeout(ctx, takeTimeout)
-	tk, err := handover.Take(tctx, c.stateDir)
+	tk, err := handover.Take(tctx, c.stateDir, serves(c))
 	cancel()
 	switch {
 	case errors.Is(err, handover.ErrNoPeer):
@@ -70,6 +70,19 @@ func takeOver(ctx context.Context, c *config, log zerolog.Logger) inherited {
 		log.Warn().Err(err).Msg("handover: the old edge did not say it released edge.db; opening it anyway")
 	}
 	return inherited{sockets: tk.Sockets, doc: doc, taken: tk}
+}
+
+// serves is what this edge will serve, as its flags say: the running edge
+// hands its sockets over only if it serves them at the same addresses.
+func serves(c *config) handover.Serves {
+	sv := handover.Serves{HTTP: c.httpAddr, Admin: c.adminAddr}
+	if c.tlsMode != "off" {
+		sv.HTTPS = c.httpsAddr
+		if c.http3 {
+			sv.HTTP3 = c.httpsAddr
+		}
+	}
+	return sv
 }
 
 // count records this start in scafo_edge_handovers_total, registered

@@ -38,7 +38,7 @@ func offerOn(t *testing.T, dir string) (<-chan *handover.Handoff, func() *handov
 }
 
 func takeFrom(ctx context.Context, dir string) error {
-	tk, err := handover.Take(ctx, dir)
+	tk, err := handover.Take(ctx, dir, handover.Serves{HTTP: "127.0.0.1:0", HTTPS: "127.0.0.1:0", HTTP3: "127.0.0.1:0", Admin: "127.0.0.1:0"})
 	if err == nil {
 		tk.Sockets.Close()
 		tk.Close()
@@ -84,7 +84,7 @@ func TestAwaitEnd(t *testing.T) {
 			_, stop := offerOn(t, dir)
 			tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer tcancel()
-			tk, err := handover.Take(tctx, dir)
+			tk, err := handover.Take(tctx, dir, handover.Serves{HTTP: "127.0.0.1:0", HTTPS: "127.0.0.1:0", HTTP3: "127.0.0.1:0", Admin: "127.0.0.1:0"})
 			if err != nil {
 				t.Fatalf("Take: %v", err)
 			}
