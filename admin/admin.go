@@ -1,7 +1,7 @@
 // Package admin serves the edge's admin listener: /healthz, /readyz,
 // /metrics, and the status surfaces (the HTML status page, status.json and
 // pprof) that reveal upstream addresses and so answer only loopback clients
-// or a request bearing the ingress token (DESIGN.md rule 10). It also lays
+// or a request bearing the ingress token (docs/design.md rule 10). It also lays
 // out status.json as the text table of the routes command.
 //
 // status.json's field names are a contract with scripts: add fields, never
@@ -30,7 +30,7 @@ import (
 
 // Server is the admin listener's handler: health, readiness, metrics, and
 // the surfaces that reveal upstream addresses (only to loopback clients or
-// to a request bearing the ingress token, DESIGN.md rule 10). Live, Source
+// to a request bearing the ingress token, docs/design.md rule 10). Live, Source
 // and Registry are required; the other fields may be zero.
 type Server struct {
 	Live     *edge.Live
@@ -119,7 +119,7 @@ func (a *Server) privileged(r *http.Request) bool {
 
 // private serves h only to a privileged request (loopback, or the ingress
 // token): the status surfaces and pprof reveal upstream addresses and
-// internals (DESIGN.md rule 10).
+// internals (docs/design.md rule 10).
 func (a *Server) private(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !a.privileged(r) {

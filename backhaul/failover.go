@@ -51,7 +51,7 @@ type Result struct {
 }
 
 // Forward proxies r to the first usable upstream of ups, a priority list
-// (never a weighting, DESIGN.md rule 7). An upstream that cannot be
+// (never a weighting, docs/design.md rule 7). An upstream that cannot be
 // connected is ejected for a while and the next one is tried, unseen by the
 // client; ejected upstreams are skipped while another remains and are tried
 // last, in order, rather than failing the request.
@@ -334,7 +334,7 @@ func retarget(out *http.Request) *http.Request {
 
 // setTarget sets u's request target so that the upstream receives r's
 // original request-URI bytes: no cleaning, no unescaping, no prefix
-// stripping (DESIGN.md rule 4).
+// stripping (docs/design.md rule 4).
 func setTarget(u *url.URL, r *http.Request) {
 	ruri := r.RequestURI
 	if ruri == "" || (ruri[0] != '/' && ruri != "*") {

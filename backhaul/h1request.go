@@ -13,7 +13,7 @@ import (
 )
 
 // writeRequest writes r's head to bw, then body (nil for none), and
-// flushes them: the original request-URI bytes (DESIGN.md rule 4), the
+// flushes them: the original request-URI bytes (docs/design.md rule 4), the
 // Host, the end-to-end headers and the X-Forwarded-* set, by the rules
 // outboundHeader applies for the transport. Nothing is allocated for the
 // head: values are written where they are.

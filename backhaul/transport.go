@@ -12,7 +12,7 @@
 // The proxy is written here on top of http.Transport rather than with
 // httputil.ReverseProxy because ReverseProxy cannot meet the contract:
 //   - it re-encodes the request target from the parsed URL, so the upstream
-//     would not receive the original request-URI bytes (DESIGN.md rule 4:
+//     would not receive the original request-URI bytes (docs/design.md rule 4:
 //     "//a/../b" and "/%2e%2e/x" must arrive byte-identical);
 //   - it has a single Transport round trip per request, with no way to tell a
 //     connect failure (safe to retry for every method) from a failure after

@@ -40,7 +40,7 @@ func (m *Manager) decide(_ context.Context, name string) error {
 // is one no document names.
 func (m *Manager) refusal(name string) (string, error) {
 	if strings.HasPrefix(name, "*.") {
-		// DESIGN.md rule 8: the wildcard key exists for routing only. It
+		// docs/design.md rule 8: the wildcard key exists for routing only. It
 		// is told apart before normalising, which refuses any "*".
 		return "wildcard", errWildcardKey
 	}

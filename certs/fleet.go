@@ -63,7 +63,7 @@ type FleetOptions struct {
 // node's /v1/storage surface, with a copy kept in this edge's bbolt store.
 // It is a certmagic.Storage, TryLocker and LockLeaseRenewer; hand it to
 // the Manager as Options.Storage, which keeps ACME accounts out of it
-// (DESIGN.md rule 9).
+// (docs/design.md rule 9).
 //
 // Writes go to the local copy first and then to the node. A write the node
 // does not take is queued in the local store (so a restart does not lose

@@ -14,7 +14,7 @@ import (
 
 // accountLocal is the storage certmagic sees when a shared (fleet) store is
 // configured: ACME account keys and registrations, certmagic's keys
-// "acme/<ca>/users/...", go to this edge's own bbolt store (DESIGN.md rule 9:
+// "acme/<ca>/users/...", go to this edge's own bbolt store (docs/design.md rule 9:
 // the account names no domain and belongs to no fleet); everything else,
 // locks included, goes to the shared store.
 type accountLocal struct {

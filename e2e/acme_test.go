@@ -18,7 +18,7 @@ import (
 )
 
 // TestACMEThroughTheBinary obtains a certificate from Pebble through the
-// real binary, with the decision taken from the live document (DESIGN.md
+// real binary, with the decision taken from the live document (docs/design.md
 // rule 8), and serves it again after a restart with no new order.
 func TestACMEThroughTheBinary(t *testing.T) {
 	httpPort, httpsPort := testsupport.FreePort(t), testsupport.FreePort(t)

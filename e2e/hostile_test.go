@@ -979,7 +979,7 @@ func TestHTTP2DowngradeSmuggling(t *testing.T) {
 
 // TestHTTP2RequestTargetsWithSpacesAreRefused: an HTTP/2 :path is not an
 // HTTP/1.1 request-target, and Go's HTTP/2 server only checks that it starts
-// with "/". The edge forwards the request-target's original bytes (DESIGN.md
+// with "/". The edge forwards the request-target's original bytes (docs/design.md
 // rule 4), so ":path: /a b" would reach the upstream as the request line
 // "GET /a b HTTP/1.1", which HTTP/1.1 parsers split in different places: a
 // request-line injection. A request-target with a space (or a tab or

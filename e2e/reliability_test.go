@@ -148,7 +148,7 @@ func waitEdgeReady(t *testing.T, e *runningEdge) {
 // TestDocumentSwapsUnderLoad swaps the routing document every 100ms while
 // four clients keep requesting: no request fails or is misrouted, and a
 // WebSocket opened before the first swap still echoes after the last
-// (DESIGN.md rule 2: swap, never mutate; a swap never touches established
+// (docs/design.md rule 2: swap, never mutate; a swap never touches established
 // connections).
 func TestDocumentSwapsUnderLoad(t *testing.T) {
 	a, b := app(t, "A"), app(t, "B")
@@ -282,7 +282,7 @@ func newKillableUpstream(t *testing.T, name string) *killableUpstream {
 // TestFirstUpstreamKilledUnderLoad kills a route's first upstream, listener
 // and connections, while four clients keep sending GETs and POSTs: the route
 // fails over to the second, and at most the requests in flight on the killed
-// connections fail (DESIGN.md rule 7).
+// connections fail (docs/design.md rule 7).
 func TestFirstUpstreamKilledUnderLoad(t *testing.T) {
 	first, second := newKillableUpstream(t, "first"), newKillableUpstream(t, "second")
 	dir := t.TempDir()

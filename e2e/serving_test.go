@@ -44,7 +44,7 @@ func TestNodeDrainingThenRecovery(t *testing.T) {
 	e := startEdge(t, "--node", n.URL(), "--ingress-token", "secret-token", "--tls", "off")
 
 	// The node has not finished its first pass: it answers 503 draining,
-	// and so does the edge, with Retry-After (DESIGN.md rule 1).
+	// and so does the edge, with Retry-After (docs/design.md rule 1).
 	n.WaitRequests(t, 1)
 	if code, body := e.get(t, "a.example", "/"); code != 503 || !strings.Contains(body, "no routing document") {
 		t.Fatalf("before the first pass: %d %q, want 503", code, body)

@@ -26,7 +26,7 @@ import (
 
 // The bypass corpus: attacker-shaped request paths, sent as raw
 // bytes through the real Handler to loopback upstreams, each checked against
-// the two invariants of DESIGN.md rules 4 and 6 and path-routing-design.md §6:
+// the two invariants of docs/design.md rules 4 and 6 and path-routing-design.md §6:
 //
 //  1. a denied prefix of the API apex is never proxied, whatever a backend
 //     behind it does to the path;
@@ -461,7 +461,7 @@ func checkKnownBypasses(t *testing.T, test string) {
 	}
 }
 
-// TestDeniedPrefixesOnTheUncleanedSpelling: DESIGN.md rule 6 names the raw
+// TestDeniedPrefixesOnTheUncleanedSpelling: docs/design.md rule 6 names the raw
 // spelling, but denied.go only ever matches path.Clean's result, so
 // "/v1/storage/.." is "/v1" to the edge and still under /v1/storage for a
 // backend that routes on the path as sent.

@@ -126,7 +126,7 @@ type Observer interface {
 //  1. CONNECT is refused (405): the edge is never a forward proxy.
 //  2. A request target with a space or control byte: 400, since it could
 //     not be forwarded byte for byte in an HTTP/1.1 request line.
-//  3. No table yet: 503 with Retry-After (DESIGN.md rule 1).
+//  3. No table yet: 503 with Retry-After (docs/design.md rule 1).
 //  4. On TLS, a Host the connection's certificate does not cover: 421, so a
 //     coalesced connection cannot front another name (400 if the Host is
 //     malformed).

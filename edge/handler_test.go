@@ -203,7 +203,7 @@ func TestHandlerAttributesPathHitsToTheTarget(t *testing.T) {
 	rawRequest(t, f.srv.Listener.Addr().String(), "GET /paulca/x HTTP/1.1\r\nHost: ti.to\r\n\r\n")
 	rec := f.obs.last()
 	if rec.Route == nil || rec.Route.Application != "tito-go" || rec.Prefix != "paulca" || rec.Node != "b" || rec.Status != 200 {
-		t.Errorf("record = %+v, want application tito-go via prefix paulca on node b (DESIGN.md rule 5)", rec)
+		t.Errorf("record = %+v, want application tito-go via prefix paulca on node b (docs/design.md rule 5)", rec)
 	}
 }
 
@@ -237,7 +237,7 @@ func TestHandlerMisdirectedRequest(t *testing.T) {
 }
 
 func TestHandlerKeepsTheTableItStartedWith(t *testing.T) {
-	// A request holds the table it loaded (DESIGN.md rule 2): swapping in a
+	// A request holds the table it loaded (docs/design.md rule 2): swapping in a
 	// document without its host mid-request does not affect it.
 	f := newHandlerFixture(t)
 	f.load(t)

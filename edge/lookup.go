@@ -25,7 +25,7 @@ const (
 type Resolution struct {
 	Outcome Outcome
 	// Route is the route that serves the request: on a path hit, the
-	// target route wholesale (DESIGN.md rule 5). Set for Routed and Denied.
+	// target route wholesale (docs/design.md rule 5). Set for Routed and Denied.
 	Route *Route
 	// Prefix is the prefix that selected Route on a path hit, else "".
 	Prefix string
@@ -36,7 +36,7 @@ type Resolution struct {
 // request-URI exactly as it arrived (still percent-encoded); decodedPath is
 // its percent-decoded form (url.URL.Path).
 //
-// Host lookup is exact, then the first label replaced by "*", once (DESIGN.md
+// Host lookup is exact, then the first label replaced by "*", once (docs/design.md
 // rule 3). Only a route with a prefix map looks at the path (rule 4). On an API
 // host the denied prefixes are checked on every spelling (rule 6).
 //

@@ -19,13 +19,13 @@ import (
 	"github.com/scafo/scafo-edge/node"
 )
 
-// MaxPathsPerRoute bounds a route's prefix map (DESIGN.md, "The routing
+// MaxPathsPerRoute bounds a route's prefix map (docs/design.md, "The routing
 // document extension"). Beyond it, prefixes are dropped in sorted key order.
 const MaxPathsPerRoute = 10000
 
 // mandatoryDenied are the API prefixes routing-and-ingress.md lists. They are
 // denied on API hosts even when a document omits them: the edge does not trust
-// the daemon behind it (DESIGN.md rule 6).
+// the daemon behind it (docs/design.md rule 6).
 var mandatoryDenied = []string{"/v1/storage", "/v1/ingress/routes"}
 
 // Route is one compiled route. It is immutable once its Table is built; a
@@ -219,7 +219,7 @@ func (t *Table) Denied() []string { return t.denied }
 func (t *Table) PrefixCount() int { return t.prefixes }
 
 // Certifiable reports whether name may get a certificate: the document names
-// it exactly, as a route host or an API host (DESIGN.md rule 8). A wildcard
+// it exactly, as a route host or an API host (docs/design.md rule 8). A wildcard
 // key never approves issuance, nor does any name that only a wildcard covers.
 func (t *Table) Certifiable(name string) bool {
 	if t == nil {
@@ -241,7 +241,7 @@ func (t *Table) FetchedAt() time.Time { return t.fetchedAt }
 
 // Live holds the table requests resolve against. Store swaps it atomically;
 // a request keeps the table it loaded, so a swap never pauses traffic
-// (DESIGN.md rule 2). The zero value holds no table.
+// (docs/design.md rule 2). The zero value holds no table.
 type Live struct {
 	p atomic.Pointer[Table]
 }

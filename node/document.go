@@ -22,7 +22,7 @@ package node
 
 // Document is the fleet routing document a node serves at
 // GET /v1/ingress/routes, as routing-and-ingress.md gives it, plus the
-// routes[].paths extension of DESIGN.md.
+// routes[].paths extension of docs/design.md.
 type Document struct {
 	// V is the document version; only 1 is understood.
 	V      int     `json:"v"`

@@ -13,7 +13,7 @@ import (
 )
 
 // config is every setting of the serve command. Each field has a flag and an
-// environment variable (DESIGN.md, "The contract"); a flag given on the
+// environment variable (docs/design.md, "The contract"); a flag given on the
 // command line wins over the environment, which wins over the default.
 type config struct {
 	node              string

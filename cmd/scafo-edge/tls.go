@@ -42,7 +42,7 @@ func (t tlsSetup) httpHandler(h http.Handler) http.Handler {
 
 // setupTLS starts certificate management for --tls acme or internal. The
 // decision is the live table's: a name the document names exactly, never a
-// wildcard key, nothing before the first document (DESIGN.md rule 8).
+// wildcard key, nothing before the first document (docs/design.md rule 8).
 func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, httpsPort int, log zerolog.Logger) (tlsSetup, error) {
 	if c.tlsMode == "off" {
 		return tlsSetup{stop: func() {}}, nil

@@ -1,6 +1,6 @@
 // Package hostname normalises the host a client names, in a Host header or
 // in a TLS ClientHello, into the one spelling the edge looks routes up by
-// and certs decides certificates by (DESIGN.md rule 3).
+// and certs decides certificates by (docs/design.md rule 3).
 //
 // It lives apart from edge, which owns routing, so that certs can apply the
 // same rule without knowing about routing; it depends on nothing.
