@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"syscall"
 	"testing"
 	"time"
@@ -20,23 +18,7 @@ import (
 // soon as the plain requests are done (http.Server.Shutdown forgets a
 // hijacked connection).
 func TestSIGTERMDrainsWebSocketsUntilTheShutdownTimeout(t *testing.T) {
-	ws := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		defer c.CloseNow()
-		for {
-			typ, msg, err := c.Read(r.Context())
-			if err != nil {
-				return
-			}
-			if err := c.Write(r.Context(), typ, append([]byte("echo "), msg...)); err != nil {
-				return
-			}
-		}
-	}))
-	t.Cleanup(ws.Close)
+	ws := wsEchoServer(t)
 	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
 		{Host: "ws.example", Application: "ws", Upstreams: []node.Upstream{{Node: "n1", Address: hostOf(ws)}}},
 	}})
@@ -59,7 +41,7 @@ func TestSIGTERMDrainsWebSocketsUntilTheShutdownTimeout(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if string(got) != "echo "+msg {
+		if string(got) != msg {
 			return fmt.Errorf("echo of %q: %q", msg, got)
 		}
 		return nil
