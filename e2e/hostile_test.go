@@ -38,6 +38,7 @@ import (
 	"github.com/scafo/scafo-edge/certs/certstest"
 	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
+	"github.com/scafo/scafo-edge/serving"
 )
 
 // streamer is an upstream that answers with an endless body (capped at
@@ -1210,14 +1211,14 @@ func TestHTTP2Floods(t *testing.T) {
 	})
 }
 
-// The binary's HTTP/2 limits, as cmd/scafo-edge/http2.go sets them: the
-// stream limit it advertises and its per-connection budget of requests
-// cancelled before an answer (a burst, and a refill a second). The rapid-
-// reset test holds the binary to the bound they give; change them together.
+// The binary's HTTP/2 limits, from package serving: the stream limit it
+// advertises and its per-connection budget of requests cancelled before an
+// answer (a burst, and a refill a second). The rapid-reset test holds the
+// binary to the bound they give.
 const (
-	http2MaxStreams = 100
-	resetBurst      = http2MaxStreams
-	resetRefill     = 100 // per second
+	http2MaxStreams = serving.HTTP2MaxStreams
+	resetBurst      = serving.ResetBurst
+	resetRefill     = serving.ResetRefill
 )
 
 // TestHTTP2RapidResetCostsTheOriginAFixedAmount: a client that opens and at

@@ -214,7 +214,7 @@ func handOff(h *handover.Handoff, c *config, p *parts, sv *servers, stopSource, 
 		Log:        log,
 	}
 	if sv.h3 != nil {
-		steps.StopHTTP3 = func(ctx context.Context) { sv.h3.shutdown(ctx, log) }
+		steps.StopHTTP3 = func(ctx context.Context) { sv.h3.Shutdown(ctx, log) }
 		steps.HTTP3Timeout = http3DrainTimeout
 	}
 	deadline := time.Now().Add(c.shutdownTimeout)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/scafo/scafo-edge/admin"
 	"github.com/scafo/scafo-edge/handover"
+	"github.com/scafo/scafo-edge/serving"
 )
 
 // servers are the edge's listeners and the servers on them: plain HTTP,
@@ -27,7 +28,7 @@ type servers struct {
 	adminLn   net.Listener
 	httpSrv   *http.Server
 	httpsSrv  *http.Server   // nil with --tls off
-	h3        *http3Listener // nil unless --http3 with TLS on
+	h3        *serving.HTTP3 // nil unless --http3 with TLS on
 	adminSrv  *http.Server
 	// raw are the bound sockets themselves, offered to a successor; gate
 	// stops the servers accepting on them for a handover; requests counts
@@ -74,17 +75,17 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	if sv.httpsLn != nil {
 		httpsHandler := edgeHandler
 		if c.http3 {
-			if sv.h3, err = newHTTP3(sv.httpsLn.Addr(), in.HTTP3, resetKey(c.stateDir, log), sv.tls.config, edgeHandler, c.maxHeaderBytes, c.idleTimeout, p.admission); err != nil {
+			if sv.h3, err = serving.NewHTTP3(sv.httpsLn.Addr(), in.HTTP3, resetKey(c.stateDir, log), sv.tls.config, edgeHandler, c.maxHeaderBytes, c.idleTimeout, p.admission); err != nil {
 				sv.tls.stop()
 				return nil, err
 			}
-			sv.raw.HTTP3 = sv.h3.conn
-			httpsHandler = sv.h3.advertiseHTTP3(edgeHandler)
+			sv.raw.HTTP3 = sv.h3.Conn()
+			httpsHandler = sv.h3.Advertise(edgeHandler)
 		}
 		sv.httpsSrv = sv.newServer(c, p, httpsHandler, sv.tls.config, "https", log)
-		guard := newResetGuard(log.With().Str("component", "http2").Logger())
-		guard.configure(sv.httpsSrv)
-		p.handler.Canceled = guard.canceled
+		guard := serving.NewResetGuard(log.With().Str("component", "http2").Logger())
+		guard.Configure(sv.httpsSrv)
+		p.handler.Canceled = guard.Canceled
 	}
 	// The PROXY header is read in Accept's connection wrapper, before TLS
 	// and HTTP, so the client address reaches logs and forwarded headers.
@@ -92,9 +93,9 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	// receives, to know when the ones accepted have arrived. Admission is
 	// first, on the socket itself: it counts the peer that connected, and
 	// waits before accept while the connection budget is spent.
-	sv.httpLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(p.admission.Listener(sv.httpLn), c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
+	sv.httpLn = sv.gate.Listener(serving.WithProxyProtocol(serving.WithSendTimeout(p.admission.Listener(sv.httpLn), c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
 	if sv.httpsLn != nil {
-		sv.httpsLn = sv.gate.Listener(withProxyProtocol(withSendTimeout(p.admission.Listener(sv.httpsLn), c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
+		sv.httpsLn = sv.gate.Listener(serving.WithProxyProtocol(serving.WithSendTimeout(p.admission.Listener(sv.httpsLn), c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
 	}
 	sv.adminLn = sv.gate.Listener(sv.adminLn)
 	status := &admin.Server{Live: p.live, Source: p.source, Registry: p.reg, Proxy: p.proxy, Token: p.token,
@@ -152,7 +153,7 @@ func (sv *servers) logStarted(c *config, s settings, p *parts, log zerolog.Logge
 		ev = ev.Str("https_addr", sv.httpsLn.Addr().String())
 	}
 	if sv.h3 != nil {
-		ev = ev.Str("http3_addr", sv.h3.conn.LocalAddr().String())
+		ev = ev.Str("http3_addr", sv.h3.Conn().LocalAddr().String())
 	}
 	if len(s.proxyFrom) > 0 {
 		ev = ev.Str("proxy_protocol_from", c.proxyProtocol)
@@ -168,7 +169,7 @@ func (sv *servers) start(h3Ready <-chan struct{}) <-chan error {
 	if sv.h3 != nil {
 		go func() {
 			<-h3Ready
-			errc <- sv.h3.serve()
+			errc <- sv.h3.Serve()
 		}()
 	}
 	go func() { errc <- serveOn(sv.httpSrv, sv.httpLn, false) }()
@@ -208,7 +209,7 @@ func (sv *servers) shutdown(timeout time.Duration, log zerolog.Logger) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sv.h3.shutdown(ctx, log)
+			sv.h3.Shutdown(ctx, log)
 		}()
 	}
 	wg.Wait()

@@ -1,4 +1,4 @@
-package main
+package serving
 
 import (
 	"context"
@@ -22,43 +22,42 @@ import (
 // to eight reached the upstream (638 and 681 of 5,000 on one connection in
 // TestHTTP2RapidResetCostsTheOriginAFixedAmount), however many were sent.
 //
-// The edge advertises fewer streams (http2MaxStreams), does not forward a
+// The edge advertises fewer streams (HTTP2MaxStreams), does not forward a
 // request already cancelled (edge.Handler), gives each HTTP/2 connection a
 // budget of requests cancelled before an answer, and closes the connection
 // that overspends it, cancelling what runs on it. A rapid-reset loop then
-// costs the upstreams at most resetBurst requests counted against the
-// budget plus the http2MaxStreams in flight when the connection is closed,
+// costs the upstreams at most ResetBurst requests counted against the
+// budget plus the HTTP2MaxStreams in flight when the connection is closed,
 // per connection, plus what the budget refills while the loop runs.
 const (
-	// http2MaxStreams is the MAX_CONCURRENT_STREAMS the HTTPS listener
+	// HTTP2MaxStreams is the MAX_CONCURRENT_STREAMS the HTTPS listener
 	// advertises, and so the number of handlers one connection may run at
 	// once. 100 is the least RFC 9113 §5.1.2 recommends, what Go's client
 	// assumes before it hears a server's SETTINGS, and ample for a browser
 	// (nginx advertises 128); Go's server default is 250.
-	http2MaxStreams = 100
-	// resetBurst and resetRefill size the budget: resetBurst requests
-	// cancelled before their answer at once, resetRefill more a second.
+	HTTP2MaxStreams = 100
+	// ResetBurst and ResetRefill size the budget: ResetBurst requests
+	// cancelled before their answer at once, ResetRefill more a second.
 	// The most a browser cancels at once is every request it has in flight
 	// (leaving a page whose subresources are all still waiting on the
-	// upstream), which is at most http2MaxStreams; beyond that it cancels
+	// upstream), which is at most HTTP2MaxStreams; beyond that it cancels
 	// an abandoned fetch, a lazy image scrolled past, a video seek: a few a
 	// second. A CDN or another proxy in front of the edge multiplexes many
 	// users on one connection and cancels for all of them: a second review
 	// saw one cancel 35 a second, so the refill leaves it room. A rapid-
 	// reset loop sends thousands a second and spends the burst within
 	// about its first hundred streams.
-	resetBurst  = http2MaxStreams
-	resetRefill = 100 // per second
+	ResetBurst  = HTTP2MaxStreams
+	ResetRefill = 100 // per second
 
-	// e2e/hostile_test.go holds the binary to the bound these three give,
-	// with its own copy of them: change both together.
+	// e2e/hostile_test.go holds the binary to the bound these three give.
 )
 
-// resetGuard is the per-connection budget of requests cancelled before an
+// ResetGuard is the per-connection budget of requests cancelled before an
 // answer. Its connContext is the HTTPS server's http.Server.ConnContext and
 // its canceled the edge.Handler's Canceled hook; both are safe for
 // concurrent use.
-type resetGuard struct {
+type ResetGuard struct {
 	burst  int
 	refill rate.Limit
 	log    zerolog.Logger
@@ -68,19 +67,19 @@ type resetGuard struct {
 	closed    atomic.Int64
 }
 
-func newResetGuard(log zerolog.Logger) *resetGuard {
-	return &resetGuard{
-		burst:     resetBurst,
-		refill:    resetRefill,
+func NewResetGuard(log zerolog.Logger) *ResetGuard {
+	return &ResetGuard{
+		burst:     ResetBurst,
+		refill:    ResetRefill,
 		log:       log,
 		sometimes: rate.Sometimes{First: 10, Interval: time.Minute},
 	}
 }
 
-// configure bounds srv's HTTP/2 streams per connection and gives each
+// Configure bounds srv's HTTP/2 streams per connection and gives each
 // connection its budget. srv must not set ConnContext itself.
-func (g *resetGuard) configure(srv *http.Server) {
-	srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: http2MaxStreams}
+func (g *ResetGuard) Configure(srv *http.Server) {
+	srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: HTTP2MaxStreams}
 	srv.ConnContext = g.connContext
 }
 
@@ -97,17 +96,17 @@ type clientConn struct {
 	dropped atomic.Bool
 }
 
-func (g *resetGuard) connContext(ctx context.Context, c net.Conn) context.Context {
+func (g *ResetGuard) connContext(ctx context.Context, c net.Conn) context.Context {
 	ctx, cancel := context.WithCancel(ctx)
 	return context.WithValue(ctx, clientConnKey{}, &clientConn{conn: c, cancel: cancel, resets: rate.NewLimiter(g.refill, g.burst)})
 }
 
-// canceled spends one of r's connection's budget; once it is spent, every
+// Canceled spends one of r's connection's budget; once it is spent, every
 // request on the connection is cancelled (so one the server reads after
 // this is never forwarded) and the connection is closed. Only HTTP/2
 // counts: an HTTP/1 client cancels by closing its connection, and HTTP/3
 // connections are not the HTTPS server's.
-func (g *resetGuard) canceled(r *http.Request) {
+func (g *ResetGuard) Canceled(r *http.Request) {
 	if r.ProtoMajor != 2 {
 		return
 	}

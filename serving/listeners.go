@@ -1,4 +1,4 @@
-package main
+package serving
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 	"github.com/scafo/scafo-edge/handover"
 )
 
-// withProxyProtocol makes l read a PROXY protocol (v1 or v2) header from
+// WithProxyProtocol makes l read a PROXY protocol (v1 or v2) header from
 // connections whose source is in from, and take the client address it
 // carries; a header from any other source closes the connection, as does a
 // malformed one. With from empty, l is returned as is.
@@ -28,7 +28,7 @@ import (
 // From a trusted source the header is optional (USE rather than REQUIRE), as
 // Traefik's trustedIPs and Caddy's proxy_protocol allow do: a box-local health
 // check from inside a trusted range still gets through without one.
-func withProxyProtocol(l net.Listener, from []netip.Prefix, headerTimeout time.Duration) net.Listener {
+func WithProxyProtocol(l net.Listener, from []netip.Prefix, headerTimeout time.Duration) net.Listener {
 	if len(from) == 0 {
 		return l
 	}
@@ -50,11 +50,11 @@ func withProxyProtocol(l net.Listener, from []netip.Prefix, headerTimeout time.D
 	}
 }
 
-// http3Listener serves HTTP/3 on the UDP side of the HTTPS port with the
+// HTTP3 serves HTTP/3 on the UDP side of the HTTPS port with the
 // same certificates and handler as HTTPS over TCP, on a QUIC transport of
 // its own so that its stateless resets use the state directory's key
 // (handover.StatelessResetKey).
-type http3Listener struct {
+type HTTP3 struct {
 	srv      *http3.Server
 	adm      *admission.Controller // counts QUIC connections; nil: none
 	conn     net.PacketConn
@@ -63,14 +63,14 @@ type http3Listener struct {
 
 	mu     sync.Mutex
 	closed bool
-	tr     *quic.Transport // set by serve
-	ln     *quic.Listener  // set by serve
+	tr     *quic.Transport // set by Serve
+	ln     *quic.Listener  // set by Serve
 }
 
-// newHTTP3 binds the UDP side of httpsAddr, or takes inherited (the socket
+// NewHTTP3 binds the UDP side of httpsAddr, or takes inherited (the socket
 // a previous edge handed over) when it is bound there. Nothing reads the
-// socket until serve.
-func newHTTP3(httpsAddr net.Addr, inherited net.PacketConn, resetKey *[32]byte, tlsConf *tls.Config, h http.Handler, maxHeaderBytes int, idle time.Duration, adm *admission.Controller) (*http3Listener, error) {
+// socket until Serve.
+func NewHTTP3(httpsAddr net.Addr, inherited net.PacketConn, resetKey *[32]byte, tlsConf *tls.Config, h http.Handler, maxHeaderBytes int, idle time.Duration, adm *admission.Controller) (*HTTP3, error) {
 	conn := inherited
 	if conn == nil || !handover.SameAddr(httpsAddr.String(), conn.LocalAddr()) {
 		var err error
@@ -78,7 +78,7 @@ func newHTTP3(httpsAddr net.Addr, inherited net.PacketConn, resetKey *[32]byte, 
 			return nil, fmt.Errorf("listen udp %s for HTTP/3: %w", httpsAddr, err)
 		}
 	}
-	h3 := &http3Listener{
+	h3 := &HTTP3{
 		adm:     adm,
 		conn:    conn,
 		tlsConf: http3.ConfigureTLSConfig(tlsConf),
@@ -96,7 +96,7 @@ func newHTTP3(httpsAddr net.Addr, inherited net.PacketConn, resetKey *[32]byte, 
 	return h3, nil
 }
 
-func (h *http3Listener) serve() error {
+func (h *HTTP3) Serve() error {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -121,10 +121,10 @@ func (h *http3Listener) serve() error {
 	return err
 }
 
-// shutdown stops taking new QUIC connections (their Initial packets go
+// Shutdown stops taking new QUIC connections (their Initial packets go
 // unanswered, for a successor to read), sends GOAWAY, waits for requests
 // until ctx ends, then closes the connections left and stops reading.
-func (h *http3Listener) shutdown(ctx context.Context, log zerolog.Logger) {
+func (h *HTTP3) Shutdown(ctx context.Context, log zerolog.Logger) {
 	h.mu.Lock()
 	h.closed = true
 	ln, tr := h.ln, h.tr
@@ -142,9 +142,9 @@ func (h *http3Listener) shutdown(ctx context.Context, log zerolog.Logger) {
 	h.conn.Close()
 }
 
-// advertiseHTTP3 sets Alt-Svc on every HTTPS response so clients learn they
+// Advertise sets Alt-Svc on every HTTPS response so clients learn they
 // may switch to HTTP/3 on the same port.
-func (h *http3Listener) advertiseHTTP3(next http.Handler) http.Handler {
+func (h *HTTP3) Advertise(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor < 3 {
 			h.srv.SetQUICHeaders(w.Header())
@@ -153,12 +153,12 @@ func (h *http3Listener) advertiseHTTP3(next http.Handler) http.Handler {
 	})
 }
 
-// withSendTimeout bounds how long one write to a client may make no
+// WithSendTimeout bounds how long one write to a client may make no
 // progress, as nginx's send_timeout does: a client that stops reading a
 // response is disconnected after d, while a stream that keeps writing runs as
 // long as it likes (a whole-response WriteTimeout would cut it). Zero d
 // returns l as is.
-func withSendTimeout(l net.Listener, d time.Duration) net.Listener {
+func WithSendTimeout(l net.Listener, d time.Duration) net.Listener {
 	if d <= 0 {
 		return l
 	}
@@ -194,3 +194,6 @@ func (c *sendTimeoutConn) Write(p []byte) (int, error) {
 	c.Conn.SetWriteDeadline(time.Now().Add(c.d))
 	return c.Conn.Write(p)
 }
+
+// Conn is the UDP socket HTTP/3 is served on, to hand to a successor.
+func (h *HTTP3) Conn() net.PacketConn { return h.conn }

@@ -1,0 +1,196 @@
+package serving
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	proxyproto "github.com/pires/go-proxyproto"
+	"github.com/rs/zerolog"
+
+	"github.com/scafo/scafo-edge/internal/testsupport"
+)
+
+// pair returns a connection accepted through wrap(listener) and the client's
+// end of it; the test's cleanup closes both.
+func pair(t *testing.T, wrap func(net.Listener) net.Listener, from string) (server, client net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := wrap(ln)
+	t.Cleanup(func() { l.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	client, err = d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	select {
+	case server = <-accepted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not accepted within 10s")
+	}
+	if server == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { server.Close() })
+	return server, client
+}
+
+func TestAClientThatStopsReadingIsCutAfterTheSendTimeout(t *testing.T) {
+	const d = 200 * time.Millisecond
+	server, _ := pair(t, func(l net.Listener) net.Listener { return WithSendTimeout(l, d) }, "127.0.0.1")
+	// The client never reads: once the socket buffers are full, a write
+	// makes no progress and fails at the send timeout.
+	buf := make([]byte, 1<<20)
+	var err error
+	for range 1000 { // bounded: the buffers hold a few MiB at most
+		if _, err = server.Write(buf); err != nil {
+			break
+		}
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("writing to a client that stopped reading: %v, want a timeout", err)
+	}
+}
+
+func TestAStreamThatKeepsFlowingIsNotCutBySendTimeout(t *testing.T) {
+	const d = 200 * time.Millisecond
+	server, client := pair(t, func(l net.Listener) net.Listener { return WithSendTimeout(l, d) }, "127.0.0.1")
+	go io.Copy(io.Discard, client)
+	// Writing for several send timeouts: each write renews the deadline.
+	end := time.Now().Add(4 * d)
+	for time.Now().Before(end) {
+		if _, err := server.Write(make([]byte, 1024)); err != nil {
+			t.Fatalf("a write to a client that reads: %v", err)
+		}
+		time.Sleep(d / 10) // paces the stream; nothing waits on it
+	}
+}
+
+func TestZeroSendTimeoutLeavesTheListenerAsItIs(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if got := WithSendTimeout(ln, 0); got != ln {
+		t.Error("WithSendTimeout(l, 0) wrapped l")
+	}
+	if got := WithProxyProtocol(ln, nil, time.Second); got != ln {
+		t.Error("WithProxyProtocol(l, nil) wrapped l")
+	}
+}
+
+func TestAPROXYHeaderIsTakenOnlyFromTrustedSources(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}
+	wrap := func(l net.Listener) net.Listener { return WithProxyProtocol(l, trusted, 5*time.Second) }
+	header := proxyproto.HeaderProxyFromAddrs(1, &net.TCPAddr{IP: net.ParseIP("203.0.113.7"), Port: 4000}, &net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 80})
+
+	t.Run("from a trusted source, the client is the address it carries", func(t *testing.T) {
+		server, client := pair(t, wrap, "127.0.0.2")
+		if _, err := header.WriteTo(client); err != nil {
+			t.Fatal(err)
+		}
+		if got := server.RemoteAddr().String(); got != "203.0.113.7:4000" {
+			t.Errorf("RemoteAddr = %s, want the PROXY header's 203.0.113.7:4000", got)
+		}
+	})
+	t.Run("from anywhere else, the connection is closed", func(t *testing.T) {
+		server, client := pair(t, wrap, "127.0.0.3")
+		if _, err := header.WriteTo(client); err != nil {
+			t.Fatal(err)
+		}
+		server.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := server.Read(make([]byte, 1)); err == nil {
+			t.Error("read a connection whose untrusted peer sent a PROXY header, want it refused")
+		}
+	})
+}
+
+func TestAConnectionCancellingPastItsBudgetIsClosed(t *testing.T) {
+	g := NewResetGuard(zerolog.Nop())
+	server, client := pair(t, func(l net.Listener) net.Listener { return l }, "127.0.0.1")
+	ctx := g.connContext(context.Background(), server)
+	req := func(major int) *http.Request {
+		r := httptest.NewRequest("GET", "/", nil).WithContext(ctx)
+		r.ProtoMajor = major
+		return r
+	}
+	for range 3 * ResetBurst {
+		g.Canceled(req(1)) // HTTP/1 cancels by closing: not counted
+	}
+	if ctx.Err() != nil {
+		t.Fatal("HTTP/1 cancellations spent the HTTP/2 budget")
+	}
+	for range ResetBurst {
+		g.Canceled(req(2))
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the connection was closed within its burst of %d", ResetBurst)
+	}
+	for range 10 { // past the burst, faster than the refill
+		g.Canceled(req(2))
+	}
+	if ctx.Err() == nil {
+		t.Error("the requests on a connection past its budget were not cancelled")
+	}
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := client.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("client read %v, want the connection closed by the edge", err)
+	}
+	if n := g.closed.Load(); n != 1 {
+		t.Errorf("%d connections closed, want 1", n)
+	}
+}
+
+func TestHTTPSResponsesAdvertiseHTTP3(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := testsupport.SelfSigned(t)
+	h3, err := NewHTTP3(pc.LocalAddr(), pc, nil, &tls.Config{Certificates: []tls.Certificate{cert}}, http.NotFoundHandler(), 1<<16, time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h3.Conn() != pc {
+		t.Error("NewHTTP3 did not serve on the socket it was handed")
+	}
+	served := make(chan error, 1)
+	go func() { served <- h3.Serve() }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		h3.Shutdown(ctx, zerolog.Nop())
+		if err := <-served; err != nil {
+			t.Errorf("Serve after Shutdown: %v, want nil", err)
+		}
+	}()
+	advertised := h3.Advertise(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	testsupport.WaitFor(t, 10*time.Second, "an HTTPS response to carry Alt-Svc", func() bool {
+		rec := httptest.NewRecorder()
+		advertised.ServeHTTP(rec, httptest.NewRequest("GET", "https://a.example/", nil))
+		return rec.Header().Get("Alt-Svc") != ""
+	})
+}
