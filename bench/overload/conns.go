@@ -164,20 +164,30 @@ func (cfg connsConfig) request() []byte {
 	return []byte("GET " + cfg.Path + " HTTP/1.1\r\nHost: " + cfg.Host + "\r\nUser-Agent: bench-overload\r\nAccept: */*\r\n\r\n")
 }
 
-// held: one request per connection, waiting for its answer.
-func (p *loadProc) held(ctx context.Context, i int, sem chan struct{}, attempted func()) {
-	cfg := p.cfg
+// dial opens connection i holding a place in sem; when it fails, it records
+// why, gives the place back, counts the attempt and returns nil.
+func (p *loadProc) dial(ctx context.Context, i int, sem chan struct{}, attempted func()) net.Conn {
 	sem <- struct{}{}
-	c, err := cfg.dialer(i).DialContext(ctx, "tcp", cfg.Target)
+	c, err := p.cfg.dialer(i).DialContext(ctx, "tcp", p.cfg.Target)
 	if err != nil {
 		<-sem
 		p.record(ClassifyDial(err))
 		attempted()
+		return nil
+	}
+	return c
+}
+
+// held: one request per connection, waiting for its answer.
+func (p *loadProc) held(ctx context.Context, i int, sem chan struct{}, attempted func()) {
+	cfg := p.cfg
+	c := p.dial(ctx, i, sem, attempted)
+	if c == nil {
 		return
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(cfg.Timeout))
-	_, err = c.Write(cfg.request())
+	_, err := c.Write(cfg.request())
 	<-sem
 	attempted()
 	if err != nil {
@@ -199,18 +209,14 @@ func (p *loadProc) held(ctx context.Context, i int, sem chan struct{}, attempted
 // idleConn: one request, its answer, then silence until the release.
 func (p *loadProc) idleConn(ctx context.Context, i int, sem chan struct{}, attempted func()) {
 	cfg := p.cfg
-	sem <- struct{}{}
-	c, err := cfg.dialer(i).DialContext(ctx, "tcp", cfg.Target)
-	if err != nil {
-		<-sem
-		p.record(ClassifyDial(err))
-		attempted()
+	c := p.dial(ctx, i, sem, attempted)
+	if c == nil {
 		return
 	}
 	defer c.Close()
 	// The first answer within the dial timeout (a visitor's patience).
 	c.SetDeadline(time.Now().Add(cfg.DialTimeout))
-	_, err = c.Write(cfg.request())
+	_, err := c.Write(cfg.request())
 	var resp *http.Response
 	br := bufio.NewReaderSize(c, 1024)
 	if err == nil {
