@@ -19,15 +19,14 @@ const clientShards = 64
 // table is bounded by the connection budget plus the addresses seen within a
 // bucket's refill time, and never past maxEntries.
 type clientTable struct {
-	shards      [clientShards]clientShard
-	entries     atomic.Int64
-	maxEntries  int64
-	conns       int32
-	requests    int32
-	rate        rate.Limit
-	burst       int
-	refillAfter time.Duration // how long an empty bucket takes to fill
-	now         func() time.Time
+	shards     [clientShards]clientShard
+	entries    atomic.Int64
+	maxEntries int64
+	conns      int32
+	requests   int32
+	rate       rate.Limit
+	burst      int
+	now        func() time.Time
 }
 
 type clientShard struct {
@@ -48,7 +47,6 @@ func (t *clientTable) init(l Limits, now func() time.Time) {
 	t.maxEntries = max(int64(4*l.MaxConns), 1024)
 	if l.ClientRate > 0 {
 		t.rate, t.burst = rate.Limit(l.ClientRate), l.ClientBurst
-		t.refillAfter = time.Duration(float64(l.ClientBurst) / l.ClientRate * float64(time.Second))
 	}
 	for i := range t.shards {
 		t.shards[i].m = map[netip.Addr]*clientEntry{}

@@ -162,9 +162,6 @@ func New(opts Options) (*Controller, error) {
 	return c, nil
 }
 
-// Limits returns the limits c enforces.
-func (c *Controller) Limits() Limits { return c.limits }
-
 // inUse is the traffic descriptors held now: client and upstream
 // connections.
 func (c *Controller) inUse() int64 { return c.clientConns.Load() + c.upstreamConns.Load() }
