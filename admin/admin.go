@@ -25,6 +25,7 @@ import (
 	"github.com/scafo/scafo-edge/certs"
 	"github.com/scafo/scafo-edge/certs/prefetch"
 	"github.com/scafo/scafo-edge/edge"
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -55,8 +56,8 @@ type Server struct {
 	// Started is when the process started, shown as uptime on the status
 	// page; zero: not shown.
 	Started time.Time
-	// Now is the clock of the status surfaces; nil: time.Now.
-	Now func() time.Time
+	// Clock is the clock of the status surfaces; nil: the wall clock.
+	Clock clock.Clock
 }
 
 // Handler returns the admin listener's routes: /healthz, /readyz and

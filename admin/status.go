@@ -132,8 +132,8 @@ type PrefetchStatus struct {
 const certExpiryWarning = 14 * 24 * time.Hour
 
 func (a *Server) clock() time.Time {
-	if a.Now != nil {
-		return a.Now()
+	if a.Clock != nil {
+		return a.Clock.Now()
 	}
 	return time.Now()
 }

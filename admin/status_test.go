@@ -24,6 +24,7 @@ import (
 	"github.com/scafo/scafo-edge/certs"
 	"github.com/scafo/scafo-edge/certs/prefetch"
 	"github.com/scafo/scafo-edge/edge"
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
@@ -112,7 +113,7 @@ func newStatusFixture(t *testing.T, extra ...node.Route) *statusFixture {
 			Proxy:    proxy,
 			Token:    statusToken,
 			Started:  statusT0.Add(-time.Hour),
-			Now:      func() time.Time { return statusT0 },
+			Clock:    clock.NewFake(statusT0),
 		},
 		deadAddr: dead,
 		liveAddr: live,

@@ -94,7 +94,7 @@ func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal
 	k := Ticket{t: c}
 	if key, ok := c.clientOfRequest(r); ok {
 		var why Refusal
-		if k.client, why = c.clients.addRequest(key, c.now()); why != Admitted {
+		if k.client, why = c.clients.addRequest(key, c.clock.Now()); why != Admitted {
 			c.refusedRequest(why)
 			return Ticket{}, why
 		}

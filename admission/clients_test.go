@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
@@ -187,8 +188,8 @@ func TestAnIPv6ClientsShareOfRequestsIsItsSlash64s(t *testing.T) {
 func TestAClientAddressPastItsRateIsRefused429UntilItsBucketRefills(t *testing.T) {
 	l := testLimits(100)
 	l.ClientRate, l.ClientBurst = 1, 2
-	clock := newFakeClock()
-	c := newController(t, Options{Limits: l, Now: clock.Now})
+	clk := newFakeClock()
+	c := newController(t, Options{Limits: l, Clock: clk})
 	admit := func(remote string) Refusal {
 		k, why := c.Admit(request(remote), "app")
 		k.Release()
@@ -205,7 +206,7 @@ func TestAClientAddressPastItsRateIsRefused429UntilItsBucketRefills(t *testing.T
 	if why := admit("192.0.2.8:1"); why != Admitted {
 		t.Errorf("another address's request = %v, want admitted", why)
 	}
-	clock.Advance(time.Second)
+	clk.Advance(time.Second)
 	if why := admit("192.0.2.7:1"); why != Admitted {
 		t.Errorf("a request a second later = %v, want admitted", why)
 	}
@@ -218,12 +219,12 @@ func TestAClientAddressPastItsRateIsRefused429UntilItsBucketRefills(t *testing.T
 }
 
 // The controller's clock is the one its rate is measured by: a test (or a
-// caller) that sets Options.Now must see the rate enforced by that clock.
+// caller) that sets Options.Clock must see the rate enforced by that clock.
 func TestAClientPastItsRateStaysRefusedWhileTheControllersClockStandsStill(t *testing.T) {
 	l := testLimits(100)
 	l.ClientRate, l.ClientBurst = 1, 1
-	clock := &fakeClock{now: time.Now().Add(-time.Hour)}
-	c := newController(t, Options{Limits: l, Now: clock.Now})
+	clk := clock.NewFake(time.Now().Add(-time.Hour))
+	c := newController(t, Options{Limits: l, Clock: clk})
 	k, why := c.Admit(request("192.0.2.7:1"), "app")
 	if why != Admitted {
 		t.Fatalf("first request = %v, want admitted", why)
@@ -232,8 +233,8 @@ func TestAClientPastItsRateStaysRefusedWhileTheControllersClockStandsStill(t *te
 	k, why = c.Admit(request("192.0.2.7:1"), "app")
 	k.Release()
 	if why != RefusedClientRate {
-		t.Errorf("second request at the same instant of the controller's clock = %v, want %v "+
-			"(the client table measured the bucket by time.Now, not Options.Now, found it full and forgot the address)", why, RefusedClientRate)
+		t.Errorf("second request at the same instant of the controller's clk = %v, want %v "+
+			"(the client table measured the bucket by time.Now, not Options.Clock, found it full and forgot the address)", why, RefusedClientRate)
 	}
 }
 

@@ -216,9 +216,9 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		// or one that never sends anything, is as cheap to shed as an idle
 		// keep-alive one (minIdleAge spares those whose request is on its
 		// way).
-		c.idle.push(t, conn, stateNew, c.now())
+		c.idle.push(t, conn, stateNew, c.clock.Now())
 	case http.StateIdle:
-		if c.idle.push(t, conn, stateIdle, c.now()) {
+		if c.idle.push(t, conn, stateIdle, c.clock.Now()) {
 			// Told to go away, the client opens no stream on it again.
 			// Its last stream's final frames may still be on their way
 			// out of the server's buffer: close it a little later.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
@@ -134,12 +135,12 @@ func TestAtTheConnectionBudgetTheListenerStopsAcceptingUntilAConnectionCloses(t 
 	}
 }
 
-// budgetSpent returns a controller (on clock) whose budget of 2 is spent by
+// budgetSpent returns a controller (on clk) whose budget of 2 is spent by
 // two accepted connections, and its listener with an Accept waiting for
 // room, whose result arrives on the channel returned.
-func budgetSpent(t *testing.T, clock *fakeClock) (*testController, net.Listener, []net.Conn, <-chan error) {
+func budgetSpent(t *testing.T, clk *clock.Fake) (*testController, net.Listener, []net.Conn, <-chan error) {
 	t.Helper()
-	c := newController(t, Options{Limits: testLimits(2), Now: clock.Now})
+	c := newController(t, Options{Limits: testLimits(2), Clock: clk})
 	ln := listen(t)
 	cl := c.Listener(ln)
 	t.Cleanup(func() { cl.Close() })
@@ -181,8 +182,8 @@ func TestClosingTheListenerEndsAnAcceptWaitingForRoom(t *testing.T) {
 
 func TestAnAcceptEndedByItsListenerClosingLeavesNoPauseBehind(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
-	c, cl, held, errc := budgetSpent(t, clock)
+	clk := newFakeClock()
+	c, cl, held, errc := budgetSpent(t, clk)
 	c.run(t)
 	testsupport.WaitFor(t, 10*time.Second, "an episode of pressure to start", func() bool { return c.Snapshot().Pressure })
 	cl.Close()
@@ -200,11 +201,11 @@ func TestAnAcceptEndedByItsListenerClosingLeavesNoPauseBehind(t *testing.T) {
 	// With no connection left, the episode ends once calm for long enough
 	// (calmFor of the controller's clock, moved on here).
 	ended := testsupport.Poll(3*time.Second, func() bool {
-		clock.Advance(100 * time.Millisecond)
+		clk.Advance(100 * time.Millisecond)
 		return !c.Snapshot().Pressure
 	})
 	if !ended {
-		t.Errorf("pressure still on after every connection closed and far more than calmFor of the controller's clock: %+v", c.Snapshot())
+		t.Errorf("pressure still on after every connection closed and far more than calmFor of the controller's clk: %+v", c.Snapshot())
 	}
 }
 

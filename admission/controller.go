@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/scafo/scafo-edge/internal/clock"
 )
 
 // Water marks of the connection budget: pressure starts when the
@@ -65,8 +66,9 @@ type Options struct {
 	Log zerolog.Logger
 	// Registerer receives the package's metrics. Nil: no metrics.
 	Registerer prometheus.Registerer
-	// Now is the clock. Nil: time.Now.
-	Now func() time.Time
+	// Clock is where connection ages and rate limits read the time. Nil:
+	// the wall clock.
+	Clock clock.Clock
 	// CloseIdleUpstreams, if non-nil, closes the idle pooled connections to
 	// upstreams: under pressure they are given up before any client's.
 	CloseIdleUpstreams func()
@@ -82,7 +84,7 @@ type Controller struct {
 	proxies []netip.Prefix
 	trusted []netip.Prefix
 	log     zerolog.Logger
-	now     func() time.Time
+	clock   clock.Clock
 	memUse  func() int64
 	m       *metrics
 
@@ -140,19 +142,16 @@ func New(opts Options) (*Controller, error) {
 		proxies: opts.Proxies,
 		trusted: opts.TrustedProxies,
 		log:     opts.Log,
-		now:     opts.Now,
+		clock:   clock.OrReal(opts.Clock),
 		memUse:  opts.MemoryInUse,
 		wake:    make(chan struct{}, 1),
 
 		closeIdleUpstreams: opts.CloseIdleUpstreams,
 	}
-	if c.now == nil {
-		c.now = time.Now
-	}
 	if c.memUse == nil {
 		c.memUse = goMemoryInUse
 	}
-	c.clients.init(opts.Limits, c.now)
+	c.clients.init(opts.Limits, c.clock.Now)
 	c.apps.init(opts.Limits)
 	var err error
 	if c.m, err = newMetrics(opts.Registerer, c); err != nil {
@@ -251,7 +250,7 @@ func (c *Controller) makeRoom() bool {
 	if c.inUse() < max {
 		return true
 	}
-	if !c.shedOldest(c.now(), minIdleAge) && c.closeIdleUpstreams != nil {
+	if !c.shedOldest(c.clock.Now(), minIdleAge) && c.closeIdleUpstreams != nil {
 		c.closeIdleUpstreams()
 	}
 	return c.inUse() < max
@@ -303,7 +302,7 @@ func (c *Controller) sampleMemory() {
 func (c *Controller) step() {
 	max := float64(c.limits.MaxConns)
 	used := c.inUse()
-	now := c.now()
+	now := c.clock.Now()
 	c.episodeMu.Lock()
 	ep := c.episode
 	c.episodeMu.Unlock()

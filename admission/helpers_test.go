@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
@@ -28,26 +29,9 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// fakeClock is a clock a test moves by hand, for Options.Now: connections
-// look old without a test waiting for them to age.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
-
-func (f *fakeClock) Now() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.now
-}
-
-func (f *fakeClock) Advance(d time.Duration) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.now = f.now.Add(d)
-}
+// newFakeClock returns a clock a test moves by hand, for Options.Clock:
+// connections look old without a test waiting for them to age.
+func newFakeClock() *clock.Fake { return clock.NewFake(time.Now()) }
 
 // testLimits are limits New accepts, with maxConns connections; the
 // per-client limits are out of the way unless a test lowers them.

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
@@ -43,10 +44,10 @@ func (tc *testController) waitPressure(t *testing.T) {
 // waitCalm moves the clock on until the episode of pressure ends: it ends
 // once connections and memory have stayed under their low-water marks for
 // calmFor of the controller's clock.
-func (tc *testController) waitCalm(t *testing.T, clock *fakeClock) {
+func (tc *testController) waitCalm(t *testing.T, clk *clock.Fake) {
 	t.Helper()
 	testsupport.WaitFor(t, 10*time.Second, "the episode to end", func() bool {
-		clock.Advance(100 * time.Millisecond)
+		clk.Advance(100 * time.Millisecond)
 		return tc.pressure(t) == 0 && !tc.Snapshot().Pressure
 	})
 }
@@ -73,8 +74,8 @@ func (g *gate) waitEntered(t *testing.T) {
 
 // keepAliveClients opens n HTTP/1.1 keep-alive connections one after the
 // other, each doing one request, so that they are idle oldest first; the
-// clock moves a millisecond between them.
-func keepAliveClients(t *testing.T, c *testController, clock *fakeClock, addr string, n int) []*h1Client {
+// clk moves a millisecond between them.
+func keepAliveClients(t *testing.T, c *testController, clk *clock.Fake, addr string, n int) []*h1Client {
 	t.Helper()
 	idleBefore := c.Snapshot().IdleConns
 	var out []*h1Client
@@ -84,7 +85,7 @@ func keepAliveClients(t *testing.T, c *testController, clock *fakeClock, addr st
 			t.Fatalf("request on connection %d: %v", i+1, err)
 		}
 		c.waitIdle(t, idleBefore+i+1)
-		clock.Advance(time.Millisecond)
+		clk.Advance(time.Millisecond)
 		out = append(out, h)
 	}
 	return out
@@ -92,15 +93,15 @@ func keepAliveClients(t *testing.T, c *testController, clock *fakeClock, addr st
 
 func TestUnderPressureTheOldestIdleConnectionsAreClosedFirst(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
-	c := newController(t, Options{Limits: testLimits(shedMaxConns), Now: clock.Now})
+	clk := newFakeClock()
+	c := newController(t, Options{Limits: testLimits(shedMaxConns), Clock: clk})
 	c.run(t)
 	g := newGate(t)
 	ln := listen(t)
 	serve(t, c.Controller, ln, g.handler(), nil)
 	addr := ln.Addr().String()
 
-	idle := keepAliveClients(t, c, clock, addr, shedLow)
+	idle := keepAliveClients(t, c, clk, addr, shedLow)
 	active := dialH1(t, addr)
 	if err := active.send("/block"); err != nil {
 		t.Fatal(err)
@@ -108,7 +109,7 @@ func TestUnderPressureTheOldestIdleConnectionsAreClosedFirst(t *testing.T) {
 	g.waitEntered(t)
 	// The eighteenth connection reaches the high-water mark; none is old
 	// enough to shed yet.
-	idle = append(idle, keepAliveClients(t, c, clock, addr, 1)...)
+	idle = append(idle, keepAliveClients(t, c, clk, addr, 1)...)
 	c.waitPressure(t)
 	if s := c.Snapshot(); !s.Pressure || s.PressureReason == "" || s.ClientConns != shedHigh {
 		t.Errorf("Snapshot = pressure %v (%q) at %d connections, want pressure with a reason at %d", s.Pressure, s.PressureReason, s.ClientConns, shedHigh)
@@ -119,7 +120,7 @@ func TestUnderPressureTheOldestIdleConnectionsAreClosedFirst(t *testing.T) {
 
 	// Now they are old enough: the oldest go, to just under the low-water
 	// mark (15 of 20).
-	clock.Advance(time.Second)
+	clk.Advance(time.Second)
 	testsupport.WaitFor(t, 10*time.Second, "idle connections to be shed", func() bool { return c.Snapshot().ClientConns < shedLow })
 	const shed = shedHigh - shedLow + 1
 	if got := shedHigh - int(c.Snapshot().ClientConns); got != shed {
@@ -148,7 +149,7 @@ func TestUnderPressureTheOldestIdleConnectionsAreClosedFirst(t *testing.T) {
 
 	// Under the low-water mark for long enough, the episode ends, logged
 	// once; waiting out the calm, the short idle timeout no longer holds.
-	c.waitCalm(t, clock)
+	c.waitCalm(t, clk)
 	for msg, what := range map[string]string{episodeStart: "start", episodeEnd: "end"} {
 		if n := len(c.log.LogEntries(msg)); n != 1 {
 			t.Errorf("the episode's %s logged %d times, want once:\n%s", what, n, c.log.String())
@@ -251,9 +252,9 @@ func waitClientClosed(t *testing.T, w *watchedConn, what string) {
 
 func TestUnderPressureAnIdleHTTP2ConnectionIsToldToGoAwayAndNoRequestFails(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clk := newFakeClock()
 	const maxConns = 10 // pressure at 9 connections, shedding down to 8
-	c := newController(t, Options{Limits: testLimits(maxConns), Now: clock.Now})
+	c := newController(t, Options{Limits: testLimits(maxConns), Clock: clk})
 	c.run(t)
 	g := newGate(t)
 	cert, roots := testsupport.SelfSigned(t)
@@ -276,7 +277,7 @@ func TestUnderPressureAnIdleHTTP2ConnectionIsToldToGoAwayAndNoRequestFails(t *te
 
 	// Both are old now; seven connections that have sent nothing yet, too
 	// young to shed, bring the count to 9.
-	clock.Advance(time.Second)
+	clk.Advance(time.Second)
 	for range 7 {
 		dialFrom(t, "127.0.0.1", ln.Addr().String())
 	}
@@ -309,9 +310,9 @@ func TestUnderPressureAnIdleHTTP2ConnectionIsToldToGoAwayAndNoRequestFails(t *te
 
 func TestUnderPressureOnlyAsManyHTTP2ConnectionsAsNeededAreToldToGoAway(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock()
+	clk := newFakeClock()
 	const maxConns = 10 // pressure at 9 connections, shedding to under 8
-	c := newController(t, Options{Limits: testLimits(maxConns), Now: clock.Now})
+	c := newController(t, Options{Limits: testLimits(maxConns), Clock: clk})
 	c.run(t)
 	cert, roots := testsupport.SelfSigned(t)
 	ln := listen(t)
@@ -325,10 +326,10 @@ func TestUnderPressureOnlyAsManyHTTP2ConnectionsAsNeededAreToldToGoAway(t *testi
 			t.Fatal(err)
 		}
 		c.waitIdle(t, i+1)
-		clock.Advance(time.Millisecond)
+		clk.Advance(time.Millisecond)
 		clients = append(clients, h)
 	}
-	clock.Advance(time.Second)
+	clk.Advance(time.Second)
 	for range 6 {
 		dialFrom(t, "127.0.0.1", ln.Addr().String())
 	}
@@ -360,8 +361,8 @@ func TestPastTheMemoryHighWaterMarkNewRequestsAreRefusedUntilUnderTheLowOne(t *t
 	var use, samples atomic.Int64
 	l := testLimits(100)
 	l.MemoryLimit = 1000 // high-water mark 750, low 650
-	clock := newFakeClock()
-	c := newController(t, Options{Limits: l, Now: clock.Now, MemoryInUse: func() int64 {
+	clk := newFakeClock()
+	c := newController(t, Options{Limits: l, Clock: clk, MemoryInUse: func() int64 {
 		samples.Add(1)
 		return use.Load()
 	}})
@@ -403,7 +404,7 @@ func TestPastTheMemoryHighWaterMarkNewRequestsAreRefusedUntilUnderTheLowOne(t *t
 	if why := admit(); why != Admitted {
 		t.Errorf("Admit under the low-water mark = %v, want admitted", why)
 	}
-	c.waitCalm(t, clock)
+	c.waitCalm(t, clk)
 	if got := c.shed(t, "memory"); got != 2 {
 		t.Errorf("scafo_edge_shed_total{reason=memory} = %v, want 2", got)
 	}
@@ -420,10 +421,10 @@ func TestPastTheMemoryHighWaterMarkNewRequestsAreRefusedUntilUnderTheLowOne(t *t
 // silentConnections starts a running controller and a server, and opens
 // shedHigh connections that send nothing, one a millisecond of its clock
 // apart, oldest first: enough for an episode of pressure.
-func silentConnections(t *testing.T) (*testController, *fakeClock, []net.Conn) {
+func silentConnections(t *testing.T) (*testController, *clock.Fake, []net.Conn) {
 	t.Helper()
-	clock := newFakeClock()
-	c := newController(t, Options{Limits: testLimits(shedMaxConns), Now: clock.Now})
+	clk := newFakeClock()
+	c := newController(t, Options{Limits: testLimits(shedMaxConns), Clock: clk})
 	c.run(t)
 	ln := listen(t)
 	serve(t, c.Controller, ln, newGate(t).handler(), nil)
@@ -431,16 +432,16 @@ func silentConnections(t *testing.T) (*testController, *fakeClock, []net.Conn) {
 	for i := range shedHigh {
 		conns = append(conns, dialFrom(t, "127.0.0.1", ln.Addr().String()))
 		c.waitIdle(t, i+1)
-		clock.Advance(time.Millisecond)
+		clk.Advance(time.Millisecond)
 	}
-	return c, clock, conns
+	return c, clk, conns
 }
 
 func TestAConnectionThatHasSentNothingIsShedLikeAnIdleOne(t *testing.T) {
 	t.Parallel()
-	c, clock, silent := silentConnections(t)
+	c, clk, silent := silentConnections(t)
 	c.waitPressure(t)
-	clock.Advance(time.Second)
+	clk.Advance(time.Second)
 	testsupport.WaitFor(t, 10*time.Second, "silent connections to be shed", func() bool { return c.Snapshot().ClientConns < shedLow })
 	for i, conn := range silent[:shedHigh-shedLow+1] {
 		if err := closedByPeer(conn); err != nil {
@@ -467,14 +468,14 @@ func TestAtTheBudgetANewConnectionIsServedOnceAnIdleOneIsOldEnoughToClose(t *tes
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			const maxConns = 4
-			clock := newFakeClock()
-			c := newController(t, Options{Limits: testLimits(maxConns), Now: clock.Now})
+			clk := newFakeClock()
+			c := newController(t, Options{Limits: testLimits(maxConns), Clock: clk})
 			c.run(t)
 			ln := listen(t)
 			serve(t, c.Controller, ln, newGate(t).handler(), nil)
 			addr := ln.Addr().String()
-			idle := keepAliveClients(t, c, clock, addr, maxConns)
-			clock.Advance(tt.age)
+			idle := keepAliveClients(t, c, clk, addr, maxConns)
+			clk.Advance(tt.age)
 
 			next := dialH1(t, addr)
 			if tt.wantPause {
@@ -527,8 +528,8 @@ func oldestClosedFirst(t *testing.T, conns []*h1Client) int {
 func TestAtTheBudgetAcceptClosesTheOldestIdleConnectionItself(t *testing.T) {
 	t.Parallel()
 	const maxConns = 4
-	clock := newFakeClock()
-	c := newController(t, Options{Limits: testLimits(maxConns), Now: clock.Now})
+	clk := newFakeClock()
+	c := newController(t, Options{Limits: testLimits(maxConns), Clock: clk})
 	ln := listen(t)
 	cl := c.Listener(ln)
 	t.Cleanup(func() { cl.Close() })
@@ -543,10 +544,10 @@ func TestAtTheBudgetAcceptClosesTheOldestIdleConnectionItself(t *testing.T) {
 		c.ConnState(conn, http.StateNew)
 		c.ConnState(conn, http.StateActive)
 		c.ConnState(conn, http.StateIdle)
-		clock.Advance(time.Millisecond)
+		clk.Advance(time.Millisecond)
 		served = append(served, conn)
 	}
-	clock.Advance(time.Second)
+	clk.Advance(time.Second)
 	next := dialFrom(t, "127.0.0.1", ln.Addr().String())
 	got := make(chan net.Conn, 1)
 	go func() {
@@ -578,7 +579,7 @@ func TestAtTheBudgetAcceptClosesTheOldestIdleConnectionItself(t *testing.T) {
 
 func TestAConnectionWhoseRequestIsArrivingIsNotShed(t *testing.T) {
 	t.Parallel()
-	c, clock, conns := silentConnections(t)
+	c, clk, conns := silentConnections(t)
 	// The oldest has begun its request; the rest of its headers are slow
 	// to come. Its server still reports it new: only its bytes tell.
 	oldest := conns[0]
@@ -591,7 +592,7 @@ func TestAConnectionWhoseRequestIsArrivingIsNotShed(t *testing.T) {
 		return c.idle.head != nil && c.idle.head.arriving.Load()
 	})
 	c.waitPressure(t)
-	clock.Advance(time.Second)
+	clk.Advance(time.Second)
 	testsupport.WaitFor(t, 10*time.Second, "silent connections to be shed", func() bool { return c.Snapshot().ClientConns < shedLow })
 	for i, conn := range conns[1 : shedHigh-shedLow+2] {
 		if err := closedByPeer(conn); err != nil {

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/scafo/scafo-edge/internal/backoff"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -126,11 +127,7 @@ func (s *hostState) ejected(now time.Time) bool {
 // consecutive failure count and the ejection period.
 func (h *health) connectFailed(s *hostState, now time.Time) (int32, time.Duration) {
 	n := s.failures.Add(1)
-	d := h.base
-	for i := int32(1); i < n && d < h.max; i++ {
-		d *= 2
-	}
-	d = min(d, h.max)
+	d := backoff.Doubling(h.base, h.max, int(n))
 	s.ejectedUntil.Store(now.Add(d).UnixNano())
 	return n, d
 }

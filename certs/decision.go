@@ -11,6 +11,8 @@ import (
 
 	"github.com/caddyserver/certmagic"
 
+	"github.com/scafo/scafo-edge/internal/backoff"
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/hostname"
 )
 
@@ -128,10 +130,10 @@ func (m *Manager) release(name string) {
 // document, so this is only reached by a very large or churning document.
 const maxBackoffNames = 10000
 
-// backoff is the per-name back-off after failed on-demand issuances.
-type backoff struct {
+// issuanceBackoff is the per-name back-off after failed issuances.
+type issuanceBackoff struct {
 	base, max time.Duration
-	now       func() time.Time
+	clock     clock.Clock
 
 	mu    sync.Mutex
 	names map[string]*backoffState
@@ -142,19 +144,19 @@ type backoffState struct {
 	until    time.Time
 }
 
-func newBackoff(base, max time.Duration) *backoff {
+func newIssuanceBackoff(base, max time.Duration, clk clock.Clock) *issuanceBackoff {
 	if max < base {
 		max = base
 	}
-	return &backoff{base: base, max: max, now: time.Now, names: map[string]*backoffState{}}
+	return &issuanceBackoff{base: base, max: max, clock: clock.OrReal(clk), names: map[string]*backoffState{}}
 }
 
 // fail records a failure for name and returns how long it is held back:
 // base, doubled for each failure in a row, at most max.
-func (b *backoff) fail(name string) time.Duration {
+func (b *issuanceBackoff) fail(name string) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	now := b.now()
+	now := b.clock.Now()
 	st := b.names[name]
 	if st == nil {
 		if len(b.names) >= maxBackoffNames {
@@ -167,28 +169,24 @@ func (b *backoff) fail(name string) time.Duration {
 		st.failures = 0
 	}
 	st.failures++
-	d := b.base
-	for i := 1; i < st.failures && d < b.max; i++ {
-		d *= 2
-	}
-	d = min(d, b.max)
+	d := backoff.Doubling(b.base, b.max, st.failures)
 	st.until = now.Add(d)
 	return d
 }
 
 // active reports whether name is held back, and until when.
-func (b *backoff) active(name string) (time.Time, bool) {
+func (b *issuanceBackoff) active(name string) (time.Time, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	st := b.names[name]
-	if st == nil || !b.now().Before(st.until) {
+	if st == nil || !b.clock.Now().Before(st.until) {
 		return time.Time{}, false
 	}
 	return st.until, true
 }
 
 // clear forgets name's failures and reports whether there were any.
-func (b *backoff) clear(name string) bool {
+func (b *issuanceBackoff) clear(name string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	_, had := b.names[name]
@@ -197,10 +195,10 @@ func (b *backoff) clear(name string) bool {
 }
 
 // count returns how many names are held back now.
-func (b *backoff) count() int {
+func (b *issuanceBackoff) count() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	now, n := b.now(), 0
+	now, n := b.clock.Now(), 0
 	for _, st := range b.names {
 		if now.Before(st.until) {
 			n++
@@ -209,7 +207,7 @@ func (b *backoff) count() int {
 	return n
 }
 
-func (b *backoff) pruneLocked(now time.Time) {
+func (b *issuanceBackoff) pruneLocked(now time.Time) {
 	for name, st := range b.names {
 		if !now.Before(st.until) {
 			delete(b.names, name)

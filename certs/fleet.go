@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/promreg"
 	"github.com/scafo/scafo-edge/node"
 )
@@ -56,7 +57,7 @@ type FleetOptions struct {
 	Registerer prometheus.Registerer
 
 	// clock is the time source; nil is the wall clock. Tests set a fake.
-	clock clock
+	clock clock.Clock
 }
 
 // FleetStorage is the certificate store one fleet shares, through the
@@ -99,7 +100,7 @@ type FleetStorage struct {
 	retryMax    time.Duration
 	log         zerolog.Logger
 	m           fleetMetrics
-	clock       clock
+	clock       clock.Clock
 
 	// flushMu orders writes to the node: a new write goes out only after
 	// the queue before it has landed.
@@ -158,7 +159,7 @@ func NewFleetStorage(remote *node.StorageClient, local *BoltStorage, opts FleetO
 		done:        make(chan struct{}),
 	}
 	if s.clock == nil {
-		s.clock = realClock{}
+		s.clock = clock.Real
 	}
 	s.poll = opts.LockPollMax
 	if s.poll <= 0 {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io/fs"
 	"time"
+
+	"github.com/scafo/scafo-edge/internal/backoff"
 )
 
 // fleetLockRecords is the key prefix, in the node's store, of the records
@@ -67,12 +69,8 @@ func (s *FleetStorage) lockRecord(ctx context.Context, name string) (rec fleetLo
 // again after jittered waits doubling up to LockPollMax, or at once when
 // this value releases a lock.
 func (s *FleetStorage) Lock(ctx context.Context, name string) error {
-	wait := max(s.poll/20, time.Millisecond)
-	return pollLock(ctx, s.clock, name, &s.unlocked, func() time.Duration {
-		d := jitter(wait)
-		wait = min(wait*2, s.poll)
-		return d
-	}, s.TryLock)
+	retry := backoff.Backoff{Base: max(s.poll/20, time.Millisecond), Max: s.poll, Spread: backoff.RetrySpread}
+	return pollLock(ctx, s.clock, name, &s.unlocked, retry.Failed, s.TryLock)
 }
 
 // TryLock takes the lock for name if it is free or stale, without

@@ -6,8 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	mrand "math/rand/v2"
 	"time"
+
+	"github.com/scafo/scafo-edge/internal/backoff"
 )
 
 // fleetOutbox is the key prefix, in the local bbolt store, of writes that
@@ -228,7 +229,7 @@ func (s *FleetStorage) run() {
 		<-s.stop
 		cancel()
 	}()
-	wait := s.retryMin
+	retry := backoff.Backoff{Base: s.retryMin, Max: s.retryMax, Spread: backoff.RetrySpread}
 	var timer <-chan time.Time
 	for {
 		select {
@@ -245,16 +246,9 @@ func (s *FleetStorage) run() {
 		err := s.flushLocked(ctx)
 		s.flushMu.Unlock()
 		if err == nil {
-			wait = s.retryMin
+			retry.Succeeded()
 			continue
 		}
-		timer = s.clock.After(jitter(wait))
-		wait = min(wait*2, s.retryMax)
+		timer = s.clock.After(retry.Failed())
 	}
-}
-
-// jitter spreads d over [d/2, 3d/2) so edges that failed together do not
-// retry together.
-func jitter(d time.Duration) time.Duration {
-	return d/2 + time.Duration(mrand.Int64N(int64(d)+1))
 }

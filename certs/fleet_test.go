@@ -29,6 +29,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/scafo/scafo-edge/certs/certstest"
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 	"github.com/scafo/scafo-edge/node/nodetest"
@@ -363,7 +364,7 @@ func TestFleetStorageLocks(t *testing.T) {
 		defer cancel()
 		done := lockInBackground(lctx, b.FleetStorage, "renewed")
 		limit := 2500 * time.Millisecond // past the 1s bound
-		if moved, returned, err := advanceWhileWaiting(t, opts.clock.(*fakeClock), 100*time.Millisecond, limit, done); returned {
+		if moved, returned, err := advanceWhileWaiting(t, opts.clock.(*clock.Fake), 100*time.Millisecond, limit, done); returned {
 			t.Fatalf("B Lock of a renewed lock returned %v after %v, want it to wait past %v", err, moved, limit)
 		}
 		cancel()

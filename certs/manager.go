@@ -32,6 +32,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/scafo/scafo-edge/certs/prefetch"
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/hostname"
 	"github.com/scafo/scafo-edge/internal/promreg"
 )
@@ -118,6 +119,11 @@ type Options struct {
 	// in a row, capped at Max. Zero means the defaults above.
 	FailureBackoffBase, FailureBackoffMax time.Duration
 
+	// Clock is where the Manager reads time for its per-name back-off, and
+	// the prefetch queue's clock unless Prefetch sets one. Nil means the
+	// wall clock. certmagic's renewals keep their own, real timers.
+	Clock clock.Clock
+
 	// Prefetch, when not nil, obtains certificates in the background for
 	// the names each routing document adds, before anyone asks (Manager.
 	// Prefetch, package certs/prefetch); ModeACME only. Its Log is the
@@ -157,7 +163,7 @@ type Manager struct {
 	ca   *internalCA
 
 	bases   map[string]bool // wildcard bases
-	backoff *backoff
+	backoff *issuanceBackoff
 	slots   chan struct{}
 	metrics *metrics
 	// prefetch is nil unless Options.Prefetch is set in ModeACME.
@@ -195,7 +201,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		held:      map[string]int{},
 		pending:   map[string]map[uint64]context.CancelFunc{},
 		known:     map[string][]string{},
-		backoff:   newBackoff(orDur(opts.FailureBackoffBase, DefaultFailureBackoffBase), orDur(opts.FailureBackoffMax, DefaultFailureBackoffMax)),
+		backoff:   newIssuanceBackoff(orDur(opts.FailureBackoffBase, DefaultFailureBackoffBase), orDur(opts.FailureBackoffMax, DefaultFailureBackoffMax), opts.Clock),
 		slots:     make(chan struct{}, orInt(opts.MaxIssuancesInFlight, DefaultMaxIssuancesInFlight)),
 	}
 	switch opts.Mode {

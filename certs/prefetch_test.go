@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,17 +187,17 @@ func TestPrefetch(t *testing.T) {
 func TestPrefetchBudgetAndRemoval(t *testing.T) {
 	e := newTestEdge(t)
 	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: e.httpPort, TLSPort: e.httpsPort})
-	// The queue's clock runs skew ahead of the real one; the test moves
-	// it an hour to refill the budget.
-	var skew atomic.Int64
+	// The test moves the queue's clock an hour to refill the budget.
+	clk := newFakeClock()
 	doc := []string{"b1.test", "b2.test", "b3.test", "b4.test"}
 	names := newNameSet(doc...)
 	reg := prometheus.NewRegistry()
-	m := e.start(t, t.TempDir(), prefetchOptions(pb, names, reg, &prefetch.Options{
+	opts := prefetchOptions(pb, names, reg, &prefetch.Options{
 		PerHour:     2,
-		Now:         func() time.Time { return time.Now().Add(time.Duration(skew.Load())) },
 		DialContext: dialRoutes(e.httpLn.Addr().String(), nil),
-	}))
+	})
+	opts.Clock = clk
+	m := e.start(t, t.TempDir(), opts)
 	m.Prefetch(doc)
 
 	t.Run("more names than the budget: the rest wait, counted", func(t *testing.T) {
@@ -227,8 +226,7 @@ func TestPrefetchBudgetAndRemoval(t *testing.T) {
 		if _, ok := prefetchEntry(m, "b4.test"); ok {
 			t.Fatalf("b4.test still queued after leaving the document")
 		}
-		skew.Add(int64(time.Hour))
-		m.Prefetch(doc) // an unchanged document: only wakes the queue
+		clk.Advance(time.Hour)
 		testsupport.WaitFor(t, 60*time.Second, "b3.test obtained once the budget refills", func() bool { return storedCert(m, "b3.test") })
 		testsupport.WaitFor(t, 5*time.Second, "the queue to empty", func() bool { return len(m.PrefetchStatus()) == 0 })
 		pb.WaitOrderCount(t, 3)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/scafo/scafo-edge/internal/clock"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -81,7 +82,7 @@ func (w *lockWake) release() {
 // pollLock calls try until it takes the lock for name, fails, or ctx ends,
 // waiting between tries for wait() on clk or for a release of wake,
 // whichever comes first.
-func pollLock(ctx context.Context, clk clock, name string, wake *lockWake, wait func() time.Duration, try func(context.Context, string) (bool, error)) error {
+func pollLock(ctx context.Context, clk clock.Clock, name string, wake *lockWake, wait func() time.Duration, try func(context.Context, string) (bool, error)) error {
 	for {
 		released := wake.next()
 		ok, err := try(ctx, name)
@@ -130,7 +131,7 @@ type BoltStorage struct {
 	held     map[string]string
 	unlocked lockWake
 	// clock is the wall clock; tests set a fake one after NewBoltStorage.
-	clock clock
+	clock clock.Clock
 }
 
 // Interface guards: certmagic looks for the optional interfaces by type
@@ -157,7 +158,7 @@ func NewBoltStorage(db *bolt.DB) (*BoltStorage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create storage buckets: %w", err)
 	}
-	return &BoltStorage{db: db, held: map[string]string{}, clock: realClock{}}, nil
+	return &BoltStorage{db: db, held: map[string]string{}, clock: clock.Real}, nil
 }
 
 func (s *BoltStorage) String() string { return "BoltStorage:" + s.db.Path() }

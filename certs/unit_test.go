@@ -18,9 +18,8 @@ import (
 )
 
 func TestBackoff(t *testing.T) {
-	now := time.Unix(1_700_000_000, 0)
-	b := newBackoff(time.Minute, 5*time.Minute)
-	b.now = func() time.Time { return now }
+	clk := newFakeClock()
+	b := newIssuanceBackoff(time.Minute, 5*time.Minute, clk)
 
 	steps := []struct {
 		name    string
@@ -38,7 +37,7 @@ func TestBackoff(t *testing.T) {
 	}
 	for _, st := range steps {
 		t.Run(st.name, func(t *testing.T) {
-			now = now.Add(st.advance)
+			clk.Advance(st.advance)
 			if st.fail {
 				if got := b.fail("a.test"); got != st.want {
 					t.Errorf("fail = %v, want %v", got, st.want)
@@ -60,7 +59,7 @@ func TestBackoff(t *testing.T) {
 }
 
 func TestDecide(t *testing.T) {
-	m := &Manager{allowed: newNameSet("app.test", "*.wild.test", "backoff.test").Allowed, backoff: newBackoff(time.Hour, time.Hour)}
+	m := &Manager{allowed: newNameSet("app.test", "*.wild.test", "backoff.test").Allowed, backoff: newIssuanceBackoff(time.Hour, time.Hour, nil)}
 	var err error
 	if m.metrics, err = newMetrics(nil, m); err != nil {
 		t.Fatal(err)
@@ -241,7 +240,7 @@ func TestZapBridge(t *testing.T) {
 func errorsIs(err, target error) bool { return errors.Is(err, target) }
 
 func TestIssuanceSlots(t *testing.T) {
-	m := &Manager{slots: make(chan struct{}, 1), held: map[string]int{}, backoff: newBackoff(time.Minute, time.Minute)}
+	m := &Manager{slots: make(chan struct{}, 1), held: map[string]int{}, backoff: newIssuanceBackoff(time.Minute, time.Minute, nil)}
 	var err error
 	if m.metrics, err = newMetrics(nil, m); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/scafo/scafo-edge/admission"
 	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/hostname"
 	"github.com/scafo/scafo-edge/node"
 )
@@ -168,13 +169,13 @@ type Handler struct {
 	// its upstreams now (fair shares per application and client address,
 	// memory pressure). Nil: every request may.
 	Admission *admission.Controller
-	// Now is the clock for durations. Nil: time.Now.
-	Now func() time.Time
+	// Clock is the clock for durations. Nil: the wall clock.
+	Clock clock.Clock
 }
 
 func (h *Handler) now() time.Time {
-	if h.Now != nil {
-		return h.Now()
+	if h.Clock != nil {
+		return h.Clock.Now()
 	}
 	return time.Now()
 }

@@ -2,11 +2,11 @@ package edge
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/promreg"
 	"github.com/scafo/scafo-edge/node"
 )
@@ -15,9 +15,9 @@ import (
 // logging and counting what the compile dropped. It is the only writer of
 // Live once the program runs.
 type Updater struct {
-	live *Live
-	log  zerolog.Logger
-	now  func() time.Time
+	live  *Live
+	log   zerolog.Logger
+	clock clock.Clock
 
 	changes    prometheus.Counter
 	compileDur prometheus.Histogram
@@ -31,9 +31,9 @@ type Updater struct {
 // on reg (nil: no metrics), or the registration's error.
 func NewUpdater(live *Live, log zerolog.Logger, reg prometheus.Registerer) (*Updater, error) {
 	u := &Updater{
-		live: live,
-		log:  log,
-		now:  time.Now,
+		live:  live,
+		log:   log,
+		clock: clock.Real,
 		changes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "scafo_edge_document_changes_total",
 			Help: "Routing documents compiled and swapped in.",
@@ -70,10 +70,10 @@ func NewUpdater(live *Live, log zerolog.Logger, reg prometheus.Registerer) (*Upd
 // drop is logged with its host and reason; a document with many drops logs
 // each, because each is a routing decision an operator may be waiting on.
 func (up *Updater) Apply(u node.Update) *Table {
-	start := up.now()
+	start := up.clock.Now()
 	t, drops := Compile(u.Doc)
 	t.fingerprint, t.fetchedAt = u.Fingerprint, u.FetchedAt
-	up.compileDur.Observe(up.now().Sub(start).Seconds())
+	up.compileDur.Observe(up.clock.Now().Sub(start).Seconds())
 	for _, d := range drops {
 		up.log.Warn().Str("host", d.Host).Str("entry", d.Entry).Str("reason", d.Reason).
 			Msg("routing document entry dropped; the rest of the document is served")

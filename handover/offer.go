@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/time/rate"
 
+	"github.com/scafo/scafo-edge/internal/backoff"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -150,7 +151,8 @@ func (o *Offer) Close() error {
 func (o *Offer) Wait(ctx context.Context, socks Sockets) (*Handoff, error) {
 	stop := context.AfterFunc(ctx, func() { o.Close() })
 	defer stop()
-	var backoff time.Duration
+	// Waits between failed accepts as http.Server's accept loop has them.
+	retry := backoff.Backoff{Base: 5 * time.Millisecond, Max: time.Second}
 	for {
 		c, err := o.accept()
 		if err != nil {
@@ -162,20 +164,19 @@ func (o *Offer) Wait(ctx context.Context, socks Sockets) (*Handoff, error) {
 			}
 			// Out of descriptors or the like: it passes, and the offer
 			// must outlive it, as http.Server's accept loop does.
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			if backoff == 5*time.Millisecond {
+			wait := retry.Failed()
+			if retry.Failures() == 1 {
 				o.log.Warn().Err(err).Msg("handover: accepting on the handover socket failed; retrying")
 			}
 			select {
-			case <-time.After(backoff):
+			case <-time.After(wait):
 				continue
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
 		}
-		if backoff > 0 {
+		if retry.Succeeded() > 0 {
 			o.log.Info().Msg("handover: accepting on the handover socket again")
-			backoff = 0
 		}
 		// A stranger is answered beside the loop, so that one who connects
 		// and says nothing costs a successor queued behind it no time.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/scafo/scafo-edge/internal/clock"
 )
 
 // FileSource keeps a current routing document from a file (--routes-file):
@@ -52,7 +53,7 @@ func NewFileSource(opts FileSourceOptions) (*FileSource, error) {
 		maxSize:  MaxDocumentSize,
 		fetch:    f.read,
 		log:      opts.Log,
-		now:      time.Now,
+		clock:    clock.Real,
 	}
 	if f.interval <= 0 {
 		f.interval = 5 * time.Second

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/scafo/scafo-edge/internal/clock"
 )
 
 // RoutesPath is the node endpoint that serves the routing document.
@@ -50,7 +51,9 @@ type PollerOptions struct {
 	// metrics.
 	Registerer prometheus.Registerer
 
-	now func() time.Time // tests; nil: time.Now
+	// Clock is what the poller reads the time from and waits on between
+	// polls. Nil means the wall clock.
+	Clock clock.Clock
 }
 
 // Poller keeps a current routing document from a node: it polls
@@ -111,7 +114,7 @@ func NewPoller(opts PollerOptions) (*Poller, error) {
 		maxSize:  opts.MaxSize,
 		fetch:    p.get,
 		log:      opts.Log,
-		now:      opts.now,
+		clock:    clock.OrReal(opts.Clock),
 	}
 	if p.interval <= 0 {
 		p.interval = 5 * time.Second
@@ -121,9 +124,6 @@ func NewPoller(opts PollerOptions) (*Poller, error) {
 	}
 	if p.maxSize == 0 {
 		p.maxSize = MaxDocumentSize
-	}
-	if p.now == nil {
-		p.now = time.Now
 	}
 	p.st.Source = p.source
 	if p.m, err = newMetrics(opts.Registerer, &p.loop); err != nil {

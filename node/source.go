@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/internal/backoff"
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/promreg"
 )
 
@@ -108,7 +109,7 @@ type loop struct {
 	fetch    func(ctx context.Context, etag string) (fetched, error)
 	log      zerolog.Logger
 	m        *metrics // nil: no metrics
-	now      func() time.Time
+	clock    clock.Clock
 
 	// Owned by the goroutine in run.
 	cur          *Update
@@ -144,27 +145,19 @@ func (l *loop) run(ctx context.Context, seed *Update, apply func(Update)) {
 	}
 	for ctx.Err() == nil {
 		l.once(ctx, apply)
-		t := time.NewTimer(jitter(l.interval))
+		// Spread so that a fleet restarted together does not poll its
+		// nodes in lockstep.
+		t := l.clock.NewTimer(backoff.Jitter(l.interval, backoff.PollSpread))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }
 
-// jitter spreads polls by ±10% so a fleet restarted together does not
-// poll its nodes in lockstep.
-func jitter(d time.Duration) time.Duration {
-	j := d / 10
-	if j <= 0 {
-		return d
-	}
-	return d - j + rand.N(2*j+1)
-}
-
 func (l *loop) once(ctx context.Context, apply func(Update)) {
-	start := l.now()
+	start := l.clock.Now()
 	l.mu.Lock()
 	l.st.LastAttempt = start
 	l.mu.Unlock()
@@ -331,7 +324,7 @@ func newMetrics(reg prometheus.Registerer, l *loop) (*metrics, error) {
 			if t.IsZero() {
 				return -1
 			}
-			return l.now().Sub(t).Seconds()
+			return l.clock.Now().Sub(t).Seconds()
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "scafo_edge_routing_stale",

@@ -89,17 +89,6 @@ func TestBudgetShares(t *testing.T) {
 	}
 }
 
-func TestBackoff(t *testing.T) {
-	for _, tc := range []struct {
-		n    int
-		want time.Duration
-	}{{1, time.Minute}, {2, 2 * time.Minute}, {3, 4 * time.Minute}, {7, time.Hour}, {100, time.Hour}} {
-		if got := backoff(time.Minute, time.Hour, tc.n); got != tc.want {
-			t.Errorf("backoff(1m, 1h, %d) = %v, want %v", tc.n, got, tc.want)
-		}
-	}
-}
-
 func TestBudgetAdmit(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	b := newBudget(100, 2, t0)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"github.com/caddyserver/certmagic"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/scafo/scafo-edge/internal/backoff"
+	"github.com/scafo/scafo-edge/internal/clock"
 )
 
 // Defaults for zero Options fields.
@@ -80,16 +83,20 @@ type Options struct {
 	// ReachTimeout bounds one reachability check. Zero means
 	// DefaultReachTimeout.
 	ReachTimeout time.Duration
-	// DialContext connects reachability checks to "<name>:80". Nil means a
-	// net.Dialer through the system resolver that connects to public
-	// addresses only: a name leading to a loopback or private address does
-	// not reach the fleet as a public CA sees it. Tests point it at
-	// loopback.
+	// LookupNetIP resolves a name for its reachability check: every A and
+	// AAAA record ("ip"), as net.Resolver.LookupNetIP. Nil means the system
+	// resolver, and no look-up of a special-use name (such as one under
+	// .test), which no public CA validates.
+	LookupNetIP func(ctx context.Context, network, host string) ([]netip.Addr, error)
+	// DialContext connects a reachability check to "<address>:80", for
+	// each address LookupNetIP returned. Nil means a net.Dialer that
+	// connects to public addresses only: a name leading to a loopback or
+	// private address does not reach the fleet as a public CA sees it.
+	// Tests point both at loopback.
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
-	// Now is the queue's clock for turns, back-offs and the budget. Nil
-	// means time.Now. Timers still run in real time: a test with a fake
-	// clock calls Kick after moving it.
-	Now func() time.Time
+	// Clock is the queue's time for turns, back-offs and the budget, and
+	// what it waits on between turns. Nil means the wall clock.
+	Clock clock.Clock
 	// Log receives the queue's decisions; the zero value logs nothing.
 	Log zerolog.Logger
 	// Registerer receives the queue's metrics; nil registers none.
@@ -106,8 +113,14 @@ const (
 	Working State = "working"
 	// Budget: the order budget holds the name back.
 	Budget State = "budget"
-	// Unreachable: the name did not reach the fleet; it is checked again at Next.
+	// Unreachable: the name did not reach the fleet at one of its addresses;
+	// it is checked again at Next.
 	Unreachable State = "unreachable"
+	// NoIPv6: the name reached the fleet at its IPv4 addresses, but it
+	// publishes an AAAA record and this box has no IPv6 route to check
+	// that the CA's IPv6 validation would reach the fleet too; it is
+	// checked again at Next, never ordered blindly.
+	NoIPv6 State = "no_ipv6"
 	// Failed: the order failed; it is tried again at Next, once on-demand
 	// issuance's back-off for it has ended too.
 	Failed State = "failed"
@@ -134,6 +147,8 @@ type entry struct {
 	Entry
 	gen, seq int // document generation that added it, and position in it
 	busy     int // looks in a row that found another edge working on it
+	// noIPv6Told: the NoIPv6 warning was logged, once for the name.
+	noIPv6Told bool
 }
 
 // Queue prefetches certificates for names the routing document adds. Its
@@ -143,7 +158,7 @@ type Queue struct {
 	locker  certmagic.TryLocker // nil: no fleet split
 	prober  *prober
 	budget  *budget
-	now     func() time.Time
+	clock   clock.Clock
 	workers int
 	base    time.Duration
 	max     time.Duration
@@ -169,15 +184,12 @@ func New(c Certs, opts Options) (*Queue, error) {
 	if c.Certifiable == nil || c.Held == nil || c.Obtain == nil || c.Storage == nil {
 		return nil, errors.New("prefetch: Certifiable, Held, Obtain and Storage are required")
 	}
-	now := opts.Now
-	if now == nil {
-		now = time.Now
-	}
+	clk := clock.OrReal(opts.Clock)
 	q := &Queue{
 		certs:   c,
-		prober:  newProber(c.Storage, opts.DialContext, orDur(opts.ReachTimeout, DefaultReachTimeout)),
-		budget:  newBudget(orInt(opts.PerHour, DefaultPerHour), orInt(opts.PerDomainPerWeek, DefaultPerDomainPerWeek), now()),
-		now:     now,
+		prober:  newProber(c.Storage, opts.LookupNetIP, opts.DialContext, orDur(opts.ReachTimeout, DefaultReachTimeout)),
+		budget:  newBudget(orInt(opts.PerHour, DefaultPerHour), orInt(opts.PerDomainPerWeek, DefaultPerDomainPerWeek), clk.Now()),
+		clock:   clk,
 		workers: orInt(opts.Workers, DefaultWorkers),
 		base:    orDur(opts.RetryBase, DefaultRetryBase),
 		max:     max(orDur(opts.RetryMax, DefaultRetryMax), orDur(opts.RetryBase, DefaultRetryBase)),
@@ -220,7 +232,7 @@ func (q *Queue) Stop() {
 	q.wg.Wait()
 }
 
-// Kick makes the queue look at its names now (after a test moves its clock).
+// Kick makes the queue look at its names now.
 func (q *Queue) Kick() {
 	select {
 	case q.kick <- struct{}{}:
@@ -246,7 +258,7 @@ func (q *Queue) Update(names []string) {
 	q.mu.Lock()
 	q.gen++
 	next := make(map[string]bool, len(names))
-	now := q.now()
+	now := q.clock.Now()
 	added, dropped := 0, 0
 	for i, n := range names {
 		if next[n] {
@@ -329,7 +341,7 @@ func (q *Queue) sortedLocked() []*entry {
 // run gives names their turns until Stop.
 func (q *Queue) run() {
 	defer close(q.done)
-	timer := time.NewTimer(time.Hour)
+	timer := q.clock.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
 		wake := q.schedule()
@@ -338,7 +350,7 @@ func (q *Queue) run() {
 		case <-q.ctx.Done():
 			return
 		case <-q.kick:
-		case <-timer.C:
+		case <-timer.C():
 		}
 	}
 }
@@ -348,7 +360,7 @@ func (q *Queue) run() {
 func (q *Queue) schedule() time.Duration {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	now := q.now()
+	now := q.clock.Now()
 	wake := time.Hour
 	for _, e := range q.sortedLocked() {
 		if e.State == Working {
@@ -406,13 +418,15 @@ func (q *Queue) work(name string) {
 	case o.retry == 0 || !q.present[name]:
 		delete(q.queue, name)
 	default:
-		now := q.now()
+		now := q.clock.Now()
 		e.Next = now.Add(o.retry)
 		switch o.result {
 		case "elsewhere":
 			e.State = Elsewhere
 		case "unreachable":
 			e.State = Unreachable
+		case "no_ipv6":
+			e.State = NoIPv6
 		case "budget":
 			// Orders recorded by other edges, or before a restart, fill
 			// the registered domain's week.
@@ -473,7 +487,10 @@ func (q *Queue) turn(ctx context.Context, name string) outcome {
 			return outcome{result: "removed"}
 		}
 		res := "unreachable"
-		if !errors.Is(err, ErrUnreachable) {
+		switch {
+		case errors.Is(err, ErrNoIPv6):
+			res = "no_ipv6"
+		case !errors.Is(err, ErrUnreachable):
 			res = "failed"
 		}
 		return q.failed(name, res, err)
@@ -486,7 +503,7 @@ func (q *Queue) turn(ctx context.Context, name string) outcome {
 	if o, ok := q.heldBack(name); ok {
 		return o
 	}
-	start := q.now()
+	start := q.clock.Now()
 	recorded, err := recordedOrders(ctx, q.certs.Storage, name, start)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -510,7 +527,7 @@ func (q *Queue) turn(ctx context.Context, name string) outcome {
 		}
 		return q.failed(name, "failed", fmt.Errorf("obtain: %w", err))
 	}
-	q.log.Info().Str("name", name).Dur("took", q.now().Sub(start)).Msg("certificate prefetched")
+	q.log.Info().Str("name", name).Dur("took", q.clock.Now().Sub(start)).Msg("certificate prefetched")
 	return outcome{result: "obtained"}
 }
 
@@ -543,7 +560,7 @@ func (q *Queue) heldBackFor(name string) time.Duration {
 	if until.IsZero() {
 		return 0
 	}
-	return until.Sub(q.now())
+	return until.Sub(q.clock.Now())
 }
 
 // failed counts a failure for name and returns its back-off: RetryBase,
@@ -551,14 +568,22 @@ func (q *Queue) heldBackFor(name string) time.Duration {
 // on-demand issuance's back-off for it (a failed order starts one).
 func (q *Queue) failed(name, result string, err error) outcome {
 	q.mu.Lock()
-	n := 1
+	n, tell := 1, false
 	if e := q.queue[name]; e != nil {
 		e.Failures++
 		e.busy = 0
 		n = e.Failures
+		if result == "no_ipv6" && !e.noIPv6Told {
+			e.noIPv6Told, tell = true, true
+		}
 	}
 	q.mu.Unlock()
-	d := max(backoff(q.base, q.max, n), q.heldBackFor(name))
+	d := max(backoff.Doubling(q.base, q.max, n), q.heldBackFor(name))
+	if tell {
+		// Once per name: the operator's remedy (IPv6 for the box, or the
+		// AAAA record removed) does not change from one retry to the next.
+		q.log.Warn().Err(err).Str("name", name).Msg("certificate prefetch: the name has an AAAA record and this box has no IPv6 route to check it; no order until it can be checked (a visitor still gets a certificate on demand)")
+	}
 	q.log.Info().Err(err).Str("name", name).Dur("retry_in", d).Msg("certificate prefetch: " + result)
 	return outcome{result: result, retry: d, err: err}
 }
@@ -573,14 +598,5 @@ func (q *Queue) busyRetry(name string) time.Duration {
 		e.busy++
 		n = e.busy
 	}
-	return backoff(q.busy, q.max, n)
-}
-
-// backoff is base doubled n-1 times, at most ceiling.
-func backoff(base, ceiling time.Duration, n int) time.Duration {
-	d := base
-	for i := 1; i < n && d < ceiling; i++ {
-		d *= 2
-	}
-	return min(d, ceiling)
+	return backoff.Doubling(q.busy, q.max, n)
 }

@@ -7,13 +7,13 @@ import (
 	"net/http/httptest"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/goleak"
 
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
@@ -220,13 +220,12 @@ func stateOf(q *Queue, name string) State {
 }
 
 func TestQueueBackOff(t *testing.T) {
-	var skew atomic.Int64
-	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	clk := newFakeClock()
 	f := newFakeCerts("dark.test")
 	dark := httptest.NewServer(http.NotFoundHandler())
 	t.Cleanup(dark.Close)
 	q := startQueue(t, f, newStorage(t), Options{
-		Now: now, RetryBase: time.Minute, RetryMax: 4 * time.Minute,
+		Clock: clk, RetryBase: time.Minute, RetryMax: 4 * time.Minute,
 		DialContext: dialTo(dark.Listener.Addr().String()),
 	})
 	q.Update([]string{"dark.test"})
@@ -236,11 +235,10 @@ func TestQueueBackOff(t *testing.T) {
 			return len(st) == 1 && st[0].Failures == i+1 && st[0].State == Unreachable
 		})
 		e := q.Status()[0]
-		if got := e.Next.Sub(now()); got > want || got < want-5*time.Second {
+		if got := e.Next.Sub(clk.Now()); got != want {
 			t.Errorf("after failure %d the next check is in %v, want %v", i+1, got, want)
 		}
-		skew.Add(int64(want))
-		q.Kick()
+		clk.Advance(want)
 	}
 	if got := f.ordered(); len(got) != 0 {
 		t.Errorf("orders for an unreachable name: %q", got)
@@ -251,12 +249,11 @@ func TestQueueBackOff(t *testing.T) {
 // after a failed issuance stays queued and is ordered only once the
 // back-off ends, however short the queue's own.
 func TestQueueWaitsOutOnDemandBackOff(t *testing.T) {
-	var skew atomic.Int64
-	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	clk := newFakeClock()
 	f := newFakeCerts("a.test")
-	until := now().Add(time.Hour)
+	until := clk.Now().Add(time.Hour)
 	f.until["a.test"] = until
-	q := startQueue(t, f, newStorage(t), Options{Now: now, RetryBase: time.Millisecond})
+	q := startQueue(t, f, newStorage(t), Options{Clock: clk, RetryBase: time.Millisecond})
 	q.Update([]string{"a.test"})
 	testsupport.WaitFor(t, 10*time.Second, "a.test waiting out the back-off", func() bool {
 		st := q.Status()
@@ -265,20 +262,16 @@ func TestQueueWaitsOutOnDemandBackOff(t *testing.T) {
 	if got := f.ordered(); len(got) != 0 {
 		t.Fatalf("orders during the back-off: %q", got)
 	}
-	skew.Add(int64(time.Hour))
-	q.Kick()
+	clk.Advance(time.Hour)
 	if got := nextOrder(t, f); got != "a.test" {
 		t.Errorf("order after the back-off = %q, want a.test", got)
 	}
 }
 
 func TestQueueBudget(t *testing.T) {
-	var skew atomic.Int64
+	clk := newFakeClock()
 	f := newFakeCerts("a.test", "b.test", "c.test")
-	q := startQueue(t, f, newStorage(t), Options{
-		PerHour: 1,
-		Now:     func() time.Time { return time.Now().Add(time.Duration(skew.Load())) },
-	})
+	q := startQueue(t, f, newStorage(t), Options{PerHour: 1, Clock: clk})
 	q.Update([]string{"a.test", "b.test", "c.test"})
 	testsupport.WaitFor(t, 10*time.Second, "one order and two names held back by the budget", func() bool {
 		return len(f.ordered()) == 1 && stateOf(q, "b.test") == Budget && stateOf(q, "c.test") == Budget
@@ -286,8 +279,7 @@ func TestQueueBudget(t *testing.T) {
 	if got := f.ordered(); !slices.Equal(got, []string{"a.test"}) {
 		t.Fatalf("orders = %q, want only a.test", got)
 	}
-	skew.Add(int64(time.Hour))
-	q.Kick()
+	clk.Advance(time.Hour)
 	testsupport.WaitFor(t, 10*time.Second, "a second order an hour later", func() bool { return len(f.ordered()) == 2 })
 	if stateOf(q, "c.test") != Budget {
 		t.Errorf("c.test is %q, want still held back by the budget", stateOf(q, "c.test"))
@@ -354,4 +346,9 @@ func TestQueueFleet(t *testing.T) {
 	if !slices.Equal(got, names) {
 		t.Errorf("orders = %q, want one per name %q", got, names)
 	}
+}
+
+// newFakeClock returns a clock that moves only when a test advances it.
+func newFakeClock() *clock.Fake {
+	return clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 }
