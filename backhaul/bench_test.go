@@ -43,8 +43,20 @@ func benchRequest() *http.Request {
 // upstream's allocations included (it runs in this process). Compare with
 // BenchmarkRoundTripDirect for the cost Forward adds to the transport.
 func BenchmarkForward(b *testing.B) {
-	ups := []node.Upstream{benchUpstream(b)}
+	benchForward(b, newProxy(b, Options{}))
+}
+
+// BenchmarkForwardTransport is BenchmarkForward over the transport, the
+// path upgrades, trailers and 100-continue take.
+func BenchmarkForwardTransport(b *testing.B) {
 	p := newProxy(b, Options{})
+	p.h1Off = true
+	benchForward(b, p)
+}
+
+// benchForward measures p forwarding a GET of 1 KiB.
+func benchForward(b *testing.B, p *Proxy) {
+	ups := []node.Upstream{benchUpstream(b)}
 	r := benchRequest()
 	w := &discardWriter{h: http.Header{}}
 	b.ReportAllocs()

@@ -1,16 +1,13 @@
 package backhaul
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"iter"
 	"net/http"
-	"net/url"
-	"strings"
-	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/scafo/scafo-edge/backhaul/internal/h1"
 	"github.com/scafo/scafo-edge/node"
@@ -64,68 +61,117 @@ type Result struct {
 // connection has already been closed so the client sees the truncation (on
 // a connection that cannot be hijacked, HTTP/2, Forward panics with
 // http.ErrAbortHandler instead, as httputil.ReverseProxy does).
+//
+// It is one pass: the request is prepared once (outbound.go), the
+// upstreams are tried in order, one exchange each (the pooled client,
+// h1.go, or the transport), and the first answer is relayed.
 func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstream) (Result, error) {
 	var res Result
 	if len(ups) == 0 {
 		return res, fmt.Errorf("%w: empty upstream list", ErrNoUpstream)
 	}
-	upgrade := upgradeProtocol(r.Header)
-	// The common request takes the pooled client (h1.go); the rest the
-	// transport, with a request built for it.
-	h1 := !p.h1Off && h1Eligible(r, upgrade)
-	body, err := newRequestBody(r)
+	out, err := p.prepare(w, r)
 	if err != nil {
 		return res, clientGone(err)
 	}
-	var out *http.Request
-	if !h1 {
-		out = p.outboundRequest(r, upgrade, body)
-	}
-	now := p.now()
-
-	// Upstreams ejected when the request started get a turn only after
-	// every other one failed to connect.
-	var skipped indexSet
 	var lastErr error
 	tried := false
-	for pass := 0; pass < 2; pass++ {
+	for u, s := range p.inOrder(ups) {
+		if tried {
+			res.Failovers++
+			p.metrics.failover(res.Node)
+		}
+		tried = true
+		res.Node, res.Address = u.Node, u.Address
+		ans, err := p.exchange(&out, u.Address)
+		if err != nil {
+			// Only a connect failure moves on: nothing was sent, so the
+			// next upstream is safe for every method. Once connected,
+			// the upstream may have acted on the request.
+			connectFailed, err := p.failed(r, out.body, u, s, err)
+			if connectFailed {
+				lastErr = err
+				continue
+			}
+			return res, err
+		}
+		p.connected(u, s)
+		return res, p.relay(w, &out, ans, &res)
+	}
+	return res, fmt.Errorf("%w: %w", ErrNoUpstream, lastErr)
+}
+
+// inOrder yields ups in the order they are tried, each with its health:
+// those not ejected when the request started, then the ejected ones, in
+// order, which get a turn only after every other one failed to connect.
+func (p *Proxy) inOrder(ups []node.Upstream) iter.Seq2[node.Upstream, *hostState] {
+	return func(yield func(node.Upstream, *hostState) bool) {
+		now := p.clock.Now()
+		var skipped indexSet
 		for i, u := range ups {
 			s := p.health.state(u, now)
-			if pass == 0 && s.ejected(now) {
+			if s.ejected(now) {
 				skipped.add(i)
 				continue
 			}
-			if pass == 1 && !skipped.has(i) {
-				continue
+			if !yield(u, s) {
+				return
 			}
-			if tried {
-				// The transport may still touch the request it failed
-				// from its own goroutines: each attempt gets its own.
-				if !h1 {
-					out = retarget(out)
-				}
-				res.Failovers++
-				p.metrics.failover(res.Node)
-			}
-			tried = true
-			res.Node, res.Address = u.Node, u.Address
-			var connectFailed bool
-			var err error
-			if h1 {
-				connectFailed, err = p.tryH1(w, r, body, u, s, &res)
-			} else {
-				connectFailed, err = p.try(w, r, out, body, u, s, upgrade, &res)
-			}
-			if !connectFailed {
-				return res, err
-			}
-			lastErr = err
 		}
 		if skipped.empty() {
-			break
+			return
+		}
+		for i, u := range ups {
+			if skipped.has(i) && !yield(u, p.health.state(u, now)) {
+				return
+			}
 		}
 	}
-	return res, fmt.Errorf("%w: %w", ErrNoUpstream, lastErr)
+}
+
+// answer is an upstream's response whose head has arrived: from the
+// transport (resp), or from the pooled client on pc, taken at start.
+type answer struct {
+	resp  *http.Response
+	pc    *h1.Conn
+	start time.Time
+}
+
+// exchange sends out to addr and reads the response head, on out's path.
+// An error is for failed to classify.
+func (p *Proxy) exchange(out *outbound, addr string) (answer, error) {
+	if out.pooled {
+		return p.exchangeH1(out, addr)
+	}
+	if out.req.URL.Host != "" {
+		// The transport may still touch the request an earlier attempt
+		// failed with, from its own goroutines: each attempt gets its own.
+		out.req = retarget(out.req)
+	}
+	out.req.URL.Host = addr
+	resp, err := p.transport.RoundTrip(out.req)
+	if err != nil {
+		return answer{}, err
+	}
+	if resp.StatusCode < 100 || resp.StatusCode > 999 {
+		// Go's client takes "HTTP/1.1 099"; its server panics on it.
+		resp.Body.Close()
+		return answer{}, fmt.Errorf("%w: status %d", h1.ErrMalformedResponse, resp.StatusCode)
+	}
+	return answer{resp: resp}, nil
+}
+
+// relay writes the answer to w: its head, then its body as it arrives
+// (or, after a 101, the tunnel), then its trailers.
+func (p *Proxy) relay(w http.ResponseWriter, out *outbound, ans answer, res *Result) error {
+	if ans.pc != nil {
+		return p.relayH1(w, out, ans, res)
+	}
+	err := p.respond(w, out.r, ans.resp, out.upgrade, res)
+	if out.body != nil {
+		res.BytesIn += out.body.sent()
+	}
+	return err
 }
 
 // indexSet is a set of small indexes; the first 64 cost no allocation,
@@ -154,29 +200,6 @@ func (s *indexSet) has(i int) bool {
 }
 
 func (s *indexSet) empty() bool { return s.lo == 0 && len(s.hi) == 0 }
-
-// try sends out to u and, when it answers, writes its response to w. It
-// reports whether connecting failed, the one case where the next upstream
-// may be tried.
-func (p *Proxy) try(w http.ResponseWriter, r *http.Request, out *http.Request, body *requestBody,
-	u node.Upstream, s *hostState, upgrade string, res *Result) (connectFailed bool, err error) {
-	out.URL.Host = u.Address
-	resp, rtErr := p.transport.RoundTrip(out)
-	if rtErr == nil && (resp.StatusCode < 100 || resp.StatusCode > 999) {
-		// Go's client takes "HTTP/1.1 099"; its server panics on it.
-		resp.Body.Close()
-		rtErr = fmt.Errorf("%w: status %d", h1.ErrMalformedResponse, resp.StatusCode)
-	}
-	if rtErr != nil {
-		return p.failed(r, body, u, s, rtErr)
-	}
-	p.connected(u, s)
-	err = p.respond(w, r, resp, upgrade, res)
-	if body != nil {
-		res.BytesIn += body.sent()
-	}
-	return false, err
-}
 
 // failed classifies a round trip that produced no response.
 func (p *Proxy) failed(r *http.Request, body *requestBody, u node.Upstream, s *hostState, err error) (connectFailed bool, _ error) {
@@ -213,7 +236,7 @@ func outOfDescriptors(err error) bool {
 
 // connectFailed ejects u and logs the first failure of an episode.
 func (p *Proxy) connectFailed(u node.Upstream, s *hostState, err error) {
-	n, d := p.health.connectFailed(s, p.now())
+	n, d := p.health.connectFailed(s, p.clock.Now())
 	p.metrics.connectFailure(u.Node)
 	if n == 1 {
 		p.log.Warn().Str("node", u.Node).Str("upstream", u.Address).Err(err).
@@ -236,183 +259,4 @@ func clientGone(cause error) error {
 		return fmt.Errorf("client gone: %w", cause)
 	}
 	return fmt.Errorf("client gone: %w: %w", context.Canceled, cause)
-}
-
-// outbound holds what a forwarded request points into, allocated once per
-// request rather than piece by piece.
-type outbound struct {
-	url  url.URL
-	vals [2]string // backing for X-Forwarded-For and X-Forwarded-Host
-}
-
-// outboundRequest builds the request the transport sends upstream, shared
-// by every attempt (its URL host is set per attempt).
-func (p *Proxy) outboundRequest(r *http.Request, upgrade string, body *requestBody) *http.Request {
-	ob := &outbound{}
-	ob.url.Scheme = "http"
-	setTarget(&ob.url, r)
-	base := http.Request{
-		Method:        r.Method,
-		URL:           &ob.url,
-		Proto:         "HTTP/1.1",
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        p.outboundHeader(r, upgrade, &ob.vals),
-		Host:          r.Host,
-		ContentLength: r.ContentLength,
-		// The server fills the declared trailers' values once the body is
-		// read to its end, which is before the transport writes them.
-		Trailer: r.Trailer,
-	}
-	if body != nil {
-		base.Body = body
-		// With GetBody set, the transport may resend the request on another
-		// connection when a pooled one turned out dead before a byte was
-		// written (Go's nothingWrittenError).
-		base.GetBody = body.rewind
-	}
-	return base.WithContext(r.Context())
-}
-
-// newRequestBody returns r's body as the attempts read it, nil when r has
-// none. A small body is read whole first (smallBody); failing to read it
-// is the client's failure.
-func newRequestBody(r *http.Request) (*requestBody, error) {
-	// HTTP/1 hands a bodiless request http.NoBody. HTTP/2 and HTTP/3 hand
-	// every request a body, an empty one when the length is zero: both
-	// refuse data beyond a declared length, so zero means no body there.
-	if r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && r.ProtoMajor >= 2) {
-		return nil, nil
-	}
-	dropForbiddenTrailers(r.Trailer)
-	body := &requestBody{rc: r.Body, length: r.ContentLength, trailer: r.Trailer}
-	if smallBody(r) {
-		b := make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(r.Body, b); err != nil {
-			return nil, fmt.Errorf("read request body: %w", err)
-		}
-		body.buffered = b
-		body.rc = io.NopCloser(bytes.NewReader(b))
-	}
-	return body, nil
-}
-
-// maxBufferedBody bounds the request bodies read whole before an upstream
-// is chosen (as nginx buffers requests by default): a slow upload then
-// holds no upstream connection, a client that leaves mid-upload never
-// reaches the upstream, and the body can be sent again after a keep-alive
-// race. Larger and unknown-length bodies stream.
-const maxBufferedBody = 64 << 10
-
-// smallBody reports whether r has a body read whole before forwarding.
-func smallBody(r *http.Request) bool {
-	return r.Body != nil && r.ContentLength > 0 && r.ContentLength <= maxBufferedBody &&
-		len(r.TransferEncoding) == 0 && len(r.Trailer) == 0
-}
-
-// dropForbiddenTrailers deletes from a request's trailer the fields that
-// may not travel as trailers (forbiddenTrailer) and those that claim an
-// origin for the request (an upstream that merges trailers into headers
-// would believe them). The server adds every field of a chunked body's
-// trailer section to it, announced or not.
-func dropForbiddenTrailers(tr http.Header) {
-	for k := range tr {
-		if forbiddenTrailer(k) || isForwarding(k) || aliasesProtected(k) {
-			delete(tr, k)
-		}
-	}
-}
-
-// retarget copies out (shallowly: header and body are shared, the
-// transport only reads them) with its own URL for another attempt.
-func retarget(out *http.Request) *http.Request {
-	u := *out.URL
-	next := out.WithContext(out.Context())
-	next.URL = &u
-	return next
-}
-
-// setTarget sets u's request target so that the upstream receives r's
-// original request-URI bytes: no cleaning, no unescaping, no prefix
-// stripping (docs/design.md rule 4).
-func setTarget(u *url.URL, r *http.Request) {
-	ruri := r.RequestURI
-	if ruri == "" || (ruri[0] != '/' && ruri != "*") {
-		// Absolute form ("GET http://h/p HTTP/1.1") or a request built in
-		// process: send the path and query in escaped form; an upstream
-		// expects origin form.
-		u.Path, u.RawPath = r.URL.Path, r.URL.RawPath
-		u.RawQuery, u.ForceQuery = r.URL.RawQuery, r.URL.ForceQuery
-		return
-	}
-	path, query, hasQuery := strings.Cut(ruri, "?")
-	u.RawQuery, u.ForceQuery = query, hasQuery && query == ""
-	if !strings.HasPrefix(path, "//") {
-		// An opaque URL is written to the request line verbatim.
-		u.Opaque = path
-		return
-	}
-	// The transport would write an opaque "//x" as "http://x". As a path,
-	// its escaped form is the raw bytes whenever they are a valid encoding,
-	// which Go's server already required to accept the request.
-	u.Path, u.RawPath = r.URL.Path, r.URL.RawPath
-}
-
-// requestBody is the client's body as the attempts read it. Its Close does
-// nothing: the transport closes the body of a failed attempt, and the next
-// attempt must still be able to send it (a failed connect never read it).
-// The server closes the real body when the handler returns. Counters are
-// atomic because the transport may still be writing the body after
-// RoundTrip returned.
-type requestBody struct {
-	rc           io.ReadCloser
-	length       int64       // the declared length, -1 for unknown
-	buffered     []byte      // the whole body when read beforehand, else nil
-	trailer      http.Header // the request's trailer, filled at the body's end
-	n            atomic.Int64
-	clientFailed atomic.Bool
-}
-
-func (b *requestBody) Read(p []byte) (int, error) {
-	n, err := b.rc.Read(p)
-	b.n.Add(int64(n))
-	switch {
-	case err == io.EOF:
-		// The server has just filled the trailer; the transport writes
-		// it next, from this goroutine.
-		dropForbiddenTrailers(b.trailer)
-	case err != nil && b.buffered == nil:
-		b.clientFailed.Store(true)
-	}
-	return n, err
-}
-
-func (b *requestBody) Close() error { return nil }
-
-// sent returns the body bytes read from the client.
-func (b *requestBody) sent() int64 {
-	if b.buffered != nil {
-		return int64(len(b.buffered))
-	}
-	return b.n.Load()
-}
-
-// errBodyConsumed stops a retry whose body was already partly sent.
-var errBodyConsumed = errors.New("request body already partly read; not replayable")
-
-// replayable reports whether the body can be sent again from its start.
-func (b *requestBody) replayable() bool {
-	return b.buffered != nil || b.n.Load() == 0
-}
-
-// rewind returns the body again for a retry: a buffered body from its
-// start, a streamed one only while nothing has been read from it.
-func (b *requestBody) rewind() (io.ReadCloser, error) {
-	if b.buffered != nil {
-		return io.NopCloser(bytes.NewReader(b.buffered)), nil
-	}
-	if b.n.Load() > 0 {
-		return nil, errBodyConsumed
-	}
-	return b, nil
 }

@@ -165,9 +165,9 @@ func TestDialTimeoutFailsOver(t *testing.T) {
 }
 
 func TestPassiveEjection(t *testing.T) {
-	clock := newFakeClock()
+	clk := newFakeClock()
 	reg := prometheus.NewRegistry()
-	p := newProxy(t, Options{EjectBase: time.Second, EjectMax: 4 * time.Second, Now: clock.Now, Registerer: reg})
+	p := newProxy(t, Options{EjectBase: time.Second, EjectMax: 4 * time.Second, Clock: clk, Registerer: reg})
 	down := refused(t, "a")
 	e := startEdge(t, p, down, named(t, "b"))
 	c := client(t)
@@ -185,7 +185,7 @@ func TestPassiveEjection(t *testing.T) {
 	t.Run("a connect failure ejects the upstream for the base period", func(t *testing.T) {
 		request(t, 1)
 		h := healthOf(p, down.Address)
-		if h.Node != "a" || h.Failures != 1 || !h.EjectedUntil.Equal(clock.Now().Add(time.Second)) {
+		if h.Node != "a" || h.Failures != 1 || !h.EjectedUntil.Equal(clk.Now().Add(time.Second)) {
 			t.Errorf("health = %+v, want a, 1 failure, ejected until now+1s", h)
 		}
 		if got := gauge(t, reg, "scafo_edge_upstreams_ejected"); got != 1 {
@@ -200,20 +200,20 @@ func TestPassiveEjection(t *testing.T) {
 		}
 	})
 	t.Run("after the period it is tried again and the period doubles", func(t *testing.T) {
-		clock.Advance(time.Second)
+		clk.Advance(time.Second)
 		request(t, 1)
 		h := healthOf(p, down.Address)
-		if h.Failures != 2 || !h.EjectedUntil.Equal(clock.Now().Add(2*time.Second)) {
+		if h.Failures != 2 || !h.EjectedUntil.Equal(clk.Now().Add(2*time.Second)) {
 			t.Errorf("health = %+v, want 2 failures, ejected until now+2s", h)
 		}
 	})
 	t.Run("the period is capped at EjectMax", func(t *testing.T) {
 		for range 3 {
-			clock.Advance(10 * time.Second)
+			clk.Advance(10 * time.Second)
 			request(t, 1)
 		}
 		h := healthOf(p, down.Address)
-		if h.Failures != 5 || !h.EjectedUntil.Equal(clock.Now().Add(4*time.Second)) {
+		if h.Failures != 5 || !h.EjectedUntil.Equal(clk.Now().Add(4*time.Second)) {
 			t.Errorf("health = %+v, want 5 failures, ejected until now+4s", h)
 		}
 	})
@@ -229,7 +229,7 @@ func TestPassiveEjection(t *testing.T) {
 		}
 	})
 	t.Run("the ejection ends on the clock", func(t *testing.T) {
-		clock.Advance(4 * time.Second)
+		clk.Advance(4 * time.Second)
 		if got := gauge(t, reg, "scafo_edge_upstreams_ejected"); got != 0 {
 			t.Errorf("ejected gauge = %v, want 0", got)
 		}
@@ -237,8 +237,8 @@ func TestPassiveEjection(t *testing.T) {
 }
 
 func TestEveryUpstreamEjectedIsStillTriedInOrder(t *testing.T) {
-	clock := newFakeClock()
-	p := newProxy(t, Options{EjectBase: time.Minute, Now: clock.Now})
+	clk := newFakeClock()
+	p := newProxy(t, Options{EjectBase: time.Minute, Clock: clk})
 	a, b := refused(t, "a"), refused(t, "b")
 	e := startEdge(t, p, a, b)
 	c := client(t)
@@ -273,8 +273,8 @@ func TestEveryUpstreamEjectedIsStillTriedInOrder(t *testing.T) {
 }
 
 func TestSkippedUpstreamsAreTriedLastWhenTheOthersFail(t *testing.T) {
-	clock := newFakeClock()
-	p := newProxy(t, Options{EjectBase: time.Minute, Now: clock.Now})
+	clk := newFakeClock()
+	p := newProxy(t, Options{EjectBase: time.Minute, Clock: clk})
 	a := refused(t, "a")
 	b := refused(t, "b")
 	e := startEdge(t, p, a, b)
@@ -318,14 +318,14 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 }
 
 func TestAFailureEpisodeIsLoggedOnceAndItsRecoveryOnce(t *testing.T) {
-	clock := newFakeClock()
+	clk := newFakeClock()
 	var logs testsupport.SyncBuffer
-	p := newProxy(t, Options{Now: clock.Now, Log: zerolog.New(&logs)})
+	p := newProxy(t, Options{Clock: clk, Log: zerolog.New(&logs)})
 	a := refused(t, "a")
 	e := startEdge(t, p, a, named(t, "b"))
 	c := client(t)
 	for range 4 {
-		clock.Advance(time.Hour) // every request tries a again
+		clk.Advance(time.Hour) // every request tries a again
 		get(t, c, e.srv.URL+"/")
 		e.next(t)
 	}
@@ -340,7 +340,7 @@ func TestAFailureEpisodeIsLoggedOnceAndItsRecoveryOnce(t *testing.T) {
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	for range 2 {
-		clock.Advance(time.Hour)
+		clk.Advance(time.Hour)
 		if _, body := get(t, c, e.srv.URL+"/"); body != "a" {
 			t.Fatalf("body = %q, want a back in front", body)
 		}
@@ -356,8 +356,8 @@ func TestAFailureEpisodeIsLoggedOnceAndItsRecoveryOnce(t *testing.T) {
 }
 
 func TestALongListFailsOverPastSixtyFourEntries(t *testing.T) {
-	clock := newFakeClock()
-	p := newProxy(t, Options{EjectBase: time.Minute, Now: clock.Now})
+	clk := newFakeClock()
+	p := newProxy(t, Options{EjectBase: time.Minute, Clock: clk})
 	var ups []node.Upstream
 	for i := range 69 {
 		ups = append(ups, refused(t, fmt.Sprintf("down%d", i)))
@@ -386,8 +386,8 @@ func TestALongListFailsOverPastSixtyFourEntries(t *testing.T) {
 }
 
 func TestUpstreamsUnusedForAnHourAreForgotten(t *testing.T) {
-	clock := newFakeClock()
-	p := newProxy(t, Options{Now: clock.Now})
+	clk := newFakeClock()
+	p := newProxy(t, Options{Clock: clk})
 	old, kept, fresh := named(t, "old"), named(t, "kept"), named(t, "new")
 	c := client(t)
 	send := func(u node.Upstream) {
@@ -397,9 +397,9 @@ func TestUpstreamsUnusedForAnHourAreForgotten(t *testing.T) {
 	}
 	send(old)
 	send(kept)
-	clock.Advance(50 * time.Minute)
+	clk.Advance(50 * time.Minute)
 	send(kept) // still in use
-	clock.Advance(20 * time.Minute)
+	clk.Advance(20 * time.Minute)
 	send(fresh) // a new upstream is when old entries are swept
 	var got []string
 	for _, h := range p.Health() {
@@ -430,13 +430,13 @@ func TestADialThatFindsTheEdgeOutOfDescriptorsEjectsNoUpstream(t *testing.T) {
 		errno syscall.Errno
 		eject bool
 	}{{syscall.EMFILE, false}, {syscall.ENFILE, false}, {syscall.ECONNREFUSED, true}} {
-		s := p.health.state(u, p.now())
+		s := p.health.state(u, p.clock.Now())
 		dial := &connectError{addr: u.Address, err: &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", tc.errno)}}
 		connectFailed, _ := p.failed(r, nil, u, s, dial)
 		if !connectFailed {
 			t.Errorf("%v: not a connect failure: the next upstream would not be tried", tc.errno)
 		}
-		if got := s.ejected(p.now()); got != tc.eject {
+		if got := s.ejected(p.clock.Now()); got != tc.eject {
 			t.Errorf("%v: ejected = %v, want %v", tc.errno, got, tc.eject)
 		}
 	}

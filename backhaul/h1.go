@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/scafo/scafo-edge/backhaul/internal/h1"
-	"github.com/scafo/scafo-edge/node"
 )
 
 // h1Eligible reports whether r takes the pooled client: anything but an
@@ -45,12 +44,12 @@ func h1Eligible(r *http.Request, upgrade string) bool {
 // ErrUpstreamFailed.
 var errInvalidRequest = errors.New("request cannot be written as HTTP/1.1")
 
-// tryH1 is try for a request the pooled client takes: it sends r, with
-// body (nil for none), to u and, when u answers, writes the response to w.
-// It reports whether connecting failed, the one case where the next
-// upstream may be tried.
-func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody, u node.Upstream, s *hostState, res *Result) (connectFailed bool, err error) {
-	ctx := r.Context()
+// exchangeH1 is exchange on the pooled client: it sends out to addr over
+// a pooled connection and reads the response head into the connection's
+// Head. A connection that fails is closed here; one that answered is
+// relayH1's to release.
+func (p *Proxy) exchangeH1(out *outbound, addr string) (answer, error) {
+	ctx := out.r.Context()
 	start := time.Now()
 	var headBy time.Time
 	if p.responseHeaderTimeout > 0 {
@@ -59,25 +58,14 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 		// connected socket.
 		headBy = start.Add(p.responseHeaderTimeout)
 	}
-	var ctl *http.ResponseController
-	if body != nil {
-		ctl = http.NewResponseController(w)
-		if body.buffered == nil {
-			// The body is read while the response may already be
-			// written: without this, Go's HTTP/1 server discards the rest
-			// of the body when the response head goes out, and the
-			// upstream waits for bytes that never come.
-			ctl.EnableFullDuplex()
-		}
-	}
-	pc, reused, err := p.pool.Get(ctx, u.Address, start)
+	pc, reused, err := p.pool.Get(ctx, addr, start)
 	if err != nil {
-		return p.failed(r, body, u, s, &connectError{addr: u.Address, err: err})
+		return answer{}, &connectError{addr: addr, err: err}
 	}
 	for {
-		var resend bool
-		if resend, err = p.roundTripH1(pc, ctl, r, body, start, headBy); err == nil {
-			break
+		resend, err := p.roundTripH1(pc, out, start, headBy)
+		if err == nil {
+			return answer{pc: pc, start: start}, nil
 		}
 		pc.NC.Close()
 		// A pooled connection may have been closed by the upstream just
@@ -86,34 +74,13 @@ func (p *Proxy) tryH1(w http.ResponseWriter, r *http.Request, body *requestBody,
 		// again, on a new connection, and only when roundTripH1 proved
 		// that doing so cannot repeat an action.
 		if !reused || !resend || ctx.Err() != nil {
-			return p.failed(r, body, u, s, err)
+			return answer{}, err
 		}
-		if pc, err = p.pool.Dial(ctx, u.Address); err != nil {
-			return p.failed(r, body, u, s, &connectError{addr: u.Address, err: err})
+		if pc, err = p.pool.Dial(ctx, addr); err != nil {
+			return answer{}, &connectError{addr: addr, err: err}
 		}
 		reused = false
 	}
-	p.connected(u, s)
-	clean, err := p.respondH1(w, r, pc, res)
-	if body != nil {
-		clean = endWrite(pc, ctl, body) && clean
-		res.BytesIn = body.sent()
-	}
-	pc.End()
-	if clean && pc.Reusable() {
-		// Stamped with the exchange's start: the idle time is
-		// overestimated by the exchange, which only makes the idle
-		// timeout close it a little sooner.
-		p.pool.Put(pc, start)
-	} else {
-		pc.NC.Close()
-	}
-	if _, cut := err.(*cutShortError); cut {
-		// Closing the client's connection is what shows it the
-		// truncation; over HTTP/2 this panics, so it comes last.
-		abort(w)
-	}
-	return false, err
 }
 
 // cutShortError reports a response body the upstream broke off after the
@@ -138,17 +105,18 @@ func (e *cutShortError) Unwrap() error { return e.err }
 // request, slowly. A write that failed part way is not "nothing was sent":
 // the upstream may have read the request's start and answered early (a 413
 // before closing), and that answer is read and relayed.
-func (p *Proxy) roundTripH1(pc *h1.Conn, ctl *http.ResponseController, r *http.Request, body *requestBody, now, headBy time.Time) (resend bool, err error) {
+func (p *Proxy) roundTripH1(pc *h1.Conn, out *outbound, now, headBy time.Time) (resend bool, err error) {
+	r := out.r
 	before := pc.Written()
-	if body != nil {
+	if out.body != nil {
 		// The response-header timeout counts from the body's last byte
 		// (roundTripH1Body), as the transport counts it: an upload takes
 		// as long as the client takes to send it.
 		pc.Begin(r.Context(), now, time.Time{})
-		return p.roundTripH1Body(pc, ctl, r, body, before)
+		return p.roundTripH1Body(pc, out, before)
 	}
 	pc.Begin(r.Context(), now, headBy)
-	werr := p.writeRequest(pc.BW, r, pc.Addr, nil)
+	werr := p.writeRequest(pc.BW, r, out.fwd, pc.Addr, nil)
 	sent := pc.Written() > before
 	if werr != nil && (!sent || h1.IsTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
 		return !sent && !h1.IsTimeout(werr) && !errors.Is(werr, errInvalidRequest), werr
@@ -174,17 +142,18 @@ func (p *Proxy) roundTripH1(pc *h1.Conn, ctl *http.ResponseController, r *http.R
 // close), and that answer must reach the client while the body is still
 // being sent, or after sending it failed. A client that leaves ends the
 // exchange at once. When a response head arrives, the writer may still be
-// running; endWrite waits for it once the response has been relayed. ctl
-// is the client's response's controller, through which a writer blocked
-// reading the client's body is woken.
-func (p *Proxy) roundTripH1Body(pc *h1.Conn, ctl *http.ResponseController, r *http.Request, body *requestBody, before int64) (resend bool, err error) {
+// running; endWrite waits for it once the response has been relayed.
+func (p *Proxy) roundTripH1Body(pc *h1.Conn, out *outbound, before int64) (resend bool, err error) {
 	if pc.Wrote == nil {
 		pc.Wrote = make(chan error, 1)
 	}
 	pc.HeadState.Store(headAwaited)
 	pc.HeadTimer = nil
+	// The writer gets copies: out, on Forward's stack, must not escape to
+	// it.
+	r, body, fwd := out.r, out.body, out.fwd
 	go func() {
-		err := p.writeRequest(pc.BW, r, pc.Addr, body)
+		err := p.writeRequest(pc.BW, r, fwd, pc.Addr, body)
 		switch {
 		case err == nil && p.responseHeaderTimeout > 0:
 			pc.HeadTimer = time.AfterFunc(p.responseHeaderTimeout, func() {
@@ -208,7 +177,7 @@ func (p *Proxy) roundTripH1Body(pc *h1.Conn, ctl *http.ResponseController, r *ht
 		return false, nil
 	}
 	pc.NC.Close()
-	werr := awaitWriter(pc, ctl, body)
+	werr := awaitWriter(pc, out.w, body)
 	pc.StopWatch()
 	if pc.HeadTimer != nil {
 		pc.HeadTimer.Stop()
@@ -246,7 +215,7 @@ const (
 // still running means the upstream answered without reading the whole
 // body: the connection is closed to stop it, and cannot carry another
 // request.
-func endWrite(pc *h1.Conn, ctl *http.ResponseController, body *requestBody) (complete bool) {
+func endWrite(pc *h1.Conn, w http.ResponseWriter, body *requestBody) (complete bool) {
 	select {
 	case err := <-pc.Wrote:
 		complete = err == nil
@@ -260,7 +229,7 @@ func endWrite(pc *h1.Conn, ctl *http.ResponseController, body *requestBody) (com
 			complete = err == nil
 		case <-t.C:
 			pc.NC.Close()
-			awaitWriter(pc, ctl, body)
+			awaitWriter(pc, w, body)
 		}
 		t.Stop()
 	}
@@ -280,7 +249,7 @@ func endWrite(pc *h1.Conn, ctl *http.ResponseController, body *requestBody) (com
 // deadline on the client's side, so that an answer is never held back for
 // as long as the client pauses. The client cannot then send another
 // request on its connection: its body was not read to the end.
-func awaitWriter(pc *h1.Conn, ctl *http.ResponseController, body *requestBody) error {
+func awaitWriter(pc *h1.Conn, w http.ResponseWriter, body *requestBody) error {
 	if body.buffered != nil {
 		// Sent from memory: the writer never waits on the client.
 		return <-pc.Wrote
@@ -290,7 +259,7 @@ func awaitWriter(pc *h1.Conn, ctl *http.ResponseController, body *requestBody) e
 		return err
 	default:
 	}
-	ctl.SetReadDeadline(time.Now())
+	http.NewResponseController(w).SetReadDeadline(time.Now())
 	return <-pc.Wrote
 }
 

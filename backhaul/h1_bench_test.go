@@ -1,10 +1,12 @@
 package backhaul
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -89,5 +91,32 @@ func BenchmarkForwardPOST(b *testing.B) {
 		if _, err := p.Forward(w, r, ups); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkWriteRequest is the pooled client writing a request's head: the
+// forwarding-header policy and the writer, without a connection. It must
+// stay at 0 allocs/op, trusted proxy or not.
+func BenchmarkWriteRequest(b *testing.B) {
+	for _, bc := range []struct {
+		name    string
+		trusted []netip.Prefix
+	}{
+		{"untrusted client", nil},
+		{"trusted proxy", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			p := newProxy(b, Options{TrustedProxies: bc.trusted})
+			r := benchRequest()
+			r.Header.Set("X-Forwarded-For", "203.0.113.9")
+			r.Header.Set("X-Forwarded-Proto", "https")
+			bw := bufio.NewWriter(io.Discard)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := p.writeRequest(bw, r, p.forwardingFor(r), "upstream:80", nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

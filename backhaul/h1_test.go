@@ -64,16 +64,9 @@ func rawKeepAlive(t *testing.T, conns *atomic.Int32, respond func(r *http.Reques
 // body and trailers included.
 func rawExchange(t *testing.T, addr, method, raw string) (*http.Response, string) {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, br := rawSend(t, addr, raw)
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, raw); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
+	resp, err := http.ReadResponse(br, &http.Request{Method: method})
 	if err != nil {
 		t.Fatalf("read response to %q: %v", firstLine(raw), err)
 	}
@@ -83,6 +76,22 @@ func rawExchange(t *testing.T, addr, method, raw string) (*http.Response, string
 		t.Fatalf("read body of %q: %v", firstLine(raw), err)
 	}
 	return resp, string(b)
+}
+
+// rawSend dials addr and sends it raw bytes, under a deadline; the caller
+// reads the answer from the reader and closes the connection.
+func rawSend(t *testing.T, addr, raw string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	return c, bufio.NewReader(c)
 }
 
 func TestResponsesPassTheSameOnBothPaths(t *testing.T) {

@@ -14,10 +14,11 @@ import (
 
 // writeRequest writes r's head to bw, then body (nil for none), and
 // flushes them: the original request-URI bytes (docs/design.md rule 4), the
-// Host, the end-to-end headers and the X-Forwarded-* set, by the rules
-// outboundHeader applies for the transport. Nothing is allocated for the
-// head: values are written where they are.
-func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string, body *requestBody) error {
+// Host, and the header fields by the forwarding policy f, as
+// outboundHeader writes them for the transport. Nothing is allocated for
+// the head: values are written where they are. f is taken by value so
+// that the goroutine writing a body (roundTripH1Body) holds a copy.
+func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, f forwarding, addr string, body *requestBody) error {
 	target := r.RequestURI
 	if target == "" || (target[0] != '/' && target != "*") {
 		// Absolute form, or a request built in process: its path and
@@ -38,30 +39,9 @@ func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string, bod
 	bw.WriteString(host)
 	bw.WriteString("\r\n")
 
-	in := r.Header
-	conn := in["Connection"]
-	client, clientOK := clientAddr(r.RemoteAddr)
-	trusted := clientOK && p.isTrusted(client)
-	var priorXFF []string
-	hasProto, hasXFHost := false, false
-	for k, vs := range in {
-		if isHopByHop(k) || k == "Host" || k == "Content-Length" ||
-			(conn != nil && namedByConnection(conn, k)) || aliasesProtected(k) {
+	for k, vs := range r.Header {
+		if !f.passes(k) {
 			continue
-		}
-		if isForwarding(k) {
-			if !trusted {
-				continue
-			}
-			switch k {
-			case headerXFF:
-				priorXFF = vs
-				continue
-			case headerXFProto:
-				hasProto = true
-			case headerXFHost:
-				hasXFHost = true
-			}
 		}
 		if !h1.ValidToken(k) {
 			return errInvalidRequest
@@ -76,33 +56,29 @@ func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, addr string, bod
 			bw.WriteString("\r\n")
 		}
 	}
-	// "TE: trailers" is the one TE value a proxy that forwards trailers
-	// may pass on (gRPC clients send it).
-	if te := in["Te"]; te != nil && hasToken(te, "trailers") {
+	if f.te {
 		bw.WriteString("Te: trailers\r\n")
 	}
-	if clientOK {
+	if f.client.IsValid() {
 		bw.WriteString("X-Forwarded-For: ")
-		for _, v := range priorXFF {
+		for _, v := range f.priorXFF {
 			if !h1.ValidValue(v) {
 				return errInvalidRequest
 			}
 			bw.WriteString(v)
 			bw.WriteString(", ")
 		}
-		bw.Write(client.AppendTo(bw.AvailableBuffer()))
+		bw.Write(f.client.AppendTo(bw.AvailableBuffer()))
 		bw.WriteString("\r\n")
 	}
-	if !hasProto {
-		if r.TLS != nil {
-			bw.WriteString("X-Forwarded-Proto: https\r\n")
-		} else {
-			bw.WriteString("X-Forwarded-Proto: http\r\n")
-		}
+	if f.proto != "" {
+		bw.WriteString("X-Forwarded-Proto: ")
+		bw.WriteString(f.proto)
+		bw.WriteString("\r\n")
 	}
-	if !hasXFHost && r.Host != "" {
+	if f.host != "" {
 		bw.WriteString("X-Forwarded-Host: ")
-		bw.WriteString(r.Host)
+		bw.WriteString(f.host)
 		bw.WriteString("\r\n")
 	}
 	switch {

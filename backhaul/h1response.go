@@ -11,6 +11,33 @@ import (
 	"github.com/scafo/scafo-edge/backhaul/internal/h1"
 )
 
+// relayH1 is relay for the pooled client: it writes the response to w
+// (respondH1), waits for the request's writer, and returns the connection
+// to the pool when the exchange left it clean, or closes it.
+func (p *Proxy) relayH1(w http.ResponseWriter, out *outbound, ans answer, res *Result) error {
+	pc := ans.pc
+	clean, err := p.respondH1(w, out.r, pc, res)
+	if out.body != nil {
+		clean = endWrite(pc, out.w, out.body) && clean
+		res.BytesIn = out.body.sent()
+	}
+	pc.End()
+	if clean && pc.Reusable() {
+		// Stamped with the exchange's start: the idle time is
+		// overestimated by the exchange, which only makes the idle
+		// timeout close it a little sooner.
+		p.pool.Put(pc, ans.start)
+	} else {
+		pc.NC.Close()
+	}
+	if _, cut := err.(*cutShortError); cut {
+		// Closing the client's connection is what shows it the
+		// truncation; over HTTP/2 this panics, so it comes last.
+		abort(w)
+	}
+	return err
+}
+
 // respondH1 writes the response whose head pc.Head holds to w, then its
 // body and trailers. clean reports whether the body was read to its end,
 // leaving the connection ready for another request.
@@ -54,7 +81,7 @@ func (p *Proxy) respondH1(w http.ResponseWriter, r *http.Request, pc *h1.Conn, r
 	case werr != nil || r.Context().Err() != nil:
 		return false, clientGone(errors.Join(werr, r.Context().Err()))
 	case rerr != nil:
-		// The upstream broke off mid-body; tryH1 closes the client's
+		// The upstream broke off mid-body; relayH1 closes the client's
 		// connection to show the truncation, once this one is released.
 		return false, &cutShortError{fmt.Errorf("read response body from %s: %w", res.Address, rerr)}
 	}

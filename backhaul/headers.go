@@ -119,10 +119,94 @@ func upgradeProtocol(h http.Header) string {
 	return h.Get("Upgrade")
 }
 
+// forwarding is the edge's forwarding-header policy applied to one
+// request: which of the client's fields pass upstream as sent, and the
+// X-Forwarded-* the edge sets. forwardingFor decides it once per request;
+// both writers follow it, writeRequest for the pooled client and
+// outboundHeader for the transport, so that the two paths cannot send
+// different headers. It points into the request and allocates nothing.
+// It stays within 128 bytes, so that the goroutine writing a request body
+// (roundTripH1Body) captures a copy of it rather than a heap allocation.
+type forwarding struct {
+	// conn is the client's Connection header: the fields it names are
+	// hop-by-hop for this message (RFC 7230 §6.1).
+	conn []string
+	// client is the client's address, which X-Forwarded-For ends with;
+	// invalid when RemoteAddr did not parse, and then none is sent.
+	client netip.Addr
+	// priorXFF is a trusted proxy's X-Forwarded-For, which the client's
+	// address is appended to.
+	priorXFF []string
+	// proto and host are the X-Forwarded-Proto and X-Forwarded-Host the
+	// edge sets, "" where a trusted proxy's passes instead (or, for host,
+	// where the request has no Host).
+	proto, host string
+	// trusted reports whether the client is a trusted proxy, whose
+	// forwarding fields are believed.
+	trusted bool
+	// te reports whether the client accepts trailers: "TE: trailers" is
+	// the one TE value a proxy that forwards trailers may pass on (gRPC
+	// clients send it).
+	te bool
+}
+
+// forwardingFor decides the forwarding policy for r.
+func (p *Proxy) forwardingFor(r *http.Request) forwarding {
+	in := r.Header
+	f := forwarding{conn: in["Connection"], te: hasToken(in["Te"], "trailers")}
+	client, ok := clientAddr(r.RemoteAddr)
+	if ok {
+		f.client = client
+		f.trusted = p.isTrusted(client)
+	}
+	if f.trusted && !f.namedByConnection(headerXFF) {
+		f.priorXFF = in[headerXFF]
+	}
+	if !f.kept(in, headerXFProto) {
+		f.proto = "http"
+		if r.TLS != nil {
+			f.proto = "https"
+		}
+	}
+	if !f.kept(in, headerXFHost) {
+		f.host = r.Host
+	}
+	return f
+}
+
+// passes reports whether the client's field k goes upstream as the client
+// sent it. Host and Content-Length never do: each writer sets them from
+// the request itself. Nor does X-Forwarded-For: a trusted proxy's is
+// priorXFF, extended.
+func (f *forwarding) passes(k string) bool {
+	switch {
+	case isHopByHop(k) || k == "Host" || k == "Content-Length" || aliasesProtected(k):
+		return false
+	case f.namedByConnection(k):
+		return false
+	case isForwarding(k):
+		return f.trusted && k != headerXFF
+	}
+	return true
+}
+
+// kept reports whether a trusted proxy's field k is in h and passes, in
+// place of the edge's own.
+func (f *forwarding) kept(h http.Header, k string) bool {
+	if !f.trusted {
+		return false
+	}
+	_, ok := h[k]
+	return ok && f.passes(k)
+}
+
+// namedByConnection reports whether the client's Connection names k.
+func (f *forwarding) namedByConnection(k string) bool {
+	return f.conn != nil && namedByConnection(f.conn, k)
+}
+
 // Values shared by every request; the transport only reads them.
 var (
-	protoHTTP     = []string{"http"}
-	protoHTTPS    = []string{"https"}
 	teTrailers    = []string{"trailers"}
 	connUpgrade   = []string{"Upgrade"}
 	noUserAgent   = []string{""}
@@ -131,59 +215,47 @@ var (
 	headerXFHost  = "X-Forwarded-Host"
 )
 
-// outboundHeader returns the header to send upstream for r: r's end-to-end
-// headers (value slices shared, not copied), the upgrade headers when
-// upgrade is set, and the X-Forwarded-* set. vals backs the values it
-// computes, so that they cost no allocation of their own.
-func (p *Proxy) outboundHeader(r *http.Request, upgrade string, vals *[2]string) http.Header {
+// outboundHeader returns the header the transport sends upstream for r, by
+// the policy f: r's fields that pass (value slices shared, not copied),
+// the upgrade headers when upgrade is set, and the X-Forwarded-* set. vals
+// backs the values it computes, so that they cost no allocation of their
+// own.
+func outboundHeader(r *http.Request, f *forwarding, upgrade string, vals *[3]string) http.Header {
 	in := r.Header
-	conn := in["Connection"]
-	client, clientOK := clientAddr(r.RemoteAddr)
-	trusted := clientOK && p.isTrusted(client)
-
 	out := make(http.Header, len(in)+3)
 	for k, v := range in {
-		if isHopByHop(k) || (conn != nil && namedByConnection(conn, k)) {
-			continue
+		if f.passes(k) {
+			out[k] = v
 		}
-		if (!trusted && isForwarding(k)) || aliasesProtected(k) {
-			continue
-		}
-		out[k] = v
 	}
-	// "TE: trailers" is how gRPC clients say they accept trailers; it is the
-	// one TE value a proxy that forwards trailers may pass on.
-	if te := in["Te"]; te != nil && hasToken(te, "trailers") {
+	if f.te {
 		out["Te"] = teTrailers
 	}
 	// A proxy passes the client's User-Agent or none: left absent, the
-	// transport would write its own.
-	if _, ok := in["User-Agent"]; !ok {
+	// transport would write its own. Checked on what passes, not on what
+	// the client sent: a User-Agent its Connection names is dropped too.
+	if _, ok := out["User-Agent"]; !ok {
 		out["User-Agent"] = noUserAgent
 	}
 	if upgrade != "" {
 		out["Connection"] = connUpgrade
 		out["Upgrade"] = []string{upgrade}
 	}
-
-	if clientOK {
-		ip := client.String()
-		if prior := out[headerXFF]; len(prior) > 0 {
-			ip = strings.Join(prior, ", ") + ", " + ip
+	if f.client.IsValid() {
+		ip := f.client.String()
+		if len(f.priorXFF) > 0 {
+			ip = strings.Join(f.priorXFF, ", ") + ", " + ip
 		}
 		vals[0] = ip
 		out[headerXFF] = vals[0:1:1]
 	}
-	if _, ok := out[headerXFProto]; !ok {
-		if r.TLS != nil {
-			out[headerXFProto] = protoHTTPS
-		} else {
-			out[headerXFProto] = protoHTTP
-		}
+	if f.proto != "" {
+		vals[1] = f.proto
+		out[headerXFProto] = vals[1:2:2]
 	}
-	if _, ok := out[headerXFHost]; !ok && r.Host != "" {
-		vals[1] = r.Host
-		out[headerXFHost] = vals[1:2:2]
+	if f.host != "" {
+		vals[2] = f.host
+		out[headerXFHost] = vals[2:3:3]
 	}
 	return out
 }

@@ -2,8 +2,10 @@ package backhaul
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -15,13 +17,17 @@ type seen struct {
 	RequestURI string
 	Host       string
 	Header     http.Header
+	// Close is whether the request asked to close its connection: the
+	// transport does, the pooled client does not, so it tells which path
+	// the request took.
+	Close bool
 }
 
 // recorder starts an upstream that answers with what it received as JSON.
 func recorder(t *testing.T) node.Upstream {
 	return upstream(t, "rec", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(seen{RequestURI: r.RequestURI, Host: r.Host, Header: r.Header})
+		json.NewEncoder(w).Encode(seen{RequestURI: r.RequestURI, Host: r.Host, Header: r.Header, Close: r.Close})
 	})
 }
 
@@ -118,6 +124,26 @@ func TestForwardedHeaders(t *testing.T) {
 			absent: []string{"X-Hop", "X-Other-Hop", "Keep-Alive", "Proxy-Authorization", "Proxy-Connection", "Te", "Upgrade"},
 		},
 		{
+			name:   "a header the client names in Connection is removed, not replaced: User-Agent",
+			head:   "Host: app.example\r\nConnection: User-Agent\r\nUser-Agent: curl/8\r\n",
+			absent: []string{"User-Agent"},
+		},
+		{
+			name:    "a trusted proxy's forwarding headers named in Connection are replaced",
+			trusted: []netip.Prefix{loopback},
+			head: "Host: app.example\r\nConnection: X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host\r\n" +
+				"X-Forwarded-For: 10.0.0.1\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: public.example\r\nForwarded: for=10.0.0.1\r\n",
+			want: map[string]string{"X-Forwarded-For": "127.0.0.1", "X-Forwarded-Proto": "http",
+				"X-Forwarded-Host": "app.example", "Forwarded": "for=10.0.0.1"},
+		},
+		{
+			name:    "names that alias a forwarding header are dropped, even from a trusted proxy",
+			trusted: []netip.Prefix{loopback},
+			head:    "Host: app.example\r\nX_Forwarded_For: 6.6.6.6\r\nX-Real_Ip: 6.6.6.6\r\nX_Custom: kept\r\n",
+			want:    map[string]string{"X-Forwarded-For": "127.0.0.1", "X_custom": "kept"},
+			absent:  []string{"X_forwarded_for", "X-Real_ip"},
+		},
+		{
 			name: "TE: trailers is the one TE value passed on",
 			head: "Host: app.example\r\nTe: trailers, deflate\r\n",
 			want: map[string]string{"Te": "trailers"},
@@ -138,26 +164,94 @@ func TestForwardedHeaders(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := recorder(t)
 			e := startEdge(t, newProxy(t, Options{TrustedProxies: tt.trusted}), rec)
-			_, body := rawDo(t, e.addr, "GET / HTTP/1.1\r\n"+tt.head+"\r\n")
-			s := decodeSeen(t, body)
-			for k, want := range tt.want {
-				got := strings.Join(s.Header.Values(k), ", ")
-				if k == "Host" {
-					got = s.Host
+			var first http.Header
+			for _, shape := range forwardingShapes {
+				s := decodeSeen(t, finalBody(t, e.addr, shape.head+tt.head+shape.framing+"\r\n"+shape.body))
+				if s.Close != shape.transport {
+					t.Fatalf("%s: upstream saw a request to close its connection = %t, want %t: the request took the other path",
+						shape.name, s.Close, shape.transport)
 				}
-				if got != want {
-					t.Errorf("upstream %s = %q, want %q", k, got, want)
+				for k, want := range tt.want {
+					got := strings.Join(s.Header.Values(k), ", ")
+					if k == "Host" {
+						got = s.Host
+					}
+					if got != want {
+						t.Errorf("%s: upstream %s = %q, want %q", shape.name, k, got, want)
+					}
 				}
-			}
-			for _, k := range tt.absent {
-				if v, ok := s.Header[k]; ok {
-					t.Errorf("upstream got %s: %q, want it removed", k, v)
+				for _, k := range tt.absent {
+					if v, ok := s.Header[http.CanonicalHeaderKey(k)]; ok {
+						t.Errorf("%s: upstream got %s: %q, want it removed", shape.name, k, v)
+					}
 				}
-			}
-			if c := s.Header.Get("Connection"); c != "" {
-				t.Errorf("upstream Connection = %q, want none (the transport manages it)", c)
+				// The client's Connection never passes: the pooled client
+				// keeps its connection alive, the transport asks for one
+				// per request.
+				wantConn := ""
+				if shape.transport {
+					wantConn = "close"
+				}
+				if c := s.Header.Get("Connection"); c != wantConn {
+					t.Errorf("%s: upstream Connection = %q, want %q", shape.name, c, wantConn)
+				}
+				// Beyond the rows' fields, both paths send the same
+				// header; only the fields that frame each shape's body
+				// and its connection differ.
+				for _, k := range []string{"Connection", "Content-Length", "Expect", "Trailer", "Transfer-Encoding"} {
+					delete(s.Header, k)
+				}
+				if first == nil {
+					first = s.Header
+				} else if !reflect.DeepEqual(s.Header, first) {
+					t.Errorf("%s: upstream header = %v, want %v as %s sent it", shape.name, s.Header, first, forwardingShapes[0].name)
+				}
 			}
 		})
+	}
+}
+
+// forwardingShapes are the requests each TestForwardedHeaders row is sent
+// as, one for each path h1Eligible can choose, so that both writers of the
+// forwarding policy (writeRequest for the pooled client, outboundHeader
+// for the transport) are held to every row.
+var forwardingShapes = []struct {
+	name      string
+	head      string // the request line
+	framing   string // header lines that frame the body
+	body      string
+	transport bool
+}{
+	{name: "a plain GET (pooled client)", head: "GET / HTTP/1.1\r\n"},
+	{
+		name: "a POST expecting 100-continue (transport)", head: "POST / HTTP/1.1\r\n",
+		framing: "Expect: 100-continue\r\nContent-Length: 2\r\n", body: "hi", transport: true,
+	},
+	{
+		name: "a POST with trailers (transport)", head: "POST / HTTP/1.1\r\n",
+		framing: "Transfer-Encoding: chunked\r\nTrailer: X-Sum\r\n", body: "2\r\nhi\r\n0\r\nX-Sum: 1\r\n\r\n", transport: true,
+	},
+}
+
+// finalBody sends raw to addr and returns the body of the final response,
+// past any 100 Continue the edge sends first.
+func finalBody(t *testing.T, addr, raw string) string {
+	t.Helper()
+	c, br := rawSend(t, addr, raw)
+	defer c.Close()
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("read response to %q: %v", firstLine(raw), err)
+		}
+		if resp.StatusCode >= 200 {
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatalf("read body of %q: %v", firstLine(raw), err)
+			}
+			return string(b)
+		}
 	}
 }
 

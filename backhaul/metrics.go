@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer, p *Proxy) (*metrics, error) {
 	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "scafo_edge_upstreams_ejected",
 		Help: "Upstreams currently ejected after connect failures.",
-	}, func() float64 { return float64(p.health.ejectedCount(p.now())) })
+	}, func() float64 { return float64(p.health.ejectedCount(p.clock.Now())) })
 	if err := promreg.Register(reg, m.connectFailures, m.failovers, ejected); err != nil {
 		return nil, fmt.Errorf("register upstream metrics: %w", err)
 	}

@@ -245,15 +245,19 @@ func TestAnUpgradeTheUpstreamRefusesIsAPlainResponse(t *testing.T) {
 
 func TestForwardedProtoIsHTTPSOverTLS(t *testing.T) {
 	rec := recorder(t)
-	p := newProxy(t, Options{})
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p.Forward(w, r, []node.Upstream{rec})
-	}))
-	t.Cleanup(srv.Close)
-	c := srv.Client()
-	t.Cleanup(c.CloseIdleConnections)
-	_, body := get(t, c, srv.URL+"/")
-	if got := decodeSeen(t, body).Header.Get("X-Forwarded-Proto"); got != "https" {
-		t.Errorf("X-Forwarded-Proto = %q, want https", got)
+	for _, path := range paths {
+		t.Run(path.name, func(t *testing.T) {
+			p := newPathProxy(t, Options{}, path.h1Off)
+			srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				p.Forward(w, r, []node.Upstream{rec})
+			}))
+			t.Cleanup(srv.Close)
+			c := srv.Client()
+			t.Cleanup(c.CloseIdleConnections)
+			_, body := get(t, c, srv.URL+"/")
+			if got := decodeSeen(t, body).Header.Get("X-Forwarded-Proto"); got != "https" {
+				t.Errorf("X-Forwarded-Proto = %q, want https", got)
+			}
+		})
 	}
 }

@@ -85,6 +85,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/scafo/scafo-edge/backhaul/internal/h1"
+	"github.com/scafo/scafo-edge/internal/clock"
 )
 
 // Options configures a Proxy. The zero value is usable.
@@ -119,8 +120,8 @@ type Options struct {
 	// failure; each further consecutive failure doubles it, up to EjectMax.
 	// Zero means 1s and 30s respectively.
 	EjectBase, EjectMax time.Duration
-	// Now is the clock for ejection. Nil means time.Now.
-	Now func() time.Time
+	// Clock is the clock for ejection. Nil means the wall clock.
+	Clock clock.Clock
 	// Log receives ejections and recoveries, each once per episode. The zero
 	// value logs nothing.
 	Log zerolog.Logger
@@ -139,7 +140,7 @@ type Proxy struct {
 	transport *http.Transport
 	pool      *h1.Pool // the pooled HTTP/1.1 client's connections (h1.go)
 	trusted   []netip.Prefix
-	now       func() time.Time
+	clock     clock.Clock
 	log       zerolog.Logger
 	health    health
 	metrics   *metrics
@@ -185,14 +186,11 @@ func New(opts Options) (*Proxy, error) {
 	if opts.EjectMax < opts.EjectBase {
 		opts.EjectMax = opts.EjectBase
 	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
 	p := &Proxy{
 		transport:             newTransport(opts),
 		pool:                  h1.NewPool(opts.DialTimeout, opts.IdleConnTimeout, opts.SendTimeout, opts.MaxIdleConnsPerHost, opts.TrackConn),
 		trusted:               opts.TrustedProxies,
-		now:                   opts.Now,
+		clock:                 clock.OrReal(opts.Clock),
 		log:                   opts.Log,
 		responseHeaderTimeout: opts.ResponseHeaderTimeout,
 	}
