@@ -104,9 +104,13 @@ func transportRequest(r *http.Request, f *forwarding, upgrade string, body *requ
 func newRequestBody(r *http.Request) (*requestBody, error) {
 	// HTTP/1 hands a bodiless request http.NoBody. HTTP/2 and HTTP/3 hand
 	// every request a body, an empty one when the length is zero: both
-	// refuse data beyond a declared length, so zero means no body there.
-	if r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && r.ProtoMajor >= 2) {
+	// refuse data beyond a declared length, so zero means no body there
+	// once the stream has ended.
+	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
+	}
+	if r.ContentLength == 0 && r.ProtoMajor >= 2 {
+		return nil, awaitEndOfStream(r.Body)
 	}
 	dropForbiddenTrailers(r.Trailer)
 	body := &requestBody{rc: r.Body, length: r.ContentLength, trailer: r.Trailer}
@@ -119,6 +123,26 @@ func newRequestBody(r *http.Request) (*requestBody, error) {
 		body.rc = io.NopCloser(bytes.NewReader(b))
 	}
 	return body, nil
+}
+
+// awaitEndOfStream reads the body of an HTTP/2 or HTTP/3 request that
+// declared a length of zero but left its stream open, until the stream
+// ends. Data beyond the declared zero makes the request malformed (RFC 9113
+// §8.1.1), and the server resets the stream when it reads that data; waiting
+// for the end here makes that reset come before anything is forwarded,
+// rather than race the upstream's answer. A well-formed client ends the
+// stream with its next frame.
+func awaitEndOfStream(body io.Reader) error {
+	var b [1]byte
+	n, err := io.ReadFull(body, b[:])
+	switch {
+	case n > 0:
+		return errors.New("read request body: data beyond a content-length of 0")
+	case errors.Is(err, io.EOF):
+		return nil
+	default:
+		return fmt.Errorf("read request body: %w", err)
+	}
 }
 
 // maxBufferedBody bounds the request bodies read whole before an upstream
