@@ -262,7 +262,10 @@ func TestSlowTLSHandshakes(t *testing.T) {
 	routes := writeRoutesFile(t, t.TempDir(), &node.Document{V: 1, Routes: []node.Route{
 		{Host: "a.example", Application: "a", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(a)}}},
 	}})
-	const headerTimeout = time.Second
+	// The timeout bounds the normal client's handshake and request head
+	// too: 1s was crossed by a loaded CI machine under -race, and the
+	// probe's fresh connection was closed before its request.
+	const headerTimeout = 3 * time.Second
 	state := t.TempDir()
 	e := startEdge(t, "--routes-file", routes, "--tls", "internal", "--state-dir", state, "--read-header-timeout", headerTimeout.String())
 	waitEdgeReady(t, e)
