@@ -48,6 +48,9 @@ type Server struct {
 	// Prefetch lists the names waiting for a prefetched certificate (and
 	// those not reaching the fleet); nil: prefetch is off.
 	Prefetch func() []prefetch.Entry
+	// FailedValidations lists the names with failed validations at the
+	// ACME CA in the last hour; nil: not shown (no ACME).
+	FailedValidations func() []certs.ValidationCount
 	// Admission reports the connection budget, the pressure state and each
 	// application's share in use; nil: not shown.
 	Admission func() admission.Status

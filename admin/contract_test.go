@@ -12,8 +12,8 @@ import (
 )
 
 // statusJSONKeys is every key path status.json carries with a document, an
-// API apex, an ejected upstream, a certificate and names waiting for
-// prefetch: the contract with scripts. Adding a field adds a line here;
+// API apex, an ejected upstream, a certificate, names waiting for
+// prefetch and a name with failed validations: the contract with scripts. Adding a field adds a line here;
 // renaming or removing one fails this test on purpose.
 var statusJSONKeys = []string{
 	"api", "api.denied", "api.hosts", "api.upstreams",
@@ -21,6 +21,7 @@ var statusJSONKeys = []string{
 	"certificates", "certificates.expires_in", "certificates.expiring", "certificates.issuer", "certificates.names", "certificates.not_after",
 	"certificate_prefetch", "certificate_prefetch.added", "certificate_prefetch.error", "certificate_prefetch.failures",
 	"certificate_prefetch.name", "certificate_prefetch.next_try", "certificate_prefetch.state",
+	"failed_validations", "failed_validations.ca_limit", "failed_validations.held_until", "failed_validations.last_hour", "failed_validations.name",
 	"document", "document.age_seconds", "document.api_hosts", "document.fetched_at", "document.fingerprint",
 	"document.path_prefixes", "document.routes", "document.stale",
 	"generated_at",
@@ -42,6 +43,9 @@ func TestStatusJSONKeysAreAContract(t *testing.T) {
 		return []certs.CertInfo{{Names: []string{"shop.example.test"}, Issuer: "Scafo internal CA", NotAfter: statusT0.Add(time.Hour)}}
 	}
 	a.Prefetch = prefetchFixture
+	a.FailedValidations = func() []certs.ValidationCount {
+		return []certs.ValidationCount{{Name: "broken.example.test", Failed: 4, HeldUntil: statusT0.Add(time.Hour)}}
+	}
 	rec := serveAdmin(a.Handler(), "/status.json", "127.0.0.1:1", "")
 	var doc any
 	if err := json.Unmarshal(rec.Body.Bytes(), &doc); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/scafo/scafo-edge/admission"
 	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/certs"
 	"github.com/scafo/scafo-edge/node"
 )
 
@@ -41,6 +42,10 @@ type Status struct {
 	Load        *admission.Status `json:"load,omitempty"`                 // the connection budget, pressure and fair shares in use
 	pathLimit   int               // page only: prefixes listed per host
 	routeIndex  map[string]bool   // page only: hosts that are routes, for links
+
+	// FailedValidations are the names the ACME CA failed to validate in
+	// the last hour; absent when none.
+	FailedValidations []ValidationStatus `json:"failed_validations,omitempty"`
 }
 
 // DocumentStatus is the live routing document: where it came from, how old
@@ -119,12 +124,24 @@ type CertStatus struct {
 type PrefetchStatus struct {
 	Name string `json:"name"`
 	// State is waiting, working, budget, unreachable (the name does not
-	// reach this fleet yet), failed or elsewhere (another edge works on it).
+	// reach this fleet yet at one of its addresses), no_ipv6 (it has an
+	// AAAA record this box cannot check without IPv6), failed or elsewhere
+	// (another edge works on it).
 	State    string    `json:"state"`
 	Added    time.Time `json:"added"`
 	NextTry  time.Time `json:"next_try"`
 	Failures int       `json:"failures"`
 	Error    string    `json:"error,omitempty"`
+}
+
+// ValidationStatus is one name's failed validations at the ACME CA in the
+// last hour. Let's Encrypt refuses a name for the rest of the hour after
+// Limit; the edge starts no issuance that could reach it.
+type ValidationStatus struct {
+	Name      string     `json:"name"`
+	LastHour  int        `json:"last_hour"`
+	Limit     int        `json:"ca_limit"`
+	HeldUntil *time.Time `json:"held_until,omitempty"` // no issuance of the name before then
 }
 
 // certExpiryWarning is when the page flags a certificate: the same 14 days
@@ -220,6 +237,16 @@ func (a *Server) snapshot() *Status {
 		l := a.Admission()
 		slices.SortFunc(l.Apps, func(x, y admission.AppLoad) int { return strings.Compare(x.Application, y.Application) })
 		v.Load = &l
+	}
+	if a.FailedValidations != nil {
+		for _, vc := range a.FailedValidations() {
+			vs := ValidationStatus{Name: vc.Name, LastHour: vc.Failed, Limit: certs.FailedValidationLimit}
+			if !vc.HeldUntil.IsZero() {
+				until := vc.HeldUntil.UTC()
+				vs.HeldUntil = &until
+			}
+			v.FailedValidations = append(v.FailedValidations, vs)
+		}
 	}
 	if a.Prefetch != nil {
 		for _, e := range a.Prefetch() {

@@ -90,7 +90,7 @@ func newStatusFixture(t *testing.T, extra ...node.Route) *statusFixture {
 
 	// One request through backhaul: box-down refuses, box-a answers, so
 	// the health the page shows is backhaul's own, not made up.
-	proxy := testsupport.Must(backhaul.New(backhaul.Options{EjectBase: time.Minute, Now: func() time.Time { return statusT0 }}))
+	proxy := testsupport.Must(backhaul.New(backhaul.Options{EjectBase: time.Minute, Clock: clock.NewFake(statusT0)}))
 	t.Cleanup(proxy.Close)
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("GET", "http://shop.example.test/", nil)
@@ -318,6 +318,29 @@ func TestStatusJSONDescribesTheLiveTable(t *testing.T) {
 		}
 		if v := fetchStatusJSON(t, f.admin); v.Prefetch != nil {
 			t.Errorf("certificate_prefetch with prefetch off = %+v, want absent", v.Prefetch)
+		}
+	})
+	t.Run("names with failed validations at the CA, one held back", func(t *testing.T) {
+		a := *f.admin
+		a.FailedValidations = func() []certs.ValidationCount {
+			return []certs.ValidationCount{
+				{Name: "broken.example.test", Failed: 4, HeldUntil: statusT0.Add(40 * time.Minute)},
+				{Name: "flaky.example.test", Failed: 1},
+			}
+		}
+		v := fetchStatusJSON(t, &a)
+		if len(v.FailedValidations) != 2 || v.FailedValidations[0].LastHour != 4 || v.FailedValidations[0].Limit != certs.FailedValidationLimit ||
+			v.FailedValidations[0].HeldUntil == nil || !v.FailedValidations[0].HeldUntil.Equal(statusT0.Add(40*time.Minute)) || v.FailedValidations[1].HeldUntil != nil {
+			t.Errorf("failed_validations = %+v", v.FailedValidations)
+		}
+		_, page := fetchPage(t, a.Handler(), "/")
+		for _, want := range []string{"Failed validations at the CA in the last hour", "broken.example.test", "flaky.example.test"} {
+			if !strings.Contains(page, want) {
+				t.Errorf("page lacks %q", want)
+			}
+		}
+		if v := fetchStatusJSON(t, f.admin); v.FailedValidations != nil {
+			t.Errorf("failed_validations without ACME = %+v, want absent", v.FailedValidations)
 		}
 	})
 	t.Run("before the first document the document is null and routes empty", func(t *testing.T) {

@@ -53,7 +53,43 @@ func (m *Manager) refusal(name string) (string, error) {
 	if until, ok := m.backoff.active(name); ok {
 		return "backoff", fmt.Errorf("%w until %s", errBackingOff, until.UTC().Format(time.RFC3339))
 	}
+	if until, ok := m.validations.heldUntil(name); ok {
+		return "validations", fmt.Errorf("%w until %s", errValidationBudget, until.UTC().Format(time.RFC3339))
+	}
 	return "", nil
+}
+
+// challengeTypesKey marks, in an issuance's context, how many challenge
+// types its issuer may try: one failed validation each.
+type challengeTypesKey struct{}
+
+// validationCost returns how many failed validations an issuance of name
+// may spend at most: one per challenge type its issuer tries, as acmez
+// tries the next type in a new order after a failed one. Prefetch marks
+// its own (HTTP-01 only); a wildcard base is DNS-01 only; the on-demand
+// config tries HTTP-01 and TLS-ALPN-01.
+func (m *Manager) validationCost(ctx context.Context, name string) int {
+	if n, ok := ctx.Value(challengeTypesKey{}).(int); ok {
+		return n
+	}
+	if m.isBaseName(name) {
+		return 1
+	}
+	return 2
+}
+
+// validationFailed is called with the name of each authorization the CA
+// set invalid, whatever started the issuance (challengeFailedCore).
+func (m *Manager) validationFailed(name string) {
+	m.metrics.failedValidations.Inc()
+	// The ACME client waits on this call; a storage that does not answer
+	// must not stall it for long.
+	ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
+	defer cancel()
+	if err := m.validations.failed(ctx, name); err != nil {
+		m.log.Warn().Err(err).Str("name", name).Msg("failed validation not recorded in the certificate storage; counted on this edge only")
+	}
+	m.log.Warn().Str("name", name).Int("last_hour", m.validations.count(name)).Int("ca_limit", FailedValidationLimit).Msg("validation failed at the CA")
 }
 
 // onEvent follows certmagic's issuance events: it bounds issuances in
@@ -68,6 +104,14 @@ func (m *Manager) onEvent(ctx context.Context, event string, data map[string]any
 	}
 	switch event {
 	case "cert_obtaining":
+		if m.acme != nil {
+			vname := strings.TrimPrefix(name, "*.") // the authorization's identifier
+			if err := m.validations.admit(ctx, vname, m.validationCost(ctx, name)); err != nil {
+				m.metrics.refusals.WithLabelValues("validations").Inc()
+				m.log.Warn().Err(err).Str("name", name).Bool("renewal", renewal).Msg("certificate issuance not started: the name is close to the CA's limit of failed validations")
+				return certmagic.ErrNoRetry{Err: err}
+			}
+		}
 		select {
 		case m.slots <- struct{}{}:
 		case <-ctx.Done():

@@ -23,16 +23,18 @@ func (m *Manager) HTTPHandler(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// HandleHTTPChallenge answers only a token of a challenge in
-		// progress (in memory or, for a shared store, in storage).
-		if m.acme != nil && certmagic.LooksLikeHTTPChallenge(r) && m.acme.HandleHTTPChallenge(w, r) {
-			return
-		}
 		// A malformed Host is "": passed on, for the edge to answer 400.
 		host, _ := hostname.Normalise(r.Host)
+		// HandleHTTPChallenge answers only a token of a challenge in
+		// progress: from memory, or else from storage (with the fleet
+		// store, a request to the node).
+		if m.acme != nil && certmagic.LooksLikeHTTPChallenge(r) && m.mayHoldChallenge(host, r.Host) && m.acme.HandleHTTPChallenge(w, r) {
+			return
+		}
 		// A prefetch reachability check from any edge of the fleet: its
-		// token is in the (shared) storage.
-		if prefetch.LooksLikeReach(r) && prefetch.ServeReach(w, r, m.cfg.Storage, host) {
+		// token is in the (shared) storage. Prefetch checks only names the
+		// document names, so no other host's check costs a storage read.
+		if prefetch.LooksLikeReach(r) && m.named(host) && prefetch.ServeReach(w, r, m.cfg.Storage, host) {
 			return
 		}
 		if host != "" && m.httpsAvailable(host) {
@@ -43,10 +45,31 @@ func (m *Manager) HTTPHandler(next http.Handler) http.Handler {
 	})
 }
 
+// named reports whether the live document names host exactly: the only
+// hosts that may be issued a certificate on demand or prefetched, and so
+// the only ones an edge of the fleet may have stored a challenge for.
+func (m *Manager) named(host string) bool {
+	return host != "" && m.allowed != nil && m.allowed(host)
+}
+
+// mayHoldChallenge reports whether an HTTP-01 request for host may find a
+// token: one this process holds in memory (certmagic's, whatever the
+// name), or one in storage for a name the document names. A flood of
+// requests for other hosts then costs no storage read, which certmagic's
+// solver, looking a token up by the request's Host alone, would spend.
+// rawHost is the Host as sent, as certmagic keys its memory by it.
+func (m *Manager) mayHoldChallenge(host, rawHost string) bool {
+	if m.named(host) {
+		return true
+	}
+	_, ok := certmagic.GetACMEChallenge(rawHost)
+	return ok
+}
+
 // httpsAvailable reports whether host has a certificate in memory or may be
 // issued one on demand. host is normalised, so never a "*.<base>" key.
 func (m *Manager) httpsAvailable(host string) bool {
-	if m.allowed != nil && m.allowed(host) {
+	if m.named(host) {
 		return true
 	}
 	return len(m.cache.AllMatchingCertificates(host)) > 0

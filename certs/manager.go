@@ -30,6 +30,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	bolt "go.etcd.io/bbolt"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/scafo/scafo-edge/certs/prefetch"
 	"github.com/scafo/scafo-edge/internal/clock"
@@ -52,8 +54,9 @@ const (
 // Defaults for zero Options fields.
 const (
 	DefaultMaxIssuancesInFlight = 4
-	// The back-off defaults keep a name that keeps failing under Let's
-	// Encrypt's limit of five failed validations per name per hour.
+	// The back-off spaces a failing name's attempts out; the hard stop
+	// before Let's Encrypt's limit of five failed validations per name
+	// per hour is the count of failed validations (validations.go).
 	DefaultFailureBackoffBase  = 5 * time.Minute
 	DefaultFailureBackoffMax   = time.Hour
 	DefaultDNSPropagationDelay = 10 * time.Second
@@ -160,7 +163,13 @@ type Manager struct {
 	cfg, wcfg *certmagic.Config
 	// acme answers HTTP-01 challenges; nil in internal mode.
 	acme *certmagic.ACMEIssuer
-	ca   *internalCA
+	// pcfg places prefetch's orders: HTTP-01 only (prefetch.go); nil
+	// without prefetch.
+	pcfg *certmagic.Config
+	// validations counts failed validations per name, fleet-wide, and
+	// holds back issuances that could reach the CA's limit.
+	validations *validations
+	ca          *internalCA
 
 	bases   map[string]bool // wildcard bases
 	backoff *issuanceBackoff
@@ -252,6 +261,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		batch.Undo()
 		return nil, err
 	}
+	m.validations = newValidations(storage, opts.Clock)
 	m.metrics, err = newMetrics(reg, m)
 	if err != nil {
 		return nil, err
@@ -298,10 +308,18 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 			// and TLSConfig to answer, instead of opening listeners of its own.
 			AltHTTPPort:    orInt(opts.HTTPPort, 80),
 			AltTLSALPNPort: m.httpsPort,
-			Logger:         zl,
+			// The ACME client's log is where each failed validation shows
+			// (validations.go).
+			Logger: zap.New(zapcore.NewTee(zl.Core(), &challengeFailedCore{failed: m.validationFailed})),
 		}
 		m.acme = certmagic.NewACMEIssuer(m.cfg, tmpl)
 		m.cfg.Issuers = []certmagic.Issuer{m.acme}
+		if opts.Prefetch != nil {
+			m.pcfg = certmagic.New(m.cache, base)
+			ptmpl := tmpl
+			ptmpl.DisableTLSALPNChallenge = true
+			m.pcfg.Issuers = []certmagic.Issuer{certmagic.NewACMEIssuer(m.pcfg, ptmpl)}
+		}
 		if m.wcfg != nil {
 			provider := &cloudflare.Provider{APIToken: opts.CloudflareToken}
 			if opts.CloudflareHTTPClient != nil {
@@ -437,6 +455,14 @@ func (m *Manager) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, 
 	cancel()
 	if err != nil {
 		m.metrics.handshakes.WithLabelValues("no_certificate").Inc()
+		if reason, _ := m.refusal(hello.ServerName); reason == "not_named" || reason == "wildcard" {
+			// A name this edge does not serve: neither a certificate nor
+			// an error makes crypto/tls send unrecognized_name (RFC 6066
+			// §3), as the config holds no certificate of its own. Any other
+			// failure (the CA, a back-off) stays internal_error: the name
+			// is served, its certificate is not there yet.
+			return nil, nil
+		}
 		return nil, err
 	}
 	m.metrics.handshakes.WithLabelValues("ok").Inc()
@@ -545,6 +571,17 @@ func (m *Manager) Certificates() []CertInfo {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].NotAfter.Before(out[j].NotAfter) })
 	return out
+}
+
+// FailedValidations lists the names with failed validations at the CA in
+// the last hour, as this edge last counted them (every edge's, through the
+// certificate storage), most first; Let's Encrypt's limit is
+// FailedValidationLimit.
+func (m *Manager) FailedValidations() []ValidationCount {
+	if m.validations == nil {
+		return nil
+	}
+	return m.validations.counts()
 }
 
 // InternalRootPEM returns the internal CA's root certificate, for clients to

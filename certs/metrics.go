@@ -20,6 +20,9 @@ type metrics struct {
 	refusals   *prometheus.CounterVec
 	inFlight   prometheus.Gauge
 	handshakes *prometheus.CounterVec
+	// failedValidations counts the authorizations the CA set invalid for
+	// this edge's orders.
+	failedValidations prometheus.Counter
 }
 
 // newMetrics builds the package's collectors and registers them on reg;
@@ -32,11 +35,15 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		}, []string{"result", "kind"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scafo_edge_tls_on_demand_refusals_total",
-			Help: "On-demand certificate decisions refused, by reason (not_named, wildcard, backoff).",
+			Help: "Certificate decisions refused, by reason (not_named, wildcard, backoff, validations: an issuance could take the name to the CA's limit of failed validations an hour).",
 		}, []string{"reason"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "scafo_edge_tls_issuances_in_flight",
 			Help: "Certificate issuances in progress.",
+		}),
+		failedValidations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "scafo_edge_tls_failed_validations_total",
+			Help: "Authorizations the ACME CA set invalid (failed validations) for this edge's orders; Let's Encrypt refuses a name for an hour after 5 within an hour.",
 		}),
 		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scafo_edge_tls_handshake_certificates_total",
@@ -46,7 +53,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 	for _, r := range []string{"ok", "no_certificate", "challenge"} {
 		mt.handshakes.WithLabelValues(r)
 	}
-	for _, r := range []string{"not_named", "wildcard", "backoff"} {
+	for _, r := range []string{"not_named", "wildcard", "backoff", "validations"} {
 		mt.refusals.WithLabelValues(r)
 	}
 	if reg == nil {
@@ -56,7 +63,12 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 		Name: "scafo_edge_tls_backoff_names",
 		Help: "Names held back after a failed issuance.",
 	}, func() float64 { return float64(m.backoff.count()) })
-	if err := promreg.Register(reg, mt.issuances, mt.refusals, mt.inFlight, mt.handshakes, backedOff, &expiryCollector{m: m}); err != nil {
+	cs := []prometheus.Collector{mt.issuances, mt.refusals, mt.inFlight, mt.handshakes, backedOff, &expiryCollector{m: m}}
+	if m.mode == ModeACME {
+		// Only an ACME CA validates; the internal CA's edge exports none.
+		cs = append(cs, mt.failedValidations)
+	}
+	if err := promreg.Register(reg, cs...); err != nil {
 		var already prometheus.AlreadyRegisteredError
 		if errors.As(err, &already) {
 			return nil, fmt.Errorf("register tls metrics: %w (one Manager per registry)", err)
@@ -72,6 +84,9 @@ var (
 		[]string{"name"}, nil)
 	heldDesc = prometheus.NewDesc("scafo_edge_tls_certificates",
 		"Certificates held in memory.", nil, nil)
+	failedHourDesc = prometheus.NewDesc("scafo_edge_tls_failed_validations_last_hour",
+		"Failed validations in the last hour per name, every edge's as recorded in the certificate storage, for the 100 names with most; issuance stops before 5, Let's Encrypt's limit.",
+		[]string{"name"}, nil)
 )
 
 // expiryCollector reports expiry at scrape time from certmagic's cache.
@@ -80,9 +95,16 @@ type expiryCollector struct{ m *Manager }
 func (c *expiryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- expiryDesc
 	ch <- heldDesc
+	ch <- failedHourDesc
 }
 
 func (c *expiryCollector) Collect(ch chan<- prometheus.Metric) {
+	for i, vc := range c.m.FailedValidations() {
+		if i == maxExpiryNames {
+			break
+		}
+		ch <- prometheus.MustNewConstMetric(failedHourDesc, prometheus.GaugeValue, float64(vc.Failed), vc.Name)
+	}
 	certs := c.m.Certificates()
 	ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(len(certs)))
 	seen := map[string]bool{}

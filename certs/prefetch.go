@@ -78,6 +78,9 @@ func (m *Manager) prefetchable(name string) bool {
 // failed issuance, or the zero time.
 func (m *Manager) heldBack(name string) time.Time {
 	until, _ := m.backoff.active(name)
+	if v, ok := m.validations.heldUntil(name); ok && v.After(until) {
+		until = v
+	}
 	return until
 }
 
@@ -90,14 +93,24 @@ func (m *Manager) holds(ctx context.Context, name string) bool {
 		m.cfg.Storage.Exists(ctx, certmagic.StorageKeys.SiteCert(m.acme.IssuerKey(), name))
 }
 
-// obtain places the order for name through the on-demand config (its
-// events, slots and back-off apply), without certmagic's retries, and
-// loads the result into memory.
+// obtain places the order for name through the prefetch config (the
+// on-demand config's events, slots, back-off and failed-validation budget
+// apply), without certmagic's retries, and loads the result into memory.
+//
+// The prefetch config tries HTTP-01 only. The reachability check has just
+// shown that port 80 at every address the name publishes reaches the
+// fleet, so a validation failing now almost always fails for a reason the
+// other challenge type shares (the CA's DNS view differs from the check's:
+// propagation, a resolver's cache; a firewall in front of the validator's
+// vantage points), and TLS-ALPN-01 after it
+// would cost a second order and a second of the five failed validations
+// an hour for one attempt. A visitor's on-demand issuance still tries both.
 func (m *Manager) obtain(ctx context.Context, name string) error {
-	if err := m.cfg.ObtainCertSync(ctx, name); err != nil {
+	ctx = context.WithValue(ctx, challengeTypesKey{}, 1)
+	if err := m.pcfg.ObtainCertSync(ctx, name); err != nil {
 		return err
 	}
-	if _, err := m.cfg.CacheManagedCertificate(ctx, name); err != nil {
+	if _, err := m.pcfg.CacheManagedCertificate(ctx, name); err != nil {
 		return fmt.Errorf("load obtained certificate: %w", err)
 	}
 	return nil

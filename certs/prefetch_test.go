@@ -2,9 +2,11 @@ package certs
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
@@ -19,13 +21,39 @@ import (
 	"github.com/scafo/scafo-edge/node/nodetest"
 )
 
-// dialRoutes connects a reachability check for "<name>:80" to the
-// loopback address routes gives name, or to fallback: the tests' stand-in
-// for public DNS.
+// testDNS is the tests' stand-in for public DNS: each name it is asked
+// for gets an address of its own (public-looking; only dialRoutes dials it).
+var testDNS struct {
+	mu    sync.Mutex
+	names []string
+}
+
+// lookupTestDNS is prefetch.Options.LookupNetIP on testDNS.
+func lookupTestDNS(_ context.Context, _, host string) ([]netip.Addr, error) {
+	testDNS.mu.Lock()
+	defer testDNS.mu.Unlock()
+	i := slices.Index(testDNS.names, host)
+	if i < 0 {
+		testDNS.names = append(testDNS.names, host)
+		i = len(testDNS.names) - 1
+	}
+	return []netip.Addr{netip.AddrFrom4([4]byte{93, 184, byte(i >> 8), byte(i)})}, nil
+}
+
+// dialRoutes connects a reachability check for the address lookupTestDNS
+// gave a name to the loopback address routes gives that name, or to
+// fallback.
 func dialRoutes(fallback string, routes map[string]string) func(context.Context, string, string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		host, _, _ := net.SplitHostPort(addr)
-		to, ok := routes[host]
+		ap, err := netip.ParseAddrPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		b := ap.Addr().As4()
+		testDNS.mu.Lock()
+		name := testDNS.names[int(b[2])<<8|int(b[3])]
+		testDNS.mu.Unlock()
+		to, ok := routes[name]
 		if !ok {
 			to = fallback
 		}
@@ -85,6 +113,7 @@ func TestPrefetch(t *testing.T) {
 	m := e.start(t, t.TempDir(), prefetchOptions(pb, names, reg, &prefetch.Options{
 		RetryBase:   100 * time.Millisecond,
 		RetryMax:    time.Second,
+		LookupNetIP: lookupTestDNS,
 		DialContext: dialRoutes(e.httpLn.Addr().String(), testsupport.Labels{"dark.test": elsewhere}),
 	}))
 	doc := []string{"old.test"}
@@ -194,6 +223,7 @@ func TestPrefetchBudgetAndRemoval(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	opts := prefetchOptions(pb, names, reg, &prefetch.Options{
 		PerHour:     2,
+		LookupNetIP: lookupTestDNS,
 		DialContext: dialRoutes(e.httpLn.Addr().String(), nil),
 	})
 	opts.Clock = clk
@@ -255,6 +285,7 @@ func TestPrefetchFleetOneOrderPerName(t *testing.T) {
 		opts := acmeOptions(pb, doc...)
 		opts.Prefetch = &prefetch.Options{
 			BusyRetry:   200 * time.Millisecond,
+			LookupNetIP: lookupTestDNS,
 			DialContext: dialRoutes(fleet[(i+1)%edges].httpLn.Addr().String(), nil),
 		}
 		ms[i] = e.start(t, n, opts, FleetOptions{LockPollMax: 200 * time.Millisecond})
@@ -316,6 +347,7 @@ func TestPrefetchFailedOrderWaitsOutTheBackOff(t *testing.T) {
 	opts := prefetchOptions(pb, newNameSet("broken.test"), reg, &prefetch.Options{
 		RetryBase:   50 * time.Millisecond,
 		RetryMax:    100 * time.Millisecond,
+		LookupNetIP: lookupTestDNS,
 		DialContext: dialRoutes(e.httpLn.Addr().String(), nil),
 	})
 	opts.FailureBackoffBase = time.Hour
@@ -324,6 +356,15 @@ func TestPrefetchFailedOrderWaitsOutTheBackOff(t *testing.T) {
 	testsupport.WaitFor(t, 60*time.Second, "broken.test listed as failed until the on-demand back-off ends", func() bool {
 		en, ok := prefetchEntry(m, "broken.test")
 		return ok && en.State == prefetch.Failed && en.Failures == 1 && en.Next.After(time.Now().Add(30*time.Minute))
+	})
+	// Prefetch tries HTTP-01 only: one order and one failed validation for
+	// the attempt, where HTTP-01 then TLS-ALPN-01 spent two of each. (Pebble
+	// logs them a moment after answering.)
+	testsupport.WaitForNil(t, 5*time.Second, "one order and one invalid authorization at the CA", func() error {
+		if o, i := pb.OrderCount(), pb.InvalidAuthzCount(); o != 1 || i != 1 {
+			return fmt.Errorf("%d orders and %d invalid authorizations", o, i)
+		}
+		return nil
 	})
 	orders := pb.OrderCount()
 	if got := series(t, reg, "scafo_edge_tls_issuances_total", testsupport.Labels{"result": "failed", "kind": "new"}); got != 1 {

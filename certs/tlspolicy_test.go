@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -78,6 +79,29 @@ func TestTLSPolicy(t *testing.T) {
 				t.Errorf("handshake = %s %s, want %s %s",
 					tls.VersionName(st.Version), tls.CipherSuiteName(st.CipherSuite),
 					tls.VersionName(tc.version), tls.CipherSuiteName(tc.wantSuite))
+			}
+		})
+	}
+}
+
+// TestHandshakeAlerts: a name the document does not name is one this edge
+// does not serve, and its handshake ends with RFC 6066's unrecognized_name;
+// a named name whose certificate cannot be had now (the CA failed, the name
+// is backing off) ends with internal_error, as the name is served.
+func TestHandshakeAlerts(t *testing.T) {
+	e := newTestEdge(t)
+	// Nothing listens at the CA: an issuance fails at once.
+	e.start(t, t.TempDir(), Options{Allowed: newNameSet("named.test").Allowed, CA: "https://127.0.0.1:9/dir"})
+	for _, tc := range []struct{ name, sni, want string }{
+		{"a stranger's name is not recognised", "stranger.test", "unrecognized name"},
+		{"a wildcard key is not recognised", "*.wild.test", "unrecognized name"},
+		{"a named name whose issuance fails is an internal error", "named.test", "internal error"},
+		{"a named name backing off is an internal error", "named.test", "internal error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.handshake(tc.sni, nil)
+			if err == nil || !strings.Contains(err.Error(), "remote error: tls: "+tc.want) {
+				t.Fatalf("handshake for %q = %v, want the alert %q", tc.sni, err, tc.want)
 			}
 		})
 	}

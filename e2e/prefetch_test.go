@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -95,4 +96,56 @@ func acmeEdge(t *testing.T) (*certstest.Pebble, []string) {
 	}
 	return p, []string{"--tls", "acme", "--acme-ca", p.DirectoryURL, "--acme-ca-root", root,
 		"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--https-addr", fmt.Sprintf("127.0.0.1:%d", httpsPort)}
+}
+
+// TestChallengeFloodCostsNoNodeRead: with the fleet store, a reachability
+// check or an HTTP-01 token costs a request to the node. Requests of both
+// for hosts the document does not name are answered without one; a named
+// host's still reads its token.
+func TestChallengeFloodCostsNoNodeRead(t *testing.T) {
+	_, acmeArgs := acmeEdge(t)
+	a := app(t, "A")
+	n := nodetest.New(t, nodetest.Options{Token: "fleet-token"})
+	n.SetDocument(&node.Document{V: 1, Routes: []node.Route{
+		{Host: "shop.example", Application: "shop", Upstreams: []node.Upstream{{Node: "n", Address: hostOf(a)}}},
+	}})
+	// Without prefetch, whose turns read the store in the background.
+	e := startEdge(t, append(acmeArgs, "--node", n.URL(), "--ingress-token", "fleet-token", "--state-dir", t.TempDir(),
+		"--cert-store", "fleet", "--cert-prefetch=false")...)
+	testsupport.WaitForNil(t, 15*time.Second, "first document", func() error {
+		if code, _ := e.get(t, "nobody.example", "/"); code != 404 {
+			return fmt.Errorf("status %d", code)
+		}
+		return nil
+	})
+	paths := []string{"/.well-known/scafo-edge/reach/0123456789abcdef0123456789abcdef", "/.well-known/acme-challenge/evaGxfADs6pSRb2LAv9IZf17Dt3juxGJ-PCt92wr-oA"}
+	reads := func() int { c := n.StorageCounts(); return c.Gets + c.Stats + c.Lists }
+	// A named host's token not found is redirected to HTTPS: not followed.
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(host, path string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "http://"+e.HTTPAddr+path, nil)
+		req.Host = host
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("GET http://%s%s: %v", host, path, err)
+		}
+		resp.Body.Close()
+	}
+	before := reads()
+	for i := range 150 {
+		for _, p := range paths {
+			get(fmt.Sprintf("stranger%d.example", i), p)
+		}
+	}
+	if got := reads() - before; got != 0 {
+		t.Errorf("300 challenge requests for hosts the document does not name cost %d storage reads at the node, want 0", got)
+	}
+	for _, p := range paths {
+		before := reads()
+		get("shop.example", p)
+		if got := reads() - before; got == 0 {
+			t.Errorf("GET http://shop.example%s read nothing at the node, want its token looked up", p)
+		}
+	}
 }

@@ -102,6 +102,7 @@ type Pebble struct {
 	mgmtURL string
 	client  *http.Client
 	orders  atomic.Int64
+	invalid atomic.Int64
 	logMu   sync.Mutex
 	logTail []string
 }
@@ -182,7 +183,8 @@ func StartPebble(t testing.TB, cfg PebbleConfig) *Pebble {
 	return p
 }
 
-// start runs cmd until t ends, counting Pebble's new orders from its log.
+// start runs cmd until t ends, counting Pebble's new orders and invalid
+// authorizations from its log.
 func (p *Pebble) start(t testing.TB, name string, cmd *exec.Cmd, env []string) {
 	t.Helper()
 	cmd.Env = append(os.Environ(), env...)
@@ -206,6 +208,11 @@ func (p *Pebble) start(t testing.TB, name string, cmd *exec.Cmd, env []string) {
 			// Pebble's order lines carry no domain; one per new order.
 			if strings.Contains(line, "Added order") {
 				p.orders.Add(1)
+			}
+			// One per authorization a failed validation made invalid:
+			// what Let's Encrypt's failed-validation limit counts.
+			if strings.Contains(line, "set INVALID by completed challenge") {
+				p.invalid.Add(1)
 			}
 			p.logMu.Lock()
 			p.logTail = append(p.logTail, name+": "+line)
@@ -236,6 +243,10 @@ func (p *Pebble) start(t testing.TB, name string, cmd *exec.Cmd, env []string) {
 
 // OrderCount returns how many orders Pebble has accepted since it started.
 func (p *Pebble) OrderCount() int { return int(p.orders.Load()) }
+
+// InvalidAuthzCount returns how many authorizations Pebble has set invalid
+// after a failed validation since it started, for every name.
+func (p *Pebble) InvalidAuthzCount() int { return int(p.invalid.Load()) }
 
 // WaitOrderCount waits until OrderCount reaches want; a log line can trail
 // the HTTP response that created the order by a moment.

@@ -2,19 +2,16 @@ package prefetch
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"path"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/certmagic"
 	"golang.org/x/net/publicsuffix"
 	"golang.org/x/time/rate"
+
+	"github.com/scafo/scafo-edge/certs/internal/stamps"
 )
 
 // week is the window of the per-registered-domain budget, as Let's
@@ -183,8 +180,7 @@ const maxRecorded = 1000
 
 // recordOrder records an order for name placed at t.
 func recordOrder(ctx context.Context, storage certmagic.Storage, name string, t time.Time) error {
-	key := fmt.Sprintf("%s%s/%020d-%s", ordersPrefix, registeredDomain(name), t.UnixNano(), randomHex(8))
-	if err := storage.Store(ctx, key, []byte(name)); err != nil {
+	if err := stamps.Record(ctx, storage, ordersPrefix+registeredDomain(name), t, []byte(name)); err != nil {
 		return fmt.Errorf("record order for %s: %w", name, err)
 	}
 	return nil
@@ -193,29 +189,9 @@ func recordOrder(ctx context.Context, storage certmagic.Storage, name string, t 
 // recordedOrders returns when the orders recorded for name's registered
 // domain in the week before now were placed, deleting older records.
 func recordedOrders(ctx context.Context, storage certmagic.Storage, name string, now time.Time) ([]time.Time, error) {
-	keys, err := storage.List(ctx, ordersPrefix+registeredDomain(name), false)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	times, err := stamps.Since(ctx, storage, ordersPrefix+registeredDomain(name), now, week, maxRecorded)
 	if err != nil {
-		return nil, fmt.Errorf("read recorded orders for %s: %w", name, err)
-	}
-	var times []time.Time
-	for _, key := range keys {
-		stamp, _, _ := strings.Cut(path.Base(key), "-")
-		ns, err := strconv.ParseInt(stamp, 10, 64)
-		if err != nil {
-			continue // not a record of ours
-		}
-		t := time.Unix(0, ns)
-		if !now.Before(t.Add(week)) {
-			// Best effort: a record left behind is read, and dropped, again.
-			storage.Delete(ctx, key)
-			continue
-		}
-		if len(times) < maxRecorded {
-			times = append(times, t)
-		}
+		return nil, fmt.Errorf("recorded orders for %s: %w", name, err)
 	}
 	return times, nil
 }

@@ -34,20 +34,32 @@
 //     certificate storage, one record per order, and read again just
 //     before each order: it survives restarts and, in the fleet store,
 //     counts every edge's orders, since Let's Encrypt counts certificates
-//     per registered domain across accounts. (Edges ordering under one
-//     domain at the same moment may overshoot it by one each.)
+//     per registered domain across accounts. An edge counts its own
+//     names at work, so it alone never overshoots; other edges ordering
+//     under one domain at the same moment read the record before each
+//     other's orders land, and may overshoot it by up to Workers each
+//     (two by default), since every worker of theirs can be at an order.
+//     A fleet lock per registered domain would close that gap at one more
+//     lock round trip to the node per order; the week's default of 10 is
+//     a fifth of Let's Encrypt's 50, which absorbs it.
 //   - Only names that reach the fleet: a custom domain is often added to
 //     the document before its owner points DNS at the fleet, and an order
 //     for it would fail validation (Let's Encrypt allows five failed
 //     validations per account, name and hour). Before ordering, the queue
 //     stores a random token and its secret answer in the certificate
-//     storage (the fleet store when there is one) and sends
-//     GET http://<name>/.well-known/scafo-edge/reach/<token> through the
-//     system resolver, to a public address only (a name leading to a
+//     storage (the fleet store when there is one), looks up the name's A
+//     and AAAA records and sends
+//     GET http://<name>/.well-known/scafo-edge/reach/<token> to every
+//     address they give, public addresses only (a name leading to a
 //     loopback or private address may reach an edge from here, never a
 //     public CA's validator); only an edge of this fleet, which reads the
-//     token from the same storage (ServeReach), can answer it. A name that
-//     does not answer costs no ACME traffic and is checked again after a
+//     token from the same storage (ServeReach), can answer it. Every
+//     address must answer, since the CA may validate at any (Let's
+//     Encrypt prefers IPv6 when an AAAA record exists): an AAAA record
+//     left pointing at the old host keeps the name waiting. A box with no
+//     IPv6 route cannot check an AAAA record; such a name is listed as
+//     NoIPv6, logged once, and not ordered. A name that does not answer
+//     costs no ACME traffic and is checked again after a
 //     growing interval (RetryBase doubling up to RetryMax), listed by
 //     Status and counted in a metric. The back-off is the queue's own: a
 //     real visitor's handshake still triggers on-demand issuance at once.
@@ -64,7 +76,8 @@
 //
 // A failed order (the name reached the fleet, yet validation failed) backs
 // the name off like an unreachable one; the certs package also counts it
-// as a failed issuance, so on-demand issuance waits out its own back-off
+// as a failed issuance and counts its failed validations against the CA's
+// limit per name and hour, so on-demand issuance waits out its own back-off
 // for that name as after any failed validation. The queue keeps the name,
 // listed as failed, and orders nothing for it before that back-off ends
 // either (Certs.HeldBack), whatever started it.

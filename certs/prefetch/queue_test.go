@@ -99,6 +99,9 @@ func startQueue(t *testing.T, f *fakeCerts, storage certmagic.Storage, opts Opti
 	if opts.DialContext == nil {
 		opts.DialContext = dialTo(edgeServer(t, storage))
 	}
+	if opts.LookupNetIP == nil {
+		opts.LookupNetIP = oneAddress
+	}
 	q, err := New(f.certs(storage), opts)
 	if err != nil {
 		t.Fatal(err)

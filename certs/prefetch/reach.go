@@ -12,7 +12,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,6 +39,16 @@ const maxAnswer = 1 << 10
 // this fleet: the name's DNS points elsewhere, or nowhere yet.
 var ErrUnreachable = errors.New("name does not reach this fleet")
 
+// ErrNoIPv6 is wrapped by a reachability check of a name that publishes an
+// AAAA record from a box with no IPv6 route: every IPv4 address reached
+// the fleet, but the CA may validate over IPv6 (Let's Encrypt prefers it
+// when an AAAA record exists), and that path could not be checked.
+var ErrNoIPv6 = errors.New("name has an AAAA record and this box cannot reach IPv6 to check it")
+
+// maxAddrs bounds the addresses one check connects to; a name the fleet
+// serves publishes a few.
+const maxAddrs = 8
+
 // reachRecord is what storage holds for a token: the name it was made
 // for, and the answer only storage knows (the token is in the URL, so
 // anything that echoes the request could repeat it; it cannot repeat this).
@@ -48,22 +60,34 @@ type reachRecord struct {
 // prober runs reachability checks.
 type prober struct {
 	storage certmagic.Storage
+	lookup  func(ctx context.Context, network, host string) ([]netip.Addr, error)
 	client  *http.Client
 }
 
-func newProber(storage certmagic.Storage, dial func(ctx context.Context, network, addr string) (net.Conn, error), timeout time.Duration) *prober {
+// addrKey carries, in a check request's context, the address its
+// connection must go to: the transport dials it whatever the URL's name.
+type addrKey struct{}
+
+func newProber(storage certmagic.Storage, lookup func(ctx context.Context, network, host string) ([]netip.Addr, error), dial func(ctx context.Context, network, addr string) (net.Conn, error), timeout time.Duration) *prober {
+	if lookup == nil {
+		lookup = publicLookup
+	}
 	if dial == nil {
 		dial = publicDial(timeout)
 	}
 	return &prober{
 		storage: storage,
+		lookup:  lookup,
 		client: &http.Client{
 			Timeout: timeout,
 			Transport: &http.Transport{
 				// Never through a proxy: the check is about where the
 				// name's own DNS leads.
-				Proxy:              nil,
-				DialContext:        dial,
+				Proxy: nil,
+				DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+					a, _ := ctx.Value(addrKey{}).(netip.Addr)
+					return dial(ctx, network, netip.AddrPortFrom(a, 80).String())
+				},
 				DisableKeepAlives:  true,
 				DisableCompression: true,
 			},
@@ -74,7 +98,8 @@ func newProber(storage certmagic.Storage, dial func(ctx context.Context, network
 	}
 }
 
-// errNotPublic is why the default dialer refuses a name or an address.
+// errNotPublic is why the default resolver refuses a name, or the default
+// dialer an address.
 var errNotPublic = errors.New("not a public address")
 
 // specialUse are the special-use domain names public DNS never delegates
@@ -93,24 +118,25 @@ func isSpecialUse(host string) bool {
 	return false
 }
 
-// publicDial returns the checks' default dial: through the system
-// resolver to public addresses only (publicOnly), and without even a
-// look-up for a special-use name, which cannot reach the fleet as a public
-// CA sees it (and whose look-up would only leak it to the resolver).
-func publicDial(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	d := &net.Dialer{Timeout: timeout, Control: publicOnly}
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if host, _, err := net.SplitHostPort(addr); err == nil && isSpecialUse(host) {
-			return nil, fmt.Errorf("reach: %s is a special-use name: %w", host, errNotPublic)
-		}
-		return d.DialContext(ctx, network, addr)
+// publicLookup is the checks' default resolver: the system's, for A and
+// AAAA records, and no look-up at all for a special-use name, which cannot
+// reach the fleet as a public CA sees it (and whose look-up would only
+// leak it to the resolver).
+func publicLookup(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	if isSpecialUse(host) {
+		return nil, fmt.Errorf("reach: %s is a special-use name: %w", host, errNotPublic)
 	}
+	return net.DefaultResolver.LookupNetIP(ctx, network, host)
+}
+
+// publicDial returns the checks' default dial: to public addresses only
+// (publicOnly).
+func publicDial(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return (&net.Dialer{Timeout: timeout, Control: publicOnly}).DialContext
 }
 
 // publicOnly refuses a connection to an address that is not public, as a
-// net.Dialer's Control (called with each resolved address, so a name with
-// several addresses is refused only those that are not public). A name
-// whose DNS leads to a loopback or private address can reach an edge of
+// net.Dialer's Control. A name whose DNS leads to a loopback or private address can reach an edge of
 // this fleet from where the check runs (the edge itself, or its private
 // network), yet a public CA cannot validate it from the internet: the
 // order would fail validation, which is what the check is there to spare.
@@ -160,10 +186,17 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// check reports whether http://<name>/ reaches an edge of this fleet: nil,
-// or an error wrapping ErrUnreachable (or the storage's error, when the
-// token could not be stored).
+// check reports whether http://<name>/ reaches an edge of this fleet at
+// every address the name publishes, A and AAAA, as a CA may validate at any
+// of them: nil, an error wrapping ErrUnreachable (some address leads
+// elsewhere or nowhere) or ErrNoIPv6 (every IPv4 address reached the fleet,
+// the IPv6 ones could not be tried from here), or the storage's error when
+// the token could not be stored.
 func (p *prober) check(ctx context.Context, name string) error {
+	addrs, err := p.addresses(ctx, name)
+	if err != nil {
+		return err
+	}
 	token := randomHex(tokenLen)
 	rec := reachRecord{Name: name, Answer: randomHex(tokenLen)}
 	b, err := json.Marshal(rec)
@@ -177,24 +210,93 @@ func (p *prober) check(ctx context.Context, name string) error {
 	// Deleted with a context of its own: the check's may have ended.
 	defer p.storage.Delete(context.WithoutCancel(ctx), key)
 
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+name+ReachPath+token, nil)
+	errs := make([]error, len(addrs))
+	var wg sync.WaitGroup
+	for i, a := range addrs {
+		wg.Go(func() { errs[i] = p.ask(ctx, name, a, token, rec.Answer) })
+	}
+	wg.Wait()
+	var failed addrErrors
+	noIPv6 := false
+	for i, err := range errs {
+		switch {
+		case err == nil:
+		case addrs[i].Is6() && noRoute(err):
+			noIPv6 = true
+		default:
+			failed = append(failed, fmt.Errorf("%s: %w", addrs[i], err))
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%w: %w", ErrUnreachable, failed)
+	}
+	if noIPv6 {
+		return fmt.Errorf("reach %s: %w", name, ErrNoIPv6)
+	}
+	return nil
+}
+
+// addrErrors are the failures of a check at several addresses, on one
+// line (the status page shows it), each still reachable by errors.Is.
+type addrErrors []error
+
+func (e addrErrors) Error() string {
+	s := make([]string, len(e))
+	for i, err := range e {
+		s[i] = err.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (e addrErrors) Unwrap() []error { return e }
+
+// addresses returns the distinct addresses name publishes, at most
+// maxAddrs, or an error wrapping ErrUnreachable when it publishes none.
+func (p *prober) addresses(ctx context.Context, name string) ([]netip.Addr, error) {
+	found, err := p.lookup(ctx, "ip", name)
 	if err != nil {
-		return fmt.Errorf("reach %s: %w", name, err)
+		return nil, fmt.Errorf("%w: look up %s: %w", ErrUnreachable, name, err)
+	}
+	var addrs []netip.Addr
+	for _, a := range found {
+		if a = a.Unmap(); !slices.Contains(addrs, a) && len(addrs) < maxAddrs {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("%w: %s has no A or AAAA record", ErrUnreachable, name)
+	}
+	return addrs, nil
+}
+
+// ask sends the check for name to addr and reports whether the token's
+// answer came back.
+func (p *prober) ask(ctx context.Context, name string, addr netip.Addr, token, answer string) error {
+	req, err := http.NewRequestWithContext(context.WithValue(ctx, addrKey{}, addr), http.MethodGet, "http://"+name+ReachPath+token, nil)
+	if err != nil {
+		return err
 	}
 	req.Header.Set("User-Agent", "scafo-edge-reach")
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrUnreachable, err)
+		return err
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%w: answered %s", ErrUnreachable, resp.Status)
+		return fmt.Errorf("answered %s", resp.Status)
 	}
-	if strings.TrimSpace(string(body)) != rec.Answer {
-		return fmt.Errorf("%w: answered 200 without the token's answer", ErrUnreachable)
+	if strings.TrimSpace(string(body)) != answer {
+		return errors.New("answered 200 without the token's answer")
 	}
 	return nil
+}
+
+// noRoute reports whether a connection failed because this box has no
+// route (or no stack) for the address's family, rather than because of
+// anything at the address: the kernel refuses it before a packet leaves.
+func noRoute(err error) bool {
+	return errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.EADDRNOTAVAIL) || errors.Is(err, syscall.EAFNOSUPPORT)
 }
 
 // LooksLikeReach reports whether r may be a reachability check.

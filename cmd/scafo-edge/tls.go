@@ -30,7 +30,9 @@ type tlsSetup struct {
 	// tableChanged hands each new table to certificate prefetch; nil: none.
 	tableChanged func(*edge.Table)
 	prefetch     func() []prefetch.Entry // for the status page; nil: prefetch off
-	stop         func()
+	// failedValidations is for the status page; nil: no ACME.
+	failedValidations func() []certs.ValidationCount
+	stop              func()
 }
 
 func (t tlsSetup) httpHandler(h http.Handler) http.Handler {
@@ -94,6 +96,9 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		covers:       m.Covers,
 		certificates: m.Certificates,
 		stop:         stop,
+	}
+	if c.tlsMode == "acme" {
+		ts.failedValidations = m.FailedValidations
 	}
 	if pf != nil {
 		ts.tableChanged = func(t *edge.Table) { m.Prefetch(exactNames(t)) }
