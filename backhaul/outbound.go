@@ -110,7 +110,14 @@ func newRequestBody(r *http.Request) (*requestBody, error) {
 		return nil, nil
 	}
 	if r.ContentLength == 0 && r.ProtoMajor >= 2 {
-		return nil, awaitEndOfStream(r.Body)
+		// Only a client that wrote "content-length: 0" can have left its
+		// stream open with a length of zero: one that ended the stream
+		// with its headers (every GET) declared nothing, and is not read,
+		// which would also answer an Expect it sent with a 100.
+		if _, declared := r.Header["Content-Length"]; declared {
+			return nil, awaitEndOfStream(r.Body)
+		}
+		return nil, nil
 	}
 	dropForbiddenTrailers(r.Trailer)
 	body := &requestBody{rc: r.Body, length: r.ContentLength, trailer: r.Trailer}
@@ -133,8 +140,9 @@ func newRequestBody(r *http.Request) (*requestBody, error) {
 // rather than race the upstream's answer. A well-formed client ends the
 // stream with its next frame.
 func awaitEndOfStream(body io.Reader) error {
-	var b [1]byte
-	n, err := io.ReadFull(body, b[:])
+	bp := copyBufs.Get().(*[]byte) // a local buffer would escape through Read
+	defer copyBufs.Put(bp)
+	n, err := io.ReadFull(body, (*bp)[:1])
 	switch {
 	case n > 0:
 		return errors.New("read request body: data beyond a content-length of 0")

@@ -122,15 +122,16 @@ type Options struct {
 	// in a row, capped at Max. Zero means the defaults above.
 	FailureBackoffBase, FailureBackoffMax time.Duration
 
-	// Clock is where the Manager reads time for its per-name back-off, and
-	// the prefetch queue's clock unless Prefetch sets one. Nil means the
+	// Clock is where the Manager reads time for its per-name back-offs and
+	// failed validations, and the prefetch queue's clock. Nil means the
 	// wall clock. certmagic's renewals keep their own, real timers.
 	Clock clock.Clock
 
 	// Prefetch, when not nil, obtains certificates in the background for
 	// the names each routing document adds, before anyone asks (Manager.
-	// Prefetch, package certs/prefetch); ModeACME only. Its Log is the
-	// Manager's; a nil Registerer means the Manager's. Nil: on demand only.
+	// Prefetch, package certs/prefetch); ModeACME only. Its Log and Clock
+	// are the Manager's; a nil Registerer means the Manager's. Nil: on
+	// demand only.
 	Prefetch *prefetch.Options
 
 	// Log receives the package's logs and certmagic's; the zero value logs

@@ -17,9 +17,9 @@ import (
 // logger, and registers on reg unless opts names a Registerer.
 func (m *Manager) startPrefetch(opts prefetch.Options, reg prometheus.Registerer) error {
 	opts.Log = m.log
-	if opts.Clock == nil {
-		opts.Clock = m.backoff.clock
-	}
+	// One clock for both: the queue waits out the Manager's back-off
+	// deadlines, which are read on the Manager's clock.
+	opts.Clock = m.backoff.clock
 	if opts.Registerer == nil {
 		opts.Registerer = reg
 	}

@@ -33,7 +33,7 @@ func TestFakeFiresTimersWhenAdvancedPastThem(t *testing.T) {
 	select {
 	case at := <-short.C():
 		if !at.Equal(start.Add(time.Second)) {
-			t.Errorf("fired with %v, want the fake now %v", at, start.Add(time.Second))
+			t.Errorf("fired with %v, want its deadline %v", at, start.Add(time.Second))
 		}
 	default:
 		t.Fatal("the 1s timer did not fire at 1s")
@@ -42,7 +42,12 @@ func TestFakeFiresTimersWhenAdvancedPastThem(t *testing.T) {
 		t.Fatal("the 1m timer fired at 1s")
 	}
 	f.Advance(time.Hour)
-	if !fired(long) {
+	select {
+	case at := <-long:
+		if !at.Equal(start.Add(time.Minute)) {
+			t.Errorf("fired with %v, want its deadline %v, not the time advanced to", at, start.Add(time.Minute))
+		}
+	default:
 		t.Fatal("the 1m timer did not fire after an hour")
 	}
 	if n := f.Waiting(); n != 0 {
@@ -67,11 +72,12 @@ func TestFakeTimerStopAndResetLeaveNoStaleValue(t *testing.T) {
 		t.Error("Stop of a stopped timer returned true")
 	}
 
-	// Fired but not read, then reset: the old value must not be received.
+	// Fired but not read, then reset: the old value must not be received,
+	// and Reset reports the timer active, as time.Timer does since Go 1.23.
 	tm.Reset(time.Second)
 	f.Advance(time.Second)
-	if tm.Reset(time.Minute) {
-		t.Error("Reset of a fired timer returned true")
+	if !tm.Reset(time.Minute) {
+		t.Error("Reset of a fired, unread timer returned false")
 	}
 	if fired(tm.C()) {
 		t.Fatal("a value from before Reset was received")
@@ -115,5 +121,21 @@ func TestRealClockWaits(t *testing.T) {
 	<-tm.C()
 	if c.Now().Sub(before) < 2*time.Millisecond {
 		t.Error("the real clock's waits returned early")
+	}
+}
+
+// TestFakeMatchesTimeTimerOnAFiredUnreadTimer: since Go 1.23 a timer's
+// channel is unbuffered, so a timer whose value nobody received has not
+// expired, and Stop reports true (time.Timer.Stop's documentation). The
+// idiom `if !t.Stop() { <-t.C() }` must then not block on either clock.
+func TestFakeMatchesTimeTimerOnAFiredUnreadTimer(t *testing.T) {
+	f := NewFake(start)
+	fake := f.NewTimer(time.Millisecond)
+	f.Advance(time.Millisecond)
+	if !fake.Stop() {
+		t.Error("Stop of a fired, unread timer = false, want true as time.Timer")
+	}
+	if fired(fake.C()) {
+		t.Error("a value was received after Stop")
 	}
 }

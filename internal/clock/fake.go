@@ -1,6 +1,7 @@
 package clock
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -41,25 +42,31 @@ func (f *Fake) NewTimer(d time.Duration) Timer {
 	return t
 }
 
-// Advance moves the clock on by d and fires every timer now due.
+// Advance moves the clock on by d and fires every timer now due, earliest
+// first, each with its own deadline as the time it receives.
 func (f *Fake) Advance(d time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.now = f.now.Add(d)
+	var due []*fakeTimer
 	kept := f.timers[:0]
 	for _, t := range f.timers {
 		if t.at.After(f.now) {
 			kept = append(kept, t)
-			continue
-		}
-		t.armed = false
-		select {
-		case t.c <- f.now:
-		default: // an unread value is already there; time.Timer drops too
+		} else {
+			due = append(due, t)
 		}
 	}
 	clear(f.timers[len(kept):])
 	f.timers = kept
+	slices.SortStableFunc(due, func(a, b *fakeTimer) int { return a.at.Compare(b.at) })
+	for _, t := range due {
+		t.armed = false
+		select {
+		case t.c <- t.at:
+		default: // an unread value is already there; time.Timer drops too
+		}
+	}
 }
 
 // Waiting returns how many timers are armed.
@@ -105,13 +112,18 @@ func (t *fakeTimer) Stop() bool {
 	return t.stopLocked()
 }
 
+// stopLocked disarms t and drops a value it fired but nobody read. As
+// with time.Timer since Go 1.23, such a timer counts as not yet expired:
+// Stop and Reset report true for it.
 func (t *fakeTimer) stopLocked() bool {
+	drained := false
 	select {
-	case <-t.c: // no stale value after Stop, as with time.Timer
+	case <-t.c:
+		drained = true
 	default:
 	}
 	if !t.armed {
-		return false
+		return drained
 	}
 	t.armed = false
 	for i, o := range t.f.timers {
