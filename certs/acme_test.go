@@ -272,12 +272,12 @@ func TestFailedIssuanceBacksOff(t *testing.T) {
 	}
 }
 
-func TestWildcardByDNS01(t *testing.T) {
-	e := newTestEdge(t)
-	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: e.httpPort, TLSPort: e.httpsPort})
-	cf := certstest.NewFakeCloudflare(t, "cf-token", []string{"example.test"}, pb)
-	m := e.start(t, t.TempDir(), Options{
-		Allowed:              newNameSet().Allowed, // the document names no host exactly
+// wildcardOptions are a Manager's options with the wildcard base
+// apps.example.test, issued by pb through cf's DNS, and a document naming
+// no host exactly.
+func wildcardOptions(pb *certstest.Pebble, cf *certstest.FakeCloudflare) Options {
+	return Options{
+		Allowed:              newNameSet().Allowed,
 		CA:                   pb.DirectoryURL,
 		CARoot:               string(pb.RootPEM),
 		DNSProvider:          "cloudflare",
@@ -285,7 +285,14 @@ func TestWildcardByDNS01(t *testing.T) {
 		CloudflareHTTPClient: cf.Client,
 		DNSPropagationDelay:  -1,
 		WildcardDomains:      []string{"apps.example.test"},
-	})
+	}
+}
+
+func TestWildcardByDNS01(t *testing.T) {
+	e := newTestEdge(t)
+	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: e.httpPort, TLSPort: e.httpsPort})
+	cf := certstest.NewFakeCloudflare(t, "cf-token", []string{"example.test"}, pb)
+	m := e.start(t, t.TempDir(), wildcardOptions(pb, cf))
 	roots := pb.IssuerRoots(t)
 
 	testsupport.WaitFor(t, 60*time.Second, "the wildcard and base certificates", func() bool {

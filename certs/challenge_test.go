@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/certmagic"
 
@@ -28,15 +29,20 @@ func (s *countingStorage) Exists(ctx context.Context, key string) bool {
 	return s.Storage.Exists(ctx, key)
 }
 
-// TestChallengePathsReadStorageOnlyForNamedHosts: a reachability check or
-// an HTTP-01 token for a host the live document does not name costs no
-// storage read (docs/design.md rule 8: no certificate, so no challenge, for
-// such a name); one for a named host still reads its token.
+// TestChallengePathsReadStorageOnlyForNamedHosts: a reachability check
+// for a host the live document does not name costs no storage read
+// (docs/design.md rule 8: no certificate, so no check, for such a name);
+// HTTP-01 tokens for such hosts, which an edge with a newer document may
+// have stored, cost at most unnamedChallengeBurst reads at once and
+// unnamedChallengeRate a second after, however many hosts ask; a named
+// host's still reads its token.
 func TestChallengePathsReadStorageOnlyForNamedHosts(t *testing.T) {
 	e := newTestEdge(t)
 	store := &countingStorage{Storage: &certmagic.FileStorage{Path: t.TempDir()}}
+	// The rate is read on the Manager's clock, which moves only here.
+	clk := newFakeClock()
 	// The CA is never contacted: no name is issued here.
-	e.start(t, t.TempDir(), Options{Allowed: newNameSet("named.test").Allowed, CA: "https://127.0.0.1:9/dir", Storage: store})
+	e.start(t, t.TempDir(), Options{Allowed: newNameSet("named.test").Allowed, CA: "https://127.0.0.1:9/dir", Storage: store, Clock: clk})
 	const (
 		reachToken = "0123456789abcdef0123456789abcdef"
 		acmeToken  = "evaGxfADs6pSRb2LAv9IZf17Dt3juxGJ-PCt92wr-oA"
@@ -50,13 +56,22 @@ func TestChallengePathsReadStorageOnlyForNamedHosts(t *testing.T) {
 			t.Fatalf("GET http://%s%s: %v", host, path, err)
 		}
 	}
-	for i := range 150 {
-		for _, p := range paths {
-			get(fmt.Sprintf("stranger%d.test", i), p)
+	flood := func(round int) int64 {
+		t.Helper()
+		before := store.reads.Load()
+		for i := range 150 {
+			for _, p := range paths {
+				get(fmt.Sprintf("stranger%d-%d.test", round, i), p)
+			}
 		}
+		return store.reads.Load() - before
 	}
-	if got := store.reads.Load(); got != 0 {
-		t.Errorf("300 challenge requests for hosts the document does not name cost %d storage reads, want 0", got)
+	if got := flood(0); got != unnamedChallengeBurst {
+		t.Errorf("300 challenge requests for hosts the document does not name cost %d storage reads, want %d (the burst of HTTP-01 look-ups, no reachability check)", got, unnamedChallengeBurst)
+	}
+	clk.Advance(time.Second)
+	if got := flood(1); got != unnamedChallengeRate {
+		t.Errorf("300 more a second later cost %d storage reads, want %d (the rate)", got, unnamedChallengeRate)
 	}
 	for _, p := range paths {
 		before := store.reads.Load()

@@ -53,27 +53,102 @@ func (m *Manager) refusal(name string) (string, error) {
 	if until, ok := m.backoff.active(name); ok {
 		return "backoff", fmt.Errorf("%w until %s", errBackingOff, until.UTC().Format(time.RFC3339))
 	}
-	if until, ok := m.validations.heldUntil(name); ok {
+	// A name with a certificate still valid is never refused for the
+	// budget here: certmagic asks before loading a certificate from storage
+	// (after a failed renewal dropped it from the cache) and before renewing
+	// one, and a refusal would stop serving it. Its renewals are held back
+	// at cert_obtaining instead (onEvent).
+	if until, ok := m.validations.heldUntil(name); ok && !m.hasValidCert(name) {
 		return "validations", fmt.Errorf("%w until %s", errValidationBudget, until.UTC().Format(time.RFC3339))
 	}
 	return "", nil
+}
+
+// maxValidCertNames bounds the names whose certificates' expiry is kept.
+const maxValidCertNames = 10000
+
+// noteCached remembers until when the certificate certmagic just cached
+// for sans is valid, for hasValidCert. certmagic may drop it from its
+// cache later (an on-demand certificate whose renewal failed) while it
+// stays in storage.
+func (m *Manager) noteCached(sans []string) {
+	var notAfter time.Time
+	for _, c := range m.cache.AllMatchingCertificates(sans[0]) {
+		if slices.Equal(c.Names, sans) && c.Leaf != nil && c.Leaf.NotAfter.After(notAfter) {
+			notAfter = c.Leaf.NotAfter
+		}
+	}
+	if notAfter.IsZero() {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.validCerts) >= maxValidCertNames {
+		// Certificates' lives are wall-clock time, as certmagic reads them.
+		now := time.Now()
+		for n, t := range m.validCerts {
+			if !now.Before(t) {
+				delete(m.validCerts, n)
+			}
+		}
+	}
+	for _, n := range sans {
+		if len(m.validCerts) < maxValidCertNames && notAfter.After(m.validCerts[n]) {
+			m.validCerts[n] = notAfter
+		}
+	}
+}
+
+// hasValidCert reports whether this edge has held a certificate for name
+// that has not expired, in memory only: cheap enough for every decision.
+func (m *Manager) hasValidCert(name string) bool {
+	m.mu.Lock()
+	notAfter, ok := m.validCerts[name]
+	m.mu.Unlock()
+	return ok && time.Now().Before(notAfter)
+}
+
+// handshakeKey marks the context of an issuance a TLS handshake waits on.
+type handshakeKey struct{}
+
+// budgetRefusal is what cert_obtaining returns to certmagic for an
+// issuance the failed-validation budget holds back. A handshake waits on
+// its issuance: ErrNoRetry ends it now rather than at certmagic's retry a
+// minute later. Anything else (the wildcard certificates, which certmagic
+// obtains once through ManageAsync; renewals; a handshake's renewal in the
+// background) gets a plain error, which certmagic's retry loop retries on
+// its schedule (1, 2, 2, 5, 10 minutes...) rather than give up on for
+// good; its retries while the name is held cost no storage read
+// (validations.admit), and a single attempt (prefetch, maintenance)
+// treats both alike.
+func budgetRefusal(ctx context.Context, err error) error {
+	if ctx.Value(handshakeKey{}) != nil {
+		return certmagic.ErrNoRetry{Err: err}
+	}
+	return err
 }
 
 // challengeTypesKey marks, in an issuance's context, how many challenge
 // types its issuer may try: one failed validation each.
 type challengeTypesKey struct{}
 
-// validationCost returns how many failed validations an issuance of name
-// may spend at most: one per challenge type its issuer tries, as acmez
+// validationCost returns how many failed validations an issuance may
+// spend at most: one per challenge type its issuer tries, as acmez
 // tries the next type in a new order after a failed one. Prefetch marks
-// its own (HTTP-01 only); a wildcard base is DNS-01 only; the on-demand
-// config tries HTTP-01 and TLS-ALPN-01.
-func (m *Manager) validationCost(ctx context.Context, name string) int {
+// its own (HTTP-01 only); the on-demand config tries HTTP-01 and
+// TLS-ALPN-01.
+//
+// A wildcard base's two certificates, "*.<base>" and "<base>", are DNS-01
+// only, one each, but share one identifier, and certmagic's issuance lock
+// is per certificate: another edge of the fleet may be issuing the other
+// one at the same moment, past this edge's reservations (validations.
+// admit), which are its own. Each is charged the other's too, so that two
+// started together on two edges stay within the budget; storage
+// coordination per identifier would cost every issuance a write, a list
+// and a delete at the node for the one identifier shape that needs it.
+func (m *Manager) validationCost(ctx context.Context) int {
 	if n, ok := ctx.Value(challengeTypesKey{}).(int); ok {
 		return n
-	}
-	if m.isBaseName(name) {
-		return 1
 	}
 	return 2
 }
@@ -106,15 +181,16 @@ func (m *Manager) onEvent(ctx context.Context, event string, data map[string]any
 	case "cert_obtaining":
 		if m.acme != nil {
 			vname := strings.TrimPrefix(name, "*.") // the authorization's identifier
-			if err := m.validations.admit(ctx, vname, m.validationCost(ctx, name)); err != nil {
+			if err := m.validations.admit(ctx, vname, name, m.validationCost(ctx)); err != nil {
 				m.metrics.refusals.WithLabelValues("validations").Inc()
 				m.log.Warn().Err(err).Str("name", name).Bool("renewal", renewal).Msg("certificate issuance not started: the name is close to the CA's limit of failed validations")
-				return certmagic.ErrNoRetry{Err: err}
+				return budgetRefusal(ctx, err)
 			}
 		}
 		select {
 		case m.slots <- struct{}{}:
 		case <-ctx.Done():
+			m.validations.release(name)
 			return certmagic.ErrNoRetry{Err: fmt.Errorf("wait for an issuance slot: %w", ctx.Err())}
 		}
 		m.mu.Lock()
@@ -123,12 +199,14 @@ func (m *Manager) onEvent(ctx context.Context, event string, data map[string]any
 		m.metrics.inFlight.Inc()
 	case "cert_obtained":
 		m.release(name)
+		m.validations.release(name)
 		m.metrics.issuances.WithLabelValues("obtained", kind).Inc()
 		if m.backoff.clear(name) {
 			m.log.Info().Str("name", name).Msg("certificate obtained after earlier failures; back-off cleared")
 		}
 	case "cert_failed":
 		m.release(name)
+		m.validations.release(name)
 		m.metrics.issuances.WithLabelValues("failed", kind).Inc()
 		// Renewals follow certmagic's own schedule, configured names are
 		// retried by certmagic, and a failure caused by our own stop or by
@@ -148,6 +226,7 @@ func (m *Manager) onEvent(ctx context.Context, event string, data map[string]any
 			m.mu.Lock()
 			m.known[strings.Join(sans, ",")] = slices.Clone(sans)
 			m.mu.Unlock()
+			m.noteCached(sans)
 		}
 	}
 	return nil

@@ -32,8 +32,14 @@ func (m *Manager) HTTPHandler(next http.Handler) http.Handler {
 			return
 		}
 		// A prefetch reachability check from any edge of the fleet: its
-		// token is in the (shared) storage. Prefetch checks only names the
+		// token is in the (shared) storage. Prefetch checks only names its
 		// document names, so no other host's check costs a storage read.
+		// Unlike HTTP-01 (mayHoldChallenge), a check that reaches an edge
+		// whose document does not name the host yet is not answered: that
+		// costs nothing at the CA, only the check's retry a minute later,
+		// by when the edges have the document; so a flood of checks for
+		// made-up hosts costs no read at all, and cannot crowd out the
+		// HTTP-01 tokens' reads.
 		if prefetch.LooksLikeReach(r) && m.named(host) && prefetch.ServeReach(w, r, m.cfg.Storage, host) {
 			return
 		}
@@ -52,18 +58,41 @@ func (m *Manager) named(host string) bool {
 	return host != "" && m.allowed != nil && m.allowed(host)
 }
 
+// Storage reads for HTTP-01 tokens of hosts the live document does not
+// name: at most unnamedChallengeBurst at once, unnamedChallengeRate a
+// second after that, whatever the flood. Such a token is real while a new
+// name propagates: edges fetch the document on their own, and the CA's
+// validator may reach an edge that does not name the name yet while
+// another edge, which does, has stored its token. Refusing it would fail
+// the validation (one of the CA's five an hour for the name; prefetch's
+// HTTP-01-only order fails outright). Let's Encrypt asks from a handful of
+// vantage points per challenge, within seconds; the burst covers that, and
+// a flood for made-up hosts costs at most the rate in reads at the node.
+// (A flood at the moment a new name propagates can crowd its validation
+// out; the name's own edges still answer it, and a miss costs what
+// refusing every such token costs always.)
+const (
+	unnamedChallengeRate  = 2
+	unnamedChallengeBurst = 10
+)
+
 // mayHoldChallenge reports whether an HTTP-01 request for host may find a
-// token: one this process holds in memory (certmagic's, whatever the
-// name), or one in storage for a name the document names. A flood of
-// requests for other hosts then costs no storage read, which certmagic's
-// solver, looking a token up by the request's Host alone, would spend.
-// rawHost is the Host as sent, as certmagic keys its memory by it.
+// token and is worth a look: one this process holds in memory (certmagic's,
+// whatever the name), one in storage for a name the document names, or,
+// within unnamedReads's rate, one in storage for another host that an edge
+// with a newer document stored. certmagic's solver looks a token up in
+// storage by the request's Host alone, so without the rate a flood of
+// made-up hosts would cost a storage read each (with the fleet store, a
+// request to the node). rawHost is the Host as sent, as certmagic keys its
+// memory by it.
 func (m *Manager) mayHoldChallenge(host, rawHost string) bool {
 	if m.named(host) {
 		return true
 	}
-	_, ok := certmagic.GetACMEChallenge(rawHost)
-	return ok
+	if _, ok := certmagic.GetACMEChallenge(rawHost); ok {
+		return true
+	}
+	return host != "" && m.unnamedReads.AllowN(m.backoff.clock.Now(), 1)
 }
 
 // httpsAvailable reports whether host has a certificate in memory or may be

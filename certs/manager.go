@@ -32,6 +32,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/time/rate"
 
 	"github.com/scafo/scafo-edge/certs/prefetch"
 	"github.com/scafo/scafo-edge/internal/clock"
@@ -190,6 +191,12 @@ type Manager struct {
 	nextID  uint64
 	// known are the SAN sets of certificates certmagic cached.
 	known map[string][]string
+	// unnamedReads paces the storage reads for HTTP-01 tokens of hosts
+	// the document does not name (mayHoldChallenge).
+	unnamedReads *rate.Limiter
+	// validCerts are the names of certificates certmagic cached, with
+	// until when the latest is valid (hasValidCert).
+	validCerts map[string]time.Time
 
 	closeOnce sync.Once
 }
@@ -203,16 +210,18 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		opts.Mode = ModeACME
 	}
 	m := &Manager{
-		mode:      opts.Mode,
-		log:       opts.Log,
-		allowed:   opts.Allowed,
-		httpsPort: orInt(opts.HTTPSPort, 443),
-		bases:     map[string]bool{},
-		held:      map[string]int{},
-		pending:   map[string]map[uint64]context.CancelFunc{},
-		known:     map[string][]string{},
-		backoff:   newIssuanceBackoff(orDur(opts.FailureBackoffBase, DefaultFailureBackoffBase), orDur(opts.FailureBackoffMax, DefaultFailureBackoffMax), opts.Clock),
-		slots:     make(chan struct{}, orInt(opts.MaxIssuancesInFlight, DefaultMaxIssuancesInFlight)),
+		mode:         opts.Mode,
+		log:          opts.Log,
+		allowed:      opts.Allowed,
+		httpsPort:    orInt(opts.HTTPSPort, 443),
+		bases:        map[string]bool{},
+		held:         map[string]int{},
+		pending:      map[string]map[uint64]context.CancelFunc{},
+		known:        map[string][]string{},
+		validCerts:   map[string]time.Time{},
+		unnamedReads: rate.NewLimiter(unnamedChallengeRate, unnamedChallengeBurst),
+		backoff:      newIssuanceBackoff(orDur(opts.FailureBackoffBase, DefaultFailureBackoffBase), orDur(opts.FailureBackoffMax, DefaultFailureBackoffMax), opts.Clock),
+		slots:        make(chan struct{}, orInt(opts.MaxIssuancesInFlight, DefaultMaxIssuancesInFlight)),
 	}
 	switch opts.Mode {
 	case ModeOff:
@@ -267,6 +276,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.validations.log, m.validations.unread = m.log, m.metrics.validationReadErrors
 
 	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	zl := newZapLogger(opts.Log)
@@ -313,13 +323,13 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 			// (validations.go).
 			Logger: zap.New(zapcore.NewTee(zl.Core(), &challengeFailedCore{failed: m.validationFailed})),
 		}
-		m.acme = certmagic.NewACMEIssuer(m.cfg, tmpl)
+		m.acme = newACMEIssuer(m.cfg, tmpl)
 		m.cfg.Issuers = []certmagic.Issuer{m.acme}
 		if opts.Prefetch != nil {
 			m.pcfg = certmagic.New(m.cache, base)
 			ptmpl := tmpl
 			ptmpl.DisableTLSALPNChallenge = true
-			m.pcfg.Issuers = []certmagic.Issuer{certmagic.NewACMEIssuer(m.pcfg, ptmpl)}
+			m.pcfg.Issuers = []certmagic.Issuer{newACMEIssuer(m.pcfg, ptmpl)}
 		}
 		if m.wcfg != nil {
 			provider := &cloudflare.Provider{APIToken: opts.CloudflareToken}
@@ -329,7 +339,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 			delay := orDur(opts.DNSPropagationDelay, DefaultDNSPropagationDelay)
 			wtmpl := tmpl
 			wtmpl.DNS01Solver = newDNS01Solver(provider, delay)
-			m.wcfg.Issuers = []certmagic.Issuer{certmagic.NewACMEIssuer(m.wcfg, wtmpl)}
+			m.wcfg.Issuers = []certmagic.Issuer{newACMEIssuer(m.wcfg, wtmpl)}
 		}
 	}
 
@@ -350,6 +360,24 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		}
 	}
 	return m, nil
+}
+
+// newACMEIssuer is certmagic.NewACMEIssuer without its fallback to Let's
+// Encrypt's staging CA. certmagic sends every retry of an issuance with
+// the production CA to staging, then repeats it with production once
+// staging succeeds. Staging's failed validations come through the same
+// client log as production's (challengeFailedCore cannot tell them
+// apart), so they would be counted against production's limit and hold
+// names back for nothing; and the detour's purpose, sparing production's
+// limits on retries, is the failed-validation budget's now, which counts
+// what production sees. Retries therefore go to the configured CA.
+func newACMEIssuer(cfg *certmagic.Config, tmpl certmagic.ACMEIssuer) *certmagic.ACMEIssuer {
+	iss := certmagic.NewACMEIssuer(cfg, tmpl)
+	// Empty, a retry's client uses the configured CA (acmeclient.go
+	// newACMEClient) and is not taken for a test CA's (no ARI "replaces"
+	// lost).
+	iss.TestCA = ""
+	return iss
 }
 
 func orInt(v, def int) int {
@@ -449,7 +477,7 @@ func (m *Manager) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, 
 	if m.wcfg != nil && m.underBase(name) && len(m.cache.AllMatchingCertificates(name)) > 0 {
 		cfg = m.wcfg
 	}
-	ctx, cancel := context.WithCancel(hello.Context())
+	ctx, cancel := context.WithCancel(context.WithValue(hello.Context(), handshakeKey{}, true))
 	id := m.track(name, cancel)
 	cert, err := cfg.GetCertificateWithContext(ctx, hello)
 	m.untrack(name, id)

@@ -23,6 +23,9 @@ type metrics struct {
 	// failedValidations counts the authorizations the CA set invalid for
 	// this edge's orders.
 	failedValidations prometheus.Counter
+	// validationReadErrors counts issuances admitted on this edge's own
+	// failed validations, the storage's count being unreadable.
+	validationReadErrors prometheus.Counter
 }
 
 // newMetrics builds the package's collectors and registers them on reg;
@@ -45,6 +48,10 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 			Name: "scafo_edge_tls_failed_validations_total",
 			Help: "Authorizations the ACME CA set invalid (failed validations) for this edge's orders; Let's Encrypt refuses a name for an hour after 5 within an hour.",
 		}),
+		validationReadErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "scafo_edge_tls_failed_validations_read_errors_total",
+			Help: "Issuance checks that could not read the fleet's failed validations from the certificate storage and counted this edge's own only.",
+		}),
 		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scafo_edge_tls_handshake_certificates_total",
 			Help: "Certificate look-ups during TLS handshakes, by result (ok, no_certificate, challenge).",
@@ -66,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) (*metrics, error) {
 	cs := []prometheus.Collector{mt.issuances, mt.refusals, mt.inFlight, mt.handshakes, backedOff, &expiryCollector{m: m}}
 	if m.mode == ModeACME {
 		// Only an ACME CA validates; the internal CA's edge exports none.
-		cs = append(cs, mt.failedValidations)
+		cs = append(cs, mt.failedValidations, mt.validationReadErrors)
 	}
 	if err := promreg.Register(reg, cs...); err != nil {
 		var already prometheus.AlreadyRegisteredError

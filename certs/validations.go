@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/scafo/scafo-edge/certs/internal/stamps"
@@ -61,8 +64,18 @@ type validations struct {
 	storage certmagic.Storage
 	clock   clock.Clock
 
+	// log and unread (set by the Manager before any issuance) hear of
+	// count reads that failed.
+	log    zerolog.Logger
+	unread prometheus.Counter
+
 	mu    sync.Mutex
 	names map[string]*nameFailures
+	// readErr is the cause of the last failed count read, "" while reads
+	// work: each cause is logged once, and so is the recovery.
+	readErr string
+	// swept is when expired records were last swept from the storage.
+	swept time.Time
 }
 
 // nameFailures is what an edge knows of one name's failed validations.
@@ -73,8 +86,31 @@ type nameFailures struct {
 	// own are this edge's own: the count when storage cannot be read, or
 	// their record could not be written.
 	own []time.Time
-	// held is until when no issuance of the name starts.
-	held time.Time
+	// held is until when no issuance of the name that may spend heldCost
+	// or more starts.
+	held     time.Time
+	heldCost int
+	// reserved are the failed validations this edge's issuances in flight
+	// may still spend, by certificate name: certmagic locks an issuance per
+	// certificate name, and "*.<base>" and "<base>" share one identifier,
+	// so both could otherwise start on the same count and together pass
+	// the budget.
+	reserved map[string]int
+}
+
+// inFlight returns the failed validations nf's issuances in flight may
+// still spend.
+func (nf *nameFailures) inFlight() int {
+	n := 0
+	for _, c := range nf.reserved {
+		n += c
+	}
+	return n
+}
+
+// idle reports whether nf holds nothing worth keeping at now.
+func (nf *nameFailures) idle(now time.Time) bool {
+	return len(within(nf.counted, now)) == 0 && len(within(nf.own, now)) == 0 && !now.Before(nf.held) && len(nf.reserved) == 0
 }
 
 func newValidations(storage certmagic.Storage, clk clock.Clock) *validations {
@@ -92,17 +128,46 @@ func (v *validations) failed(ctx context.Context, name string) error {
 	return stamps.Record(ctx, v.storage, failedValidationsPrefix+name, now, nil)
 }
 
-// admit returns nil when an issuance for name that may spend cost failed
-// validations keeps it within the budget, counting the last hour's
-// failures in storage (every edge's) and in memory (this edge's); else an
-// error wrapping errValidationBudget, and name is held back until enough
-// failures leave the hour.
-func (v *validations) admit(ctx context.Context, name string, cost int) error {
+// admit returns nil when an issuance of the certificate cert, whose
+// authorization's identifier is ident ("*.b" and "b" both "b"), that may
+// spend cost failed validations keeps ident within the budget, counting the
+// last hour's failures in storage (every edge's) and in memory (this
+// edge's), and what this edge's other issuances of ident in flight may
+// still spend; the cost is then reserved until release(cert). Otherwise it
+// returns an error wrapping errValidationBudget, and when the failures
+// alone are too many ident is held back until enough leave the hour.
+//
+// While ident is held back for a cost as large, admit answers from memory:
+// failures only join the hour, never leave it before their time, so a hold
+// counted from storage stands until it ends, and certmagic's retries during
+// it cost no storage read.
+func (v *validations) admit(ctx context.Context, ident, cert string, cost int) error {
 	now := v.clock.Now()
-	stored, err := stamps.Since(ctx, v.storage, failedValidationsPrefix+name, now, failedValidationWindow, FailedValidationLimit*4)
+	v.mu.Lock()
+	nf := v.entryLocked(ident, now)
+	// certmagic holds cert's issuance lock for a whole attempt, so a new
+	// one means the last has ended, though it may have said nothing (an
+	// error before the order, or our own refusal): its reservation goes.
+	delete(nf.reserved, cert)
+	if now.Before(nf.held) && cost >= nf.heldCost {
+		n, held := len(nf.counted), nf.held
+		v.mu.Unlock()
+		return budgetError(n, cost, held)
+	}
+	sweep := !now.Before(v.swept.Add(failedValidationWindow))
+	if sweep {
+		v.swept = now
+	}
+	v.mu.Unlock()
+	if sweep {
+		v.sweep(ctx, now)
+	}
+
+	stored, err := stamps.Since(ctx, v.storage, failedValidationsPrefix+ident, now, failedValidationWindow, FailedValidationLimit*4)
+	v.noteRead(ident, err)
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	nf := v.entryLocked(name, now)
+	nf = v.entryLocked(ident, now)
 	nf.counted = nf.own
 	if err == nil && len(stored) > len(nf.own) {
 		// Other edges' failures are in storage; this edge's own are in
@@ -110,17 +175,90 @@ func (v *validations) admit(ctx context.Context, name string, cost int) error {
 		nf.counted = stored
 	}
 	n := len(nf.counted)
-	if n+cost <= failedValidationBudget {
-		nf.held = time.Time{}
-		return nil
+	if n+cost > failedValidationBudget {
+		// Free once the failures beyond budget-cost have left the hour (an
+		// hour from now if the cost alone is over budget).
+		nf.held, nf.heldCost = now.Add(failedValidationWindow), cost
+		if over := min(n+cost-failedValidationBudget, n); over > 0 {
+			nf.held = slices.SortedFunc(slices.Values(nf.counted), time.Time.Compare)[over-1].Add(failedValidationWindow)
+		}
+		return budgetError(n, cost, nf.held)
 	}
-	// Free once the failures beyond budget-cost have left the hour (an
-	// hour from now if the cost alone is over budget).
-	nf.held = now.Add(failedValidationWindow)
-	if over := min(n+cost-failedValidationBudget, n); over > 0 {
-		nf.held = slices.SortedFunc(slices.Values(nf.counted), time.Time.Compare)[over-1].Add(failedValidationWindow)
+	nf.held = time.Time{}
+	if r := nf.inFlight(); n+r+cost > failedValidationBudget {
+		// No hold: the other issuance ends within minutes, and what it
+		// spends is counted at the next attempt.
+		return fmt.Errorf("%w (%d of Let's Encrypt's %d, %d more may be spent by an issuance in flight for the same identifier, this one may spend %d)", errValidationBudget, n, FailedValidationLimit, r, cost)
 	}
-	return fmt.Errorf("%w (%d of Let's Encrypt's %d, this issuance may spend %d) until %s", errValidationBudget, n, FailedValidationLimit, cost, nf.held.UTC().Format(time.RFC3339))
+	if nf.reserved == nil {
+		nf.reserved = map[string]int{}
+	}
+	nf.reserved[cert] = cost
+	return nil
+}
+
+// budgetError is admit's refusal of an issuance that may spend cost with
+// n failures counted, until when enough leave the hour.
+func budgetError(n, cost int, until time.Time) error {
+	return fmt.Errorf("%w (%d of Let's Encrypt's %d, this issuance may spend %d) until %s", errValidationBudget, n, FailedValidationLimit, cost, until.UTC().Format(time.RFC3339))
+}
+
+// release ends the reservation admit made for the certificate cert, when
+// certmagic reports the issuance's outcome.
+func (v *validations) release(cert string) {
+	if v == nil {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if nf := v.names[strings.TrimPrefix(cert, "*.")]; nf != nil {
+		delete(nf.reserved, cert)
+	}
+}
+
+// noteRead logs a failed count read once per cause, and the first read
+// that works again; every failed read is counted. Until then admit counts
+// this edge's own failures only.
+func (v *validations) noteRead(name string, err error) {
+	cause := ""
+	if err != nil {
+		cause = rootCause(err).Error()
+		if v.unread != nil {
+			v.unread.Inc()
+		}
+	}
+	v.mu.Lock()
+	last := v.readErr
+	v.readErr = cause
+	v.mu.Unlock()
+	switch {
+	case cause == last:
+	case cause == "":
+		v.log.Info().Msg("failed validations read from the certificate storage again: issuances count every edge's")
+	default:
+		v.log.Warn().Err(err).Str("name", name).Msg("failed validations not readable from the certificate storage: issuances count this edge's own only, other edges' are unseen until it answers")
+	}
+}
+
+// rootCause returns the innermost error of err's chain: what a failed
+// read's errors share whatever key they name.
+func rootCause(err error) error {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err
+		}
+		err = next
+	}
+}
+
+// sweep deletes the records of failures that have left the hour, every
+// name's: admit drops a name's own when it counts them, but a name never
+// issued again would keep its records for good.
+func (v *validations) sweep(ctx context.Context, now time.Time) {
+	if _, err := stamps.Sweep(ctx, v.storage, failedValidationsPrefix, now, failedValidationWindow); err != nil {
+		v.log.Warn().Err(err).Msg("old failed validations not swept from the certificate storage; tried again in an hour")
+	}
 }
 
 // heldUntil returns until when name is held back, from memory only: cheap
@@ -175,18 +313,23 @@ func (v *validations) counts() []ValidationCount {
 
 // entryLocked returns name's entry with its failures older than the hour
 // dropped, making one; a full table first forgets names with nothing left.
+// A table still full gets no new entry: the one returned is counted from
+// storage for this call only (names come from the routing document, so
+// only a huge one fills it).
 func (v *validations) entryLocked(name string, now time.Time) *nameFailures {
 	nf := v.names[name]
 	if nf == nil {
 		if len(v.names) >= maxValidationNames {
 			for n, o := range v.names {
-				if len(within(o.counted, now)) == 0 && len(within(o.own, now)) == 0 && !now.Before(o.held) {
+				if o.idle(now) {
 					delete(v.names, n)
 				}
 			}
 		}
 		nf = &nameFailures{}
-		v.names[name] = nf
+		if len(v.names) < maxValidationNames {
+			v.names[name] = nf
+		}
 	}
 	nf.counted, nf.own = within(nf.counted, now), within(nf.own, now)
 	return nf

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -99,9 +100,12 @@ func acmeEdge(t *testing.T) (*certstest.Pebble, []string) {
 }
 
 // TestChallengeFloodCostsNoNodeRead: with the fleet store, a reachability
-// check or an HTTP-01 token costs a request to the node. Requests of both
-// for hosts the document does not name are answered without one; a named
-// host's still reads its token.
+// check or an HTTP-01 token costs a request to the node. Reachability
+// checks for hosts the document does not name are answered without one;
+// HTTP-01 tokens for such hosts (an edge whose document lags may be asked
+// for a token another edge stored) cost at most 10 reads at once and 2 a
+// second after (certs/http.go, unnamedChallengeBurst and Rate), however
+// many hosts ask; a named host's still reads its token.
 func TestChallengeFloodCostsNoNodeRead(t *testing.T) {
 	_, acmeArgs := acmeEdge(t)
 	a := app(t, "A")
@@ -132,14 +136,14 @@ func TestChallengeFloodCostsNoNodeRead(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	before := reads()
+	before, start := reads(), time.Now()
 	for i := range 150 {
 		for _, p := range paths {
 			get(fmt.Sprintf("stranger%d.example", i), p)
 		}
 	}
-	if got := reads() - before; got != 0 {
-		t.Errorf("300 challenge requests for hosts the document does not name cost %d storage reads at the node, want 0", got)
+	if got, bound := reads()-before, 10+2*int(math.Ceil(time.Since(start).Seconds())); got > bound {
+		t.Errorf("300 challenge requests for hosts the document does not name cost %d storage reads at the node, want at most %d", got, bound)
 	}
 	for _, p := range paths {
 		before := reads()

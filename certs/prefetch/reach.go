@@ -62,6 +62,9 @@ type prober struct {
 	storage certmagic.Storage
 	lookup  func(ctx context.Context, network, host string) ([]netip.Addr, error)
 	client  *http.Client
+	// timeout bounds the look-up, as the client's Timeout does each
+	// request.
+	timeout time.Duration
 }
 
 // addrKey carries, in a check request's context, the address its
@@ -70,7 +73,7 @@ type addrKey struct{}
 
 func newProber(storage certmagic.Storage, lookup func(ctx context.Context, network, host string) ([]netip.Addr, error), dial func(ctx context.Context, network, addr string) (net.Conn, error), timeout time.Duration) *prober {
 	if lookup == nil {
-		lookup = publicLookup
+		lookup = publicLookup(newPublicResolver(nil))
 	}
 	if dial == nil {
 		dial = publicDial(timeout)
@@ -78,6 +81,7 @@ func newProber(storage certmagic.Storage, lookup func(ctx context.Context, netwo
 	return &prober{
 		storage: storage,
 		lookup:  lookup,
+		timeout: timeout,
 		client: &http.Client{
 			Timeout: timeout,
 			Transport: &http.Transport{
@@ -118,15 +122,30 @@ func isSpecialUse(host string) bool {
 	return false
 }
 
-// publicLookup is the checks' default resolver: the system's, for A and
-// AAAA records, and no look-up at all for a special-use name, which cannot
-// reach the fleet as a public CA sees it (and whose look-up would only
-// leak it to the resolver).
-func publicLookup(ctx context.Context, network, host string) ([]netip.Addr, error) {
-	if isSpecialUse(host) {
-		return nil, fmt.Errorf("reach: %s is a special-use name: %w", host, errNotPublic)
+// newPublicResolver returns the checks' resolver: the system's DNS
+// servers (or dial's, for tests), through the Go resolver with
+// StrictErrors. net.DefaultResolver drops a failed AAAA query (SERVFAIL, a
+// timeout) and returns the A records alone: the check would then test the
+// IPv4 addresses only and pass a name whose validation the CA fails ("DNS
+// problem: SERVFAIL looking up AAAA"). Strict, the look-up fails, and the
+// name is checked again later. PreferGo, as only the Go resolver honours
+// StrictErrors; the public names checked here need nothing of the C
+// library's resolver.
+func newPublicResolver(dial func(ctx context.Context, network, address string) (net.Conn, error)) *net.Resolver {
+	return &net.Resolver{PreferGo: true, StrictErrors: true, Dial: dial}
+}
+
+// publicLookup returns the checks' default look-up on r, for A and AAAA
+// records, and no look-up at all for a special-use name, which cannot reach
+// the fleet as a public CA sees it (and whose look-up would only leak it to
+// the resolver).
+func publicLookup(r *net.Resolver) func(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	return func(ctx context.Context, network, host string) ([]netip.Addr, error) {
+		if isSpecialUse(host) {
+			return nil, fmt.Errorf("reach: %s is a special-use name: %w", host, errNotPublic)
+		}
+		return r.LookupNetIP(ctx, network, host)
 	}
-	return net.DefaultResolver.LookupNetIP(ctx, network, host)
 }
 
 // publicDial returns the checks' default dial: to public addresses only
@@ -253,7 +272,11 @@ func (e addrErrors) Unwrap() []error { return e }
 // addresses returns the distinct addresses name publishes, at most
 // maxAddrs, or an error wrapping ErrUnreachable when it publishes none.
 func (p *prober) addresses(ctx context.Context, name string) ([]netip.Addr, error) {
-	found, err := p.lookup(ctx, "ip", name)
+	// Bounded like the requests that follow: a resolver that does not
+	// answer must not hold the check (and its prefetch slot) for good.
+	lctx, cancel := context.WithTimeout(ctx, p.timeout)
+	found, err := p.lookup(lctx, "ip", name)
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("%w: look up %s: %w", ErrUnreachable, name, err)
 	}

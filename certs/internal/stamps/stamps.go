@@ -45,12 +45,10 @@ func Since(ctx context.Context, storage certmagic.Storage, dir string, now time.
 	}
 	var times []time.Time
 	for _, key := range keys {
-		stamp, _, _ := strings.Cut(path.Base(key), "-")
-		ns, err := strconv.ParseInt(stamp, 10, 64)
-		if err != nil {
+		t, ok := parseKey(key)
+		if !ok {
 			continue // not a record of ours
 		}
-		t := time.Unix(0, ns)
 		if !now.Before(t.Add(window)) {
 			storage.Delete(ctx, key)
 			continue
@@ -60,4 +58,66 @@ func Since(ctx context.Context, storage certmagic.Storage, dir string, now time.
 		}
 	}
 	return times, nil
+}
+
+// Sweep deletes the events older than window under every directory below
+// prefix, and returns how many it deleted. Since drops a directory's old
+// events when it reads them; Sweep is for directories no one reads again.
+// A missing prefix holds nothing.
+func Sweep(ctx context.Context, storage certmagic.Storage, prefix string, now time.Time, window time.Duration) (int, error) {
+	prefix = strings.TrimSuffix(prefix, "/")
+	keys, err := storage.List(ctx, prefix, true)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sweep %s: %w", prefix, err)
+	}
+	deleted := 0
+	var errs []error
+	for _, key := range keys {
+		// A recursive listing names the directories too: never one of
+		// those, whatever its name (parseKey's shape is a record's only).
+		t, ok := parseKey(key)
+		if !ok || now.Before(t.Add(window)) {
+			continue
+		}
+		if err := storage.Delete(ctx, key); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		deleted++
+	}
+	if err := errors.Join(errs...); err != nil {
+		return deleted, fmt.Errorf("sweep %s: %w", prefix, err)
+	}
+	return deleted, nil
+}
+
+// keyLen is the length of a record's key under its directory: 20 digits of
+// Unix nanoseconds, "-", 8 hex digits (Record).
+const keyLen = 20 + 1 + 8
+
+// parseKey returns when the event recorded under key happened, if key has
+// the shape Record gives: a directory named like a host ("1-2.example")
+// must never pass for one, as deleting it would take its records along.
+func parseKey(key string) (time.Time, bool) {
+	base := path.Base(key)
+	if len(base) != keyLen || base[20] != '-' {
+		return time.Time{}, false
+	}
+	for i, c := range []byte(base) {
+		switch {
+		case i == 20:
+		case i < 20 && c >= '0' && c <= '9':
+		case i > 20 && (c >= '0' && c <= '9' || c >= 'a' && c <= 'f'):
+		default:
+			return time.Time{}, false
+		}
+	}
+	ns, err := strconv.ParseInt(base[:20], 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(0, ns), true
 }
