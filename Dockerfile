@@ -5,9 +5,16 @@
 #
 #   docker build --build-arg VERSION=$(git describe --tags --always) -t scafo-edge .
 #
-# cmd/scafo-edge/packaging_test.go builds the binary with this file's builder
-# flags and checks this file's user, volume, ports and healthcheck against the
-# flags' defaults: change both together.
+# The build needs BuildKit: Docker 23 or later with the buildx plugin, or an
+# older engine with DOCKER_BUILDKIT=1. The legacy builder would drop the file
+# capability set below and leave an image that cannot bind 80; the cache
+# mount of the go build makes it refuse this file instead.
+#
+# e2e/dockerfile_test.go and e2e/image_test.go build the binary with this
+# file's builder flags and check this file's user, volume, ports and
+# healthcheck against the flags' defaults: change them together.
+# deploy/image-check.sh builds this file on a real Docker engine and checks
+# the image it makes (user, capability, volume mode, health, stop, upgrade).
 
 ARG GO_VERSION=1.26
 
@@ -16,6 +23,9 @@ FROM golang:${GO_VERSION}-bookworm AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libcap2-bin \
  && rm -rf /var/lib/apt/lists/*
+# The state directory, made here where a shell can set its owner and mode and
+# copied into the final stage as an entry of /out/varlib/ (see there).
+RUN install -d -m 0700 -o 65532 -g 65532 /out/varlib/scafo-edge
 WORKDIR /src
 # Modules first, so editing a source file does not download them again.
 COPY go.mod go.sum ./
@@ -25,18 +35,27 @@ ARG VERSION=dev
 ENV CGO_ENABLED=0
 # The file capability lets the non-root user bind 80 and 443. It is set here
 # because the final stage has no setcap; BuildKit (Docker's builder since 23.0)
-# keeps it through COPY --from, the legacy builder drops it.
-RUN go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/scafo-edge ./cmd/scafo-edge \
- && setcap cap_net_bind_service=+ep /out/scafo-edge \
- && mkdir -m 0700 /out/state
+# keeps it through COPY --from, the legacy builder drops it. The cache mount
+# keeps Go's build cache between builds (a source change recompiles only what
+# it touches) and is BuildKit-only: the legacy builder stops here with "the
+# --mount option requires BuildKit" rather than build an image without the
+# capability.
+RUN --mount=type=cache,target=/root/.cache/go-build \
+    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/scafo-edge ./cmd/scafo-edge \
+ && setcap cap_net_bind_service=+ep /out/scafo-edge
 
 # distroless static: CA certificates, /etc/passwd with nonroot (65532), tzdata,
 # and nothing else; no shell, so the healthcheck is the binary itself.
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/scafo-edge /scafo-edge
 # A named volume starts as a copy of this directory, so it comes up owned by
-# the nonroot user (65532) and mode 0700 (it holds certificate keys).
-COPY --from=build --chown=65532:65532 --chmod=0700 /out/state /var/lib/scafo-edge
+# the nonroot user (65532) and mode 0700 (it holds certificate keys). The
+# directory is copied as an entry of /out/varlib/, which keeps the owner and
+# mode it was made with: copied as the destination itself (COPY --chown
+# --chmod=0700 dir /var/lib/scafo-edge), BuildKit before
+# tonistiigi/fsutil#228 (moby/buildkit#4945), which engines in the field still
+# run, creates it 0755 whatever --chmod says.
+COPY --from=build /out/varlib/ /var/lib/
 USER nonroot:nonroot
 VOLUME /var/lib/scafo-edge
 # 80: HTTP and ACME HTTP-01; 443: HTTPS (443/udp: HTTP/3, planned);

@@ -1,9 +1,12 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # Replace the edge container of the compose project (deploy/compose.yaml)
 # without refusing a connection.
 #
 #   docker compose -p scafo-edge -f deploy/compose.yaml build   # or pull
 #   deploy/upgrade-compose.sh
+#
+# Needs the Docker Compose v2 plugin (`docker compose`, not the Python
+# `docker-compose` 1.x, whose flags differ): the script checks for it first.
 #
 # A second edge container starts next to the running one, on the same state
 # volume and the host's network; it takes the running edge's listening
@@ -12,16 +15,33 @@
 # If the new container does not take over, it is removed and the old one
 # keeps serving, its restart policy restored; if it took over and then
 # stopped, the old one (draining towards its exit by then) is restarted.
+# A new container that crashes (restarted by its restart policy, exited, or
+# unhealthy) is given up on at once, not at the timeout, and its log is saved
+# to a file the message names before it is removed.
 #
 # Environment: SCAFO_EDGE_PROJECT (default scafo-edge), SCAFO_EDGE_COMPOSE_FILE
 # (default compose.yaml next to this script), SCAFO_EDGE_UPGRADE_TIMEOUT in
 # seconds for the old container to exit (default 60: the 30s shutdown timeout
-# and the new edge's start).
-set -eu
+# and the new edge's start), SCAFO_EDGE_UPGRADE_LOG_DIR for the failed
+# container's saved log (default $TMPDIR or /tmp).
+set -euo pipefail
 
 project=${SCAFO_EDGE_PROJECT:-scafo-edge}
 file=${SCAFO_EDGE_COMPOSE_FILE:-$(dirname "$0")/compose.yaml}
 timeout=${SCAFO_EDGE_UPGRADE_TIMEOUT:-60}
+logdir=${SCAFO_EDGE_UPGRADE_LOG_DIR:-${TMPDIR:-/tmp}}
+
+# Compose v1 (Debian's docker-compose 1.29) or no Compose at all fails later
+# with a confusing `unknown shorthand flag: 'p'`: say what is missing first.
+if ! command -v docker >/dev/null 2>&1; then
+	echo "upgrade-compose.sh needs the docker CLI with the Compose v2 plugin; docker is not on PATH" >&2
+	exit 1
+fi
+# A Compose built from source may call itself "dev": only 1.x is refused.
+if ! cv=$(docker compose version --short 2>/dev/null) || [[ $cv =~ ^v?1\. ]]; then
+	echo "upgrade-compose.sh needs the Docker Compose v2 plugin ('docker compose version' ${cv:+says $cv}${cv:-fails}): install docker-compose-plugin, or put a Compose v2 binary at ~/.docker/cli-plugins/docker-compose" >&2
+	exit 1
+fi
 
 compose() { docker compose -p "$project" -f "$file" "$@"; }
 running() { [ "$(docker inspect -f '{{.State.Running}}' "$1" 2>/dev/null)" = true ]; }
@@ -37,20 +57,60 @@ policy=$(docker inspect -f '{{.HostConfig.RestartPolicy.Name}}' "$old")
 # start it again, where it would take the sockets back.
 docker update --restart=no "$old" >/dev/null
 compose up -d --no-deps --no-recreate --scale edge=2 edge
-new=$(compose ps -q edge | grep -v "^$old" | head -n 1)
-echo "started $new; waiting for $old to hand over and drain"
+new=$(compose ps -q edge | grep -v "^$old" | head -n 1 || true)
+echo "started ${new:-nothing}; waiting for $old to hand over and drain"
 
 # The old edge's own log says whether it gave its sockets away: from then
 # on it is stopping, whatever becomes of the new one.
 handed_over() { docker logs "$old" 2>&1 | grep -q 'handover: a new edge took the listening sockets'; }
 
-# give_up removes the new container and restores the old one's restart
-# policy. An old edge that has not handed over keeps serving; one that has
-# is draining towards its exit and nothing else would serve after it, so it
-# is restarted (it binds the ports itself once the new one has let them go).
+# crashed says why the new container is failing, or fails if it looks fine.
+# .State.Running alone cannot tell: with restart: unless-stopped it is true
+# again a moment after each crash, so a crash-looping edge would look up
+# until the timeout. A restart, an exit or a failed healthcheck is final.
+crashed() {
+	local state status restarts code health
+	state=$(docker inspect -f '{{.State.Status}} {{.RestartCount}} {{.State.ExitCode}} {{if .State.Health}}{{.State.Health.Status}}{{end}}' "$1" 2>/dev/null) ||
+		{ echo "it is gone"; return 0; }
+	read -r status restarts code health <<<"$state"
+	if [ "${restarts:-0}" -gt 0 ]; then
+		echo "it crashed and was restarted $restarts time(s) by its restart policy (last exit code $code)"
+	elif [ "$status" != running ]; then
+		echo "it is $status with exit code $code"
+	elif [ "${health:-}" = unhealthy ]; then
+		echo "its healthcheck says unhealthy"
+	else
+		return 1
+	fi
+}
+
+# keep_logs saves the new container's log (every run of it, crashes
+# included) before it is removed, and prints the file's name.
+keep_logs() {
+	local out
+	out="$logdir/scafo-edge-upgrade-${1:0:12}-$(date -u +%Y%m%dT%H%M%SZ).log"
+	if mkdir -p "$logdir" && docker logs "$1" >"$out" 2>&1; then
+		echo "$out"
+	else
+		echo "(its log could not be saved to $out)"
+	fi
+}
+
+# give_up removes the new container, keeping its log, and restores the old
+# one's restart policy. An old edge that has not handed over keeps serving;
+# one that has is draining towards its exit and nothing else would serve
+# after it, so it is restarted (it binds the ports itself once the new one
+# has let them go).
 give_up() {
-	echo "the new edge did not take over or did not stay up (see: docker logs $new)" >&2
-	if [ -n "$new" ]; then docker rm -f "$new" >/dev/null; fi
+	echo "the new edge ${new:-(none started)} did not take over or did not stay up: $1" >&2
+	if [ -n "$new" ]; then
+		# Stop it first so that the saved log is complete and a restart
+		# policy cannot start it again between the save and the removal.
+		docker update --restart=no "$new" >/dev/null 2>&1 || true
+		docker stop -t 5 "$new" >/dev/null 2>&1 || true
+		echo "its log (docker logs, every start of it) is saved in $(keep_logs "$new"); removing it" >&2
+		docker rm -f "$new" >/dev/null
+	fi
 	docker update --restart="$policy" "$old" >/dev/null
 	if handed_over; then
 		echo "$old had handed over already: restarting it" >&2
@@ -61,15 +121,22 @@ give_up() {
 	exit 1
 }
 
+[ -n "$new" ] || give_up "compose started no second edge container"
+# One look a second, so the count of looks is the seconds waited.
 i=0
 while running "$old"; do
-	if [ -z "$new" ] || ! running "$new" || [ "$i" -ge "$timeout" ]; then
-		give_up
+	if why=$(crashed "$new"); then
+		give_up "$why"
+	fi
+	if [ "$i" -ge "$timeout" ]; then
+		give_up "$old was still running after ${timeout}s (SCAFO_EDGE_UPGRADE_TIMEOUT)"
 	fi
 	i=$((i + 1))
 	sleep 1
 done
-running "$new" || give_up
+if why=$(crashed "$new"); then
+	give_up "$why"
+fi
 
 code=$(docker inspect -f '{{.State.ExitCode}}' "$old")
 if [ "$code" != 0 ]; then

@@ -100,24 +100,82 @@ func TestDockerfileAgreesWithFlags(t *testing.T) {
 		if !strings.Contains(df.stages[0].allArgs("RUN"), "libcap2-bin") {
 			t.Errorf("builder does not install libcap2-bin, which provides setcap")
 		}
+		// The legacy builder drops the capability through COPY --from; a
+		// BuildKit-only RUN flag on the same RUN makes it refuse the file
+		// rather than build an image that cannot bind 80.
+		for _, in := range df.stages[0].instrs {
+			if in.cmd == "RUN" && strings.Contains(in.args, "setcap ") && !strings.HasPrefix(in.args, "--mount=") {
+				t.Errorf("Dockerfile:%d: the RUN that sets the capability has no --mount=: the legacy builder would build the file and drop the capability", in.line)
+			}
+		}
 	})
 
-	t.Run("VOLUME is the state-dir default and the final stage creates it for the nonroot user", func(t *testing.T) {
+	t.Run("VOLUME is the state-dir default and the builder makes it 0700 for the nonroot user", func(t *testing.T) {
+		// What counts is the mode and owner of the directory in the built
+		// image, which deploy/image-check.sh reads off a real build; here,
+		// without an engine, the Dockerfile is held to the one form that
+		// gives them on every BuildKit: the directory made by the builder
+		// with its owner and mode, and copied as an entry of a tree (which
+		// keeps both), not as a COPY destination (whose own mode BuildKit
+		// before tonistiigi/fsutil#228 sets 0755, whatever --chmod says).
 		want := defaults["state-dir"]
 		if got := final.last(t, "VOLUME").args; got != want && got != fmt.Sprintf("[%q]", want) {
 			t.Errorf("VOLUME %s, want %s (--state-dir default)", got, want)
 		}
-		found := false
+		src := ""
 		for _, in := range final.instrs {
-			if flags, paths := copyArgs(in.args); in.cmd == "COPY" && len(paths) == 2 && paths[1] == want {
-				found = true
-				if flags["chown"] == "" || strings.HasPrefix(flags["chown"], "0") || strings.HasPrefix(flags["chown"], "root") {
-					t.Errorf("COPY to %s --chown=%q: a named volume copies this owner, so nonroot could not write", want, flags["chown"])
+			if in.cmd != "COPY" {
+				continue
+			}
+			flags, paths := copyArgs(in.args)
+			if len(paths) != 2 {
+				continue
+			}
+			from, dst := paths[0], paths[1]
+			if path.Clean(dst) == want {
+				t.Errorf("Dockerfile:%d: COPY %s to %s makes the state directory a COPY destination: older BuildKit creates it 0755; copy its parent's tree instead", in.line, from, dst)
+				continue
+			}
+			rel, ok := strings.CutPrefix(want, strings.TrimSuffix(dst, "/")+"/")
+			if !ok || flags["from"] != df.stages[0].name || !strings.HasSuffix(from, "/") {
+				continue
+			}
+			if flags["chmod"] != "" || flags["chown"] != "" {
+				t.Errorf("Dockerfile:%d: COPY --chmod/--chown %s %s would change the modes the builder gave the tree", in.line, from, dst)
+			}
+			src = path.Join(from, rel)
+		}
+		if src == "" {
+			t.Fatalf("final stage copies no builder tree holding %s: a named volume would come up owned by root", want)
+		}
+		// The final stage's user must own it: a named volume copies the owner.
+		uid := map[string]string{"nonroot": "65532", "65532": "65532"}[strings.Split(final.last(t, "USER").args, ":")[0]]
+		made := false
+		for _, in := range df.stages[0].instrs {
+			if in.cmd != "RUN" {
+				continue
+			}
+			for _, seg := range splitAnd(runWords(t, in.args)) {
+				if len(seg) == 0 || seg[0] != "install" || !slices.Contains(seg, "-d") || !slices.Contains(seg, src) {
+					continue
+				}
+				made = true
+				opt := func(name string) string {
+					if i := slices.Index(seg, name); i >= 0 && i+1 < len(seg) {
+						return seg[i+1]
+					}
+					return ""
+				}
+				if opt("-m") != "0700" && opt("-m") != "700" {
+					t.Errorf("Dockerfile:%d: install -d %s with -m %q, want 0700 (it holds certificate keys)", in.line, src, opt("-m"))
+				}
+				if uid == "" || opt("-o") != uid || opt("-g") != uid {
+					t.Errorf("Dockerfile:%d: install -d %s with -o %q -g %q, want the final USER's id %q", in.line, src, opt("-o"), opt("-g"), uid)
 				}
 			}
 		}
-		if !found {
-			t.Errorf("final stage does not COPY a directory to %s: a named volume would come up owned by root", want)
+		if !made {
+			t.Errorf("builder stage has no RUN install -d -m 0700 -o 65532 -g 65532 %s: the copied state directory would have no set owner and mode", src)
 		}
 	})
 
@@ -306,7 +364,7 @@ func (df *dockerfile) builderBuild(t *testing.T) goBuild {
 			k, v, _ := strings.Cut(in.args, "=")
 			b.args[k] = v
 		case "RUN":
-			for _, seg := range splitAnd(shellWords(t, in.args)) {
+			for _, seg := range splitAnd(runWords(t, in.args)) {
 				if len(seg) > 2 && seg[0] == "go" && seg[1] == "build" {
 					if b.argv != nil {
 						t.Fatalf("Dockerfile:%d: a second go build in the builder stage", in.line)
@@ -376,7 +434,7 @@ func (df *dockerfile) builderSetcap(t *testing.T) []string {
 		if in.cmd != "RUN" {
 			continue
 		}
-		for _, seg := range splitAnd(shellWords(t, in.args)) {
+		for _, seg := range splitAnd(runWords(t, in.args)) {
 			if len(seg) >= 3 && seg[0] == "setcap" {
 				if seg[len(seg)-1] != out {
 					t.Fatalf("Dockerfile:%d: setcap on %s, but go build writes %s", in.line, seg[len(seg)-1], out)
@@ -448,6 +506,17 @@ func shellWords(t *testing.T, s string) []string {
 	}
 	if inWord {
 		words = append(words, w.String())
+	}
+	return words
+}
+
+// runWords splits a RUN's arguments into shell words, less the RUN's own
+// flags (--mount=..., --network=...), which BuildKit reads and no shell sees.
+func runWords(t *testing.T, args string) []string {
+	t.Helper()
+	words := shellWords(t, args)
+	for len(words) > 0 && strings.HasPrefix(words[0], "--") {
+		words = words[1:]
 	}
 	return words
 }

@@ -7,6 +7,9 @@ package e2e
 // the Dockerfile's own builder flags (parsed out of it, so they cannot drift)
 // and checked static and healthy; the Dockerfile is parsed and checked
 // against the flags' defaults, which the race-built binary's serve -h gives.
+// deploy/image-check.sh (run by .ci/run) builds and runs the image itself on
+// a real engine and checks what only a build shows: modes, capability,
+// health, stop and upgrade.
 
 import (
 	"context"
