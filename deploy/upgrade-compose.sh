@@ -39,7 +39,8 @@ if ! command -v docker >/dev/null 2>&1; then
 fi
 # A Compose built from source may call itself "dev": only 1.x is refused.
 if ! cv=$(docker compose version --short 2>/dev/null) || [[ $cv =~ ^v?1\. ]]; then
-	echo "upgrade-compose.sh needs the Docker Compose v2 plugin ('docker compose version' ${cv:+says $cv}${cv:-fails}): install docker-compose-plugin, or put a Compose v2 binary at ~/.docker/cli-plugins/docker-compose" >&2
+	said=${cv:+says $cv}
+	echo "upgrade-compose.sh needs the Docker Compose v2 plugin ('docker compose version' ${said:-fails}): install docker-compose-plugin, or put a Compose v2 binary at ~/.docker/cli-plugins/docker-compose" >&2
 	exit 1
 fi
 
@@ -56,13 +57,14 @@ policy=$(docker inspect -f '{{.HostConfig.RestartPolicy.Name}}' "$old")
 # The old edge's exit after the handover is final: a restart policy must not
 # start it again, where it would take the sockets back.
 docker update --restart=no "$old" >/dev/null
-compose up -d --no-deps --no-recreate --scale edge=2 edge
-new=$(compose ps -q edge | grep -v "^$old" | head -n 1 || true)
-echo "started ${new:-nothing}; waiting for $old to hand over and drain"
+# -a: a new container that has exited already is still found.
+second() { compose ps -aq edge | grep -v "^$old" | head -n 1 || true; }
 
 # The old edge's own log says whether it gave its sockets away: from then
-# on it is stopping, whatever becomes of the new one.
-handed_over() { docker logs "$old" 2>&1 | grep -q 'handover: a new edge took the listening sockets'; }
+# on it is stopping, whatever becomes of the new one. grep reads to the end
+# (no -q): stopping at the first match would kill docker logs with SIGPIPE,
+# and pipefail would read that as "not handed over".
+handed_over() { docker logs "$old" 2>&1 | grep -F 'handover: a new edge took the listening sockets' >/dev/null; }
 
 # crashed says why the new container is failing, or fails if it looks fine.
 # .State.Running alone cannot tell: with restart: unless-stopped it is true
@@ -86,14 +88,15 @@ crashed() {
 
 # keep_logs saves the new container's log (every run of it, crashes
 # included) before it is removed, and prints the file's name.
+# It fails if the log could not be saved. The file is made by mktemp,
+# readable by its owner only: a predictable name in a shared /tmp could be
+# a planted symlink.
 keep_logs() {
 	local out
-	out="$logdir/scafo-edge-upgrade-${1:0:12}-$(date -u +%Y%m%dT%H%M%SZ).log"
-	if mkdir -p "$logdir" && docker logs "$1" >"$out" 2>&1; then
+	mkdir -p "$logdir" &&
+		out=$(umask 077 && mktemp "$logdir/scafo-edge-upgrade-${1:0:12}-$(date -u +%Y%m%dT%H%M%SZ)-XXXXXX.log") &&
+		docker logs "$1" >"$out" 2>&1 &&
 		echo "$out"
-	else
-		echo "(its log could not be saved to $out)"
-	fi
 }
 
 # give_up removes the new container, keeping its log, and restores the old
@@ -102,14 +105,21 @@ keep_logs() {
 # after it, so it is restarted (it binds the ports itself once the new one
 # has let them go).
 give_up() {
+	# Every step below must run whatever the one before did: the old edge's
+	# restart policy has to come back on every path.
+	set +e
 	echo "the new edge ${new:-(none started)} did not take over or did not stay up: $1" >&2
 	if [ -n "$new" ]; then
 		# Stop it first so that the saved log is complete and a restart
 		# policy cannot start it again between the save and the removal.
-		docker update --restart=no "$new" >/dev/null 2>&1 || true
-		docker stop -t 5 "$new" >/dev/null 2>&1 || true
-		echo "its log (docker logs, every start of it) is saved in $(keep_logs "$new"); removing it" >&2
-		docker rm -f "$new" >/dev/null
+		docker update --restart=no "$new" >/dev/null 2>&1
+		docker stop -t 5 "$new" >/dev/null 2>&1
+		if saved=$(keep_logs "$new"); then
+			echo "its log (docker logs, every start of it) is saved in $saved; removing it" >&2
+			docker rm -f "$new" >/dev/null 2>&1
+		else
+			echo "its log could not be saved in $logdir: kept it stopped, see docker logs $new" >&2
+		fi
 	fi
 	docker update --restart="$policy" "$old" >/dev/null
 	if handed_over; then
@@ -121,6 +131,13 @@ give_up() {
 	exit 1
 }
 
+new=""
+if ! compose up -d --no-deps --no-recreate --scale edge=2 edge; then
+	new=$(second)
+	give_up "docker compose up failed"
+fi
+new=$(second)
+echo "started ${new:-nothing}; waiting for $old to hand over and drain"
 [ -n "$new" ] || give_up "compose started no second edge container"
 # One look a second, so the count of looks is the seconds waited.
 i=0

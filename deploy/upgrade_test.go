@@ -52,6 +52,9 @@ exit 0`,
 	// docker plays Compose v2 unless $FAKE/compose-version says otherwise
 	// ("none": no compose plugin). A container's restart count, exit code
 	// and health are in $FAKE/restarts.NAME, exit.NAME and health.NAME.
+	// $FAKE/up-fails and rm-fails make those commands fail; with
+	// $FAKE/more-logs.NAME, NAME's log goes on long after its journal, as
+	// a real edge's does, so a reader that stops early breaks the pipe.
 	"docker": `
 case "$1" in
 compose)
@@ -61,7 +64,9 @@ compose)
 		if [ "$v" = none ]; then echo "docker: 'compose' is not a docker command." >&2; exit 1; fi
 		echo "$v" ;;
 	*" ps "*) echo aaaa1111; [ -e "$FAKE/up" ] && echo bbbb2222 ;;
-	*" up "*) touch "$FAKE/up"; started bbbb2222 ;;
+	*" up "*)
+		if [ -e "$FAKE/up-fails" ]; then echo "pull access denied" >&2; exit 1; fi
+		touch "$FAKE/up"; started bbbb2222 ;;
 	esac ;;
 inspect)
 	case "$3" in
@@ -72,8 +77,14 @@ inspect)
 	*RestartPolicy*) echo unless-stopped ;;
 	*) echo 0 ;;
 	esac ;;
-logs) cat "$FAKE/journal.$2" 2>/dev/null ;;
+logs)
+	cat "$FAKE/journal.$2" 2>/dev/null
+	if [ -e "$FAKE/more-logs.$2" ]; then
+		i=0
+		while [ $i -lt 20000 ]; do echo "a later log line $i"; i=$((i + 1)); done
+	fi ;;
 restart) echo -1 >"$FAKE/runs.$2" ;;
+rm) if [ -e "$FAKE/rm-fails" ]; then echo "No such container: $3" >&2; exit 1; fi ;;
 esac
 exit 0`,
 	// The systemd script installs binaries; the stand-ins only record it.
@@ -190,7 +201,7 @@ func TestUpgradeComposeFailsFast(t *testing.T) {
 		{
 			name:    "Compose v1 behind docker compose is refused the same way",
 			files:   map[string]string{"compose-version": "1.29.2", "runs.aaaa1111": "-1"},
-			wantOut: []string{"needs the Docker Compose v2 plugin", "1.29.2"},
+			wantOut: []string{"needs the Docker Compose v2 plugin", "says 1.29.2)"},
 			wantNot: "docker update",
 		},
 		{
@@ -216,6 +227,28 @@ func TestUpgradeComposeFailsFast(t *testing.T) {
 				"exit.bbbb2222": "2", "journal.bbbb2222": newLog},
 			wantOut:   []string{"exited with exit code 2"},
 			wantCalls: []string{"docker logs bbbb2222", "docker rm -f bbbb2222"},
+			keepsLog:  true,
+		},
+		{
+			name: "a new edge that crashes after the handover gets the old one restarted, however long the old one's log",
+			files: map[string]string{"runs.aaaa1111": "-1", "once-started.bbbb2222": "-1",
+				"restarts.bbbb2222": "1", "exit.bbbb2222": "1", "journal.bbbb2222": newLog,
+				"journal.aaaa1111": handedOverLine, "more-logs.aaaa1111": ""},
+			wantOut:   []string{"had handed over already: restarting it"},
+			wantCalls: []string{"docker rm -f bbbb2222", "docker update --restart=unless-stopped aaaa1111", "docker restart aaaa1111"},
+			keepsLog:  true,
+		},
+		{
+			name:      "a failed compose up restores the old edge's restart policy",
+			files:     map[string]string{"runs.aaaa1111": "-1", "up-fails": ""},
+			wantOut:   []string{"docker compose up failed", "keeping aaaa1111"},
+			wantCalls: []string{"docker update --restart=no aaaa1111", "docker update --restart=unless-stopped aaaa1111"},
+		},
+		{
+			name: "a failed removal of the new edge still restores the old one's restart policy",
+			files: map[string]string{"runs.aaaa1111": "-1", "once-started.bbbb2222": "-1", "rm-fails": "",
+				"restarts.bbbb2222": "2", "exit.bbbb2222": "1", "journal.bbbb2222": newLog},
+			wantCalls: []string{"docker rm -f bbbb2222", "docker update --restart=unless-stopped aaaa1111"},
 			keepsLog:  true,
 		},
 		{
