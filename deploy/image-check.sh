@@ -12,17 +12,21 @@
 #   sudo deploy/image-check.sh --dockerfile OTHER    # another one, same context
 #
 # What it needs, and makes when it is missing (Debian, as root):
-#   - Debian's docker.io (dockerd 20.10 with BuildKit) and debootstrap, by
-#     apt-get. It starts its own dockerd, never the system's: its own data
-#     root (in the cache), socket and pid file, no bridge network and no
-#     iptables rules (--bridge=none --iptables=false), so every container
-#     and build step uses --network host and the edge serves on 127.0.0.1.
-#   - The base images, under their real names, when no registry can be
-#     reached: golang:1.26-bookworm is a debootstrapped bookworm with this
-#     host's /usr/local/go and CA bundle (the build's `go mod download` and
-#     `apt-get` go out through whatever TLS the host trusts); the distroless
-#     static-debian12:nonroot is Debian's CA certificates, tzdata and an
-#     /etc/passwd and /etc/group with nonroot = 65532, and nothing else.
+#   - Debian's docker.io (dockerd 20.10 with BuildKit, and its docker CLI)
+#     and debootstrap, by apt-get. It starts its own dockerd, never the
+#     system's: its own data and exec roots and pid file (in the cache),
+#     socket, daemon.json (empty) and containerd namespaces, no bridge
+#     network and no iptables rules (--bridge=none --iptables=false), so
+#     every container and build step uses --network host and the edge
+#     serves on 127.0.0.1 (80 and 443, TCP and UDP, and 9180 must be free).
+#   - The base images, always made here under their real names and never
+#     pulled (whether or not a registry can be reached, so that every
+#     machine builds on the same bases): golang:1.26-bookworm is a
+#     debootstrapped bookworm with this host's /usr/local/go and CA bundle
+#     (the build's `go mod download` and `apt-get` go out through whatever
+#     TLS the host trusts); the distroless static-debian12:nonroot is
+#     Debian's CA certificates, tzdata and an /etc/passwd and /etc/group
+#     with nonroot = 65532, and nothing else.
 #   - The docker/dockerfile:1 frontend that the Dockerfile's `# syntax=` line
 #     asks for (the daemon forwards to it and cannot skip it), and the buildx
 #     and Compose v2 CLI plugins, all built with the host's Go from the Go
@@ -31,9 +35,11 @@
 #
 # Cache, kept between runs on one machine: ${XDG_CACHE_HOME:-~/.cache}/
 # scafo-edge-image-check (SCAFO_EDGE_IMAGE_CHECK_CACHE): the bookworm root
-# file system, the plugin binaries, and the daemon's data root (base images
-# and BuildKit's layer cache). Delete it to start cold. The plugins are put
-# in a private DOCKER_CONFIG there, so an operator's ~/.docker is untouched.
+# file system, the plugin binaries, the daemon's data root (base images
+# and BuildKit's layer cache, pruned to 3 GB after each passing run), and
+# its exec root and pid file, with which a run stops what one that was
+# killed left running. Delete it to start cold. The plugins are put in a
+# private DOCKER_CONFIG there, so an operator's ~/.docker is untouched.
 #
 # Cost on a two-core machine shared with other work: about 10 minutes cold
 # (compiling the three tools is most of it), under 2 warm; the README's
@@ -47,7 +53,11 @@ dockerfile=$root/Dockerfile
 build_cache=1
 while [ $# -gt 0 ]; do
 	case $1 in
-	--dockerfile) dockerfile=$(realpath "$2"); shift 2 ;;
+	--dockerfile)
+		[ $# -ge 2 ] || { echo "image-check.sh: --dockerfile needs a file (see --help)" >&2; exit 2; }
+		dockerfile=$(realpath "$2")
+		shift 2
+		;;
 	--no-build-cache) build_cache=0; shift ;;
 	-h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "image-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -84,41 +94,107 @@ elapsed() { echo "$((SECONDS - ${1:-$started}))s"; }
 [ "$(id -u)" = 0 ] || fail "run as root: it installs packages, starts dockerd and debootstraps"
 mkdir -p "$cache"
 # One run at a time per cache: two daemons on one data root corrupt it.
+# Bash cannot open a file close-on-exec, so every child that may outlive
+# this script (dockerd and its containerd, the background builds, the
+# steps, the upstream and load) is started with 9>&-: one left by a killed
+# run would otherwise hold the lock and refuse every later run.
 exec 9>"$cache/lock"
 flock -n 9 || fail "another image check holds $cache/lock"
 
 run=$(mktemp -d "${TMPDIR:-/tmp}/scafo-edge-image-check.XXXXXX")
 # The edge runs as 65532 and reads the routes file from here.
 chmod 755 "$run"
-dockerd_pid="" bg_pids=() proc_pids=()
+# dockerd's exec root is kept in the cache, not in $run: its containerd
+# state lets the next daemon find containers that a killed run left
+# running (and kill them, as it does on every start without live-restore).
+exec_root=$cache/exec
+# Keyed on all three pins: a change to any of them builds afresh.
+tools=$cache/tools-$COMPOSE_VERSION-$BUILDX_VERSION-$BUILDKIT_VERSION
+rootfs=$cache/bookworm-rootfs
+dockerd_pid="" fg_pid="" own_policy=0 bg_pids=() proc_pids=()
 export DOCKER_HOST=unix://$run/docker.sock DOCKER_CONFIG=$cache/docker-config DOCKER_BUILDKIT=1
 
-# cleanup runs on every exit: the background builds (each in its own
-# process group, so their compilers go too), the upstream and load, every
-# container and volume of the private daemon (nothing else uses it), and
-# the daemon, whose managed containerd stops with it.
+# unmount_under DIR: lazily unmount everything mounted below DIR, deepest
+# first: dockerd's default network namespace in its exec root, or the proc
+# and sys of a debootstrap that was killed, which rm -rf cannot remove.
+unmount_under() {
+	awk -v r="${1%/}/" 'index($5, r) == 1 {print $5}' /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l
+}
+
+# stop_pids SECONDS PID...: TERM each PID, then KILL what still runs after
+# SECONDS.
+stop_pids() {
+	local s=$1 p i alive=()
+	shift
+	[ $# -gt 0 ] || return 0
+	kill -TERM "$@" 2>/dev/null || true
+	for ((i = 0; i <= s * 2; i++)); do
+		alive=()
+		for p; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+		[ ${#alive[@]} -gt 0 ] || return 0
+		sleep 0.5
+	done
+	log "still running after ${s}s, killed: $(ps -o pid=,args= -p "${alive[*]}" 2>/dev/null | cut -c1-100 | paste -sd';' -)"
+	kill -KILL "${alive[@]}" 2>/dev/null || true
+}
+
+# descendants PID: the pids of PID's children, theirs, and so on.
+descendants() {
+	local c
+	for c in $(ps -o pid= --ppid "$1" 2>/dev/null || true); do
+		echo "$c"
+		descendants "$c"
+	done
+}
+
+# step CMD...: run CMD (a long step: a build, a stop, an upgrade) in the
+# background and wait for it. Bash runs a trapped TERM or INT only once the
+# foreground command has ended, and a docker build can take minutes; a
+# signal does interrupt `wait`, so cleanup runs at once and stops CMD and
+# everything it started (fg_pid).
+step() {
+	local rc=0
+	"$@" 9>&- &
+	fg_pid=$!
+	wait "$fg_pid" || rc=$?
+	fg_pid=""
+	return "$rc"
+}
+
+# cleanup runs on every exit: the step in progress, the background builds
+# (each in its own process group, so their compilers go too), the upstream
+# and load, every container and volume of the private daemon (nothing else
+# uses it), the daemon, whose managed containerd stops with it, and any
+# mount left under the directories this run used. Every wait is bounded.
 cleanup() {
-	local rc=$? i
+	local rc=$? p tree=()
 	set +e
 	trap - EXIT INT TERM
+	# A trap can run inside a redirected step (docker build >build.log):
+	# back to the script's own output.
+	exec 1>&7 2>&8
+	if [ -n "$fg_pid" ]; then
+		# Its children first: once it is gone they are no longer its.
+		tree=("$fg_pid" $(descendants "$fg_pid"))
+		stop_pids 10 "${tree[@]}"
+	fi
 	for p in "${bg_pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done
-	for p in "${proc_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+	stop_pids 10 "${proc_pids[@]}" "${bg_pids[@]}"
 	if [ -n "$dockerd_pid" ] && kill -0 "$dockerd_pid" 2>/dev/null; then
-		docker ps -aq | xargs -r docker rm -f >/dev/null 2>&1
-		docker volume ls -q | xargs -r docker volume rm -f >/dev/null 2>&1
-		kill -TERM "$dockerd_pid"
-		for ((i = 0; i < 60; i++)); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 0.5; done
-		if kill -0 "$dockerd_pid" 2>/dev/null; then
-			log "dockerd did not stop in 30s: killing it"
-			kill -KILL "$dockerd_pid"
-		fi
+		timeout 30 docker ps -aq | xargs -r timeout 30 docker rm -f -v >/dev/null 2>&1
+		timeout 30 docker volume ls -q | xargs -r timeout 30 docker volume rm -f >/dev/null 2>&1
+		stop_pids 30 "$dockerd_pid"
 		cp "$run/dockerd.log" "$cache/last-dockerd.log" 2>/dev/null
 	fi
-	# dockerd leaves its default network namespace bind-mounted in its
-	# exec root.
-	awk -v r="$run/" 'index($5, r) == 1 {print $5}' /proc/self/mountinfo | sort -r | xargs -r -n1 umount -l
+	unmount_under "$exec_root"
+	unmount_under "$run"
+	unmount_under "$rootfs.tmp"
+	# A failed apt-get must not leave every service on the machine barred
+	# from starting.
+	[ "$own_policy" = 0 ] || rm -f /usr/sbin/policy-rc.d
 	wait 2>/dev/null
-	rm -rf "$run"
+	rm -rf --one-file-system "$run"
+	rm -f "$cache/run-dir" "$cache/background.pids"
 	if [ "$rc" = 0 ]; then
 		log "passed in $(elapsed)"
 	else
@@ -126,6 +202,7 @@ cleanup() {
 	fi
 	exit "$rc"
 }
+exec 7>&1 8>&2
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -133,49 +210,157 @@ trap 'exit 143' TERM
 # --------------------------------------------------------------- packages
 
 need=()
-command -v dockerd >/dev/null || need+=(docker.io)
+# The docker CLI used is the engine's own (see "dockerd" below).
+{ command -v dockerd && [ -x /usr/bin/docker ]; } >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v curl >/dev/null || need+=(curl)
 command -v flock >/dev/null || need+=(util-linux)
+command -v ss >/dev/null || need+=(iproute2)
+command -v ps >/dev/null || need+=(procps)
 if [ ${#need[@]} -gt 0 ]; then
 	log "installing ${need[*]}"
 	t=$SECONDS
 	# A package's postinst must not start the system's dockerd (with its
 	# bridge and iptables rules): policy-rc.d 101 forbids starting services.
-	own_policy=0
 	if [ ! -e /usr/sbin/policy-rc.d ]; then
 		printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
 		chmod 755 /usr/sbin/policy-rc.d
 		own_policy=1
 	fi
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >"$run/apt.log" 2>&1 ||
-		{ apt-get update >>"$run/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >>"$run/apt.log" 2>&1; } ||
+	# Wait for another apt (unattended-upgrades on a fresh machine) rather
+	# than fail at once on its lock.
+	apt=(apt-get -o DPkg::Lock::Timeout=300)
+	DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends "${need[@]}" >"$run/apt.log" 2>&1 ||
+		{ "${apt[@]}" update >>"$run/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends "${need[@]}" >>"$run/apt.log" 2>&1; } ||
 		{ tail -20 "$run/apt.log" >&2; fail "apt-get install ${need[*]}"; }
 	[ "$own_policy" = 0 ] || rm -f /usr/sbin/policy-rc.d
+	own_policy=0
 	log "installed in $(elapsed "$t")"
 fi
 command -v go >/dev/null || fail "needs Go (the builder stand-in copies the host's GOROOT): put it on PATH"
 goroot=$(go env GOROOT)
 
+# ------------------------------------------------ leftovers of a killed run
+
+# A run that was killed before its cleanup can leave its dockerd (with
+# containers), its background builds and its run directory (with mounts).
+# Under the lock none of them belongs to a live run; each pid is checked
+# to still be what was recorded before it is signalled.
+if [ -s "$cache/dockerd.pid" ]; then
+	p=$(cat "$cache/dockerd.pid")
+	if [ "$(cat "/proc/$p/comm" 2>/dev/null)" = dockerd ]; then
+		log "stopping dockerd $p, left by an earlier run"
+		stop_pids 30 "$p"
+	fi
+fi
+# Its containerd dies with it (dockerd starts it with a parent-death
+# signal); a stale pid file would make the next dockerd take whatever
+# process has that pid now for a running containerd.
+if [ -s "$exec_root/containerd/containerd.pid" ]; then
+	p=$(cat "$exec_root/containerd/containerd.pid")
+	[ "$(cat "/proc/$p/comm" 2>/dev/null)" != containerd ] || stop_pids 10 "$p"
+fi
+rm -f "$cache/dockerd.pid" "$exec_root/containerd/containerd.pid"
+if [ -s "$cache/background.pids" ]; then
+	while read -r p fn; do
+		[ "$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" = "bash -c $fn " ] || continue
+		log "stopping $fn (process group $p), left by an earlier run"
+		kill -TERM -- "-$p" 2>/dev/null || true
+		stop_pids 10 "$p"
+	done <"$cache/background.pids"
+	rm -f "$cache/background.pids"
+fi
+if [ -s "$cache/run-dir" ]; then
+	old=$(cat "$cache/run-dir")
+	case ${old##*/} in
+	scafo-edge-image-check.??????)
+		unmount_under "$old"
+		rm -rf --one-file-system "$old"
+		;;
+	esac
+fi
+echo "$run" >"$cache/run-dir"
+unmount_under "$exec_root"
+# The plugins of earlier pins.
+for d in "$cache"/tools-*; do [ "$d" = "$tools" ] || rm -rf "$d"; done
+
+# ----------------------------------------------------------------- dockerd
+
+# The docker CLI is the one from the engine's package (Debian's docker.io:
+# 20.10, the engine's API), first on PATH for deploy/upgrade-compose.sh
+# too, not whatever docker comes first on this machine's PATH: a fresh CI
+# machine has only that one, so every machine checks with the same client.
+path_docker=$(command -v docker || echo none)
+mkdir "$run/bin"
+ln -s /usr/bin/docker "$run/bin/docker"
+PATH=$run/bin:$PATH
+log "starting dockerd ($(dockerd --version)) on $DOCKER_HOST; CLI: /usr/bin/docker ($(docker --version)), not $path_docker on PATH"
+# Its own configuration file, empty, so /etc/docker/daemon.json cannot
+# clash with the flags, and its own containerd namespaces, so a system
+# containerd on the same socket could not mix its containers with these.
+printf '{}\n' >"$run/daemon.json"
+dockerd --config-file "$run/daemon.json" --data-root "$cache/docker" --exec-root "$exec_root" \
+	--pidfile "$cache/dockerd.pid" --host "$DOCKER_HOST" \
+	--containerd-namespace "$PROJECT" --containerd-plugins-namespace "$PROJECT-plugins" \
+	--bridge=none --iptables=false --ip-masq=false --ip-forward=false \
+	--userland-proxy=false >"$run/dockerd.log" 2>&1 9>&- &
+dockerd_pid=$!
+for ((i = 0; i < 60; i++)); do
+	docker version >/dev/null 2>&1 && break
+	kill -0 "$dockerd_pid" 2>/dev/null || { tail -20 "$run/dockerd.log" >&2; fail "dockerd exited"; }
+	sleep 0.5
+done
+docker version >/dev/null 2>&1 || fail "dockerd did not answer on $DOCKER_HOST in 30s"
+# Left by a run that was killed before its cleanup.
+docker ps -aq | xargs -r docker rm -f -v >/dev/null
+docker volume ls -q | xargs -r docker volume rm -f >/dev/null
+
+# The edge's listeners must be free, now that any left over are gone and
+# before minutes of building: TCP 80, 443 and 9180 and UDP 443 (HTTP/3),
+# on 127.0.0.1 or on every address.
+busy=$(ss -Hlntu | awk -v tcp=" ${HTTP_ADDR##*:} ${HTTPS_ADDR##*:} ${ADMIN_ADDR##*:} " -v udp="${HTTPS_ADDR##*:}" '{
+	a = $5; sub(/%[^:]*:/, ":", a); port = a; sub(/.*:/, "", port); host = substr(a, 1, length(a) - length(port) - 1)
+	if (host !~ /^(127\.0\.0\.1|0\.0\.0\.0|\*|\[::\]|\[::ffff:127\.0\.0\.1\])$/) next
+	if (($1 == "tcp" && index(tcp, " " port " ")) || ($1 == "udp" && port == udp)) print $1 " " a
+}' | paste -sd, -)
+[ -z "$busy" ] || fail "something already uses the edge's addresses ($busy): stop it first"
+
 # ------------------------------------------------------ background builds
 
 mkdir -p "$cache/logs" "$DOCKER_CONFIG/cli-plugins"
-tools=$cache/tools-$COMPOSE_VERSION
-rootfs=$cache/bookworm-rootfs
+
+# retry N CMD...: CMD up to N times, 10s apart, so that one network hiccup
+# does not turn a cold run red.
+retry() {
+	local n=$1 i
+	shift
+	for ((i = 1; ; i++)); do
+		"$@" && return 0
+		[ "$i" -lt "$n" ] || return 1
+		echo "image-check: try $i of $n failed, retrying: $*" >&2
+		sleep 10
+	done
+}
 
 # build_tools builds the frontend and buildx, then Compose (needed last, by
-# the upgrade), each into $tools once; .ok files say each is done.
+# the upgrade), each into $tools once; .ok files say each is done. The
+# module is made in mod.tmp and moved into place only once `go get` has
+# pinned all three (a go.mod without them would build whatever is latest),
+# and each binary is written to NAME.tmp and renamed, so that nothing an
+# interrupted build leaves is taken as done by a later run.
 build_tools() {
 	set -euo pipefail
-	mkdir -p "$tools/mod"
-	cd "$tools/mod"
-	if [ ! -e go.mod ]; then
-		cat >go.mod <<-EOF
+	mkdir -p "$tools"
+	if [ ! -d "$tools/mod" ]; then
+		rm -rf "$tools/mod.tmp"
+		mkdir "$tools/mod.tmp"
+		cd "$tools/mod.tmp"
+		cat >go.mod <<-EOG
 			module scafo-edge-image-check-tools
 
 			go 1.24
-		EOF
-		cat >tools.go <<-'EOF'
+		EOG
+		cat >tools.go <<-'EOG'
 			//go:build tools
 
 			package tools
@@ -185,22 +370,28 @@ build_tools() {
 				_ "github.com/docker/compose/v2/cmd"
 				_ "github.com/moby/buildkit/frontend/dockerfile/cmd/dockerfile-frontend"
 			)
-		EOF
-		GOFLAGS=-mod=mod go get "github.com/docker/compose/v2/cmd@$COMPOSE_VERSION" \
+		EOG
+		retry 3 env GOFLAGS=-mod=mod go get "github.com/docker/compose/v2/cmd@$COMPOSE_VERSION" \
 			"github.com/docker/buildx/cmd/buildx@$BUILDX_VERSION" \
 			"github.com/moby/buildkit/frontend/dockerfile/cmd/dockerfile-frontend@$BUILDKIT_VERSION"
+		mv "$tools/mod.tmp" "$tools/mod"
 	fi
+	cd "$tools/mod"
 	export CGO_ENABLED=0 GOFLAGS=-mod=mod
-	[ -e "$tools/dockerfile-frontend" ] || go build -trimpath -ldflags "-s -w" \
-		-o "$tools/dockerfile-frontend" github.com/moby/buildkit/frontend/dockerfile/cmd/dockerfile-frontend
-	[ -e "$tools/docker-buildx" ] || go build -trimpath \
-		-ldflags "-s -w -X github.com/docker/buildx/version.Version=$BUILDX_VERSION" \
-		-o "$tools/docker-buildx" github.com/docker/buildx/cmd/buildx
+	tool dockerfile-frontend -ldflags "-s -w" github.com/moby/buildkit/frontend/dockerfile/cmd/dockerfile-frontend
+	tool docker-buildx -ldflags "-s -w -X github.com/docker/buildx/version.Version=$BUILDX_VERSION" \
+		github.com/docker/buildx/cmd/buildx
 	touch "$tools/build.ok"
-	[ -e "$tools/docker-compose" ] || go build -trimpath \
-		-ldflags "-s -w -X github.com/docker/compose/v2/internal.Version=$COMPOSE_VERSION" \
-		-o "$tools/docker-compose" github.com/docker/compose/v2/cmd
+	tool docker-compose -ldflags "-s -w -X github.com/docker/compose/v2/internal.Version=$COMPOSE_VERSION" \
+		github.com/docker/compose/v2/cmd
 	touch "$tools/compose.ok"
+}
+
+# tool NAME GO-BUILD-ARGS...: go build $tools/NAME unless it is there.
+tool() {
+	local out=$tools/$1
+	shift
+	[ -e "$out" ] || { go build -trimpath -o "$out.tmp" "$@" && mv "$out.tmp" "$out"; }
 }
 
 # make_rootfs debootstraps bookworm once. ca-certificates and tzdata feed
@@ -208,9 +399,7 @@ build_tools() {
 # apt-get still runs, against Debian's archive).
 make_rootfs() {
 	set -euo pipefail
-	rm -rf "$rootfs.tmp"
-	debootstrap --variant=minbase --include=ca-certificates,tzdata,libcap2-bin \
-		bookworm "$rootfs.tmp" http://deb.debian.org/debian
+	retry 3 debootstrap_once
 	# The host's apt settings that its mirror needs (a snapshot's Release
 	# files may be past Valid-Until) go with it.
 	grep -h -s -E 'Check-Valid-Until|Check-Date' /etc/apt/apt.conf.d/* >"$rootfs.tmp/etc/apt/apt.conf.d/99image-check" || true
@@ -219,14 +408,26 @@ make_rootfs() {
 	mv "$rootfs.tmp" "$rootfs"
 }
 
+# debootstrap_once: debootstrap into an empty $rootfs.tmp. What a killed
+# or failed one left there goes first: its mounts (proc and sys), then the
+# files (--one-file-system: never through a mount that did not go).
+debootstrap_once() {
+	unmount_under "$rootfs.tmp"
+	rm -rf --one-file-system "$rootfs.tmp"
+	debootstrap --variant=minbase --include=ca-certificates,tzdata,libcap2-bin \
+		bookworm "$rootfs.tmp" http://deb.debian.org/debian
+}
+
 # in_background NAME FUNC: FUNC in its own process group, logging to
-# $cache/logs/NAME.log; its pid is in bg_pids and bg_NAME.
+# $cache/logs/NAME.log; its pid is in bg_pids and bg_NAME, and in
+# $cache/background.pids for a later run to stop if this one is killed.
 in_background() {
-	export -f "$2"
+	export -f "$2" retry tool debootstrap_once unmount_under
 	export tools rootfs COMPOSE_VERSION BUILDX_VERSION BUILDKIT_VERSION
-	setsid bash -c "$2" >"$cache/logs/$1.log" 2>&1 &
+	setsid bash -c "$2" >"$cache/logs/$1.log" 2>&1 9>&- &
 	bg_pids+=("$!")
 	printf -v "bg_$1" %s "$!"
+	echo "$! $2" >>"$cache/background.pids"
 }
 
 # wait_for FILE PID WHAT DEADLINE_S: FILE appears while PID runs, else fail
@@ -262,24 +463,7 @@ fi
 # The upstream and load generator, from this checkout, with the host's Go;
 # built as .ci/run warms its cache (CGO_ENABLED=0 -trimpath), so that there
 # the standard library is compiled already.
-(cd "$root" && CGO_ENABLED=0 go build -trimpath -o "$run/imagecheck" ./deploy/imagecheck) || fail "go build ./deploy/imagecheck"
-
-# ----------------------------------------------------------------- dockerd
-
-log "starting dockerd ($(dockerd --version)) on $DOCKER_HOST"
-dockerd --data-root "$cache/docker" --exec-root "$run/exec" --pidfile "$run/dockerd.pid" \
-	--host "$DOCKER_HOST" --bridge=none --iptables=false --ip-masq=false --ip-forward=false \
-	--userland-proxy=false >"$run/dockerd.log" 2>&1 &
-dockerd_pid=$!
-for ((i = 0; i < 60; i++)); do
-	docker version >/dev/null 2>&1 && break
-	kill -0 "$dockerd_pid" 2>/dev/null || { tail -20 "$run/dockerd.log" >&2; fail "dockerd exited"; }
-	sleep 0.5
-done
-docker version >/dev/null 2>&1 || fail "dockerd did not answer on $DOCKER_HOST in 30s"
-# Left by a run that was killed before its cleanup.
-docker ps -aq | xargs -r docker rm -f >/dev/null
-docker volume ls -q | xargs -r docker volume rm -f >/dev/null
+step env CGO_ENABLED=0 go build -C "$root" -trimpath -o "$run/imagecheck" ./deploy/imagecheck || fail "go build ./deploy/imagecheck"
 
 # ------------------------------------------------------------- base images
 
@@ -292,11 +476,15 @@ key=$( (cat "$rootfs/etc/debian_version"; go version; sha256sum /etc/ssl/certs/c
 if ! has_image "$GO_IMAGE" "$key"; then
 	log "making $GO_IMAGE: bookworm, $(go version | cut -d' ' -f3) from $goroot, the host's CA bundle"
 	install -m 0644 /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
-	# As the real image: Go in /usr/local/go, GOPATH /go, this toolchain only.
-	tar -c -C "$rootfs" --exclude=./usr/local/go . -C "$(dirname "$goroot")" --transform "s,^\./$(basename "$goroot"),./usr/local/go," "./$(basename "$goroot")" |
-		docker import --change "LABEL scafo-edge.image-check=$key" \
-			--change 'ENV PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-			--change 'ENV GOPATH=/go' --change 'ENV GOTOOLCHAIN=local' --change 'WORKDIR /go' - "$GO_IMAGE" >/dev/null
+	# As the real image: Go in /usr/local/go, GOPATH /go, this toolchain
+	# only. A step: a GOROOT takes a while to import.
+	import_go() {
+		tar -c -C "$rootfs" --exclude=./usr/local/go . -C "$(dirname "$goroot")" --transform "s,^\./$(basename "$goroot"),./usr/local/go," "./$(basename "$goroot")" |
+			docker import --change "LABEL scafo-edge.image-check=$key" \
+				--change 'ENV PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+				--change 'ENV GOPATH=/go' --change 'ENV GOTOOLCHAIN=local' --change 'WORKDIR /go' - "$GO_IMAGE" >/dev/null
+	}
+	step import_go || fail "importing $GO_IMAGE"
 fi
 
 key=$( (cat "$rootfs/etc/debian_version"; sha256sum "$rootfs/etc/ssl/certs/debian-ca-certificates.crt") | sha256sum | cut -c1-16)
@@ -337,12 +525,16 @@ fi
 # ------------------------------------------------------------------- build
 
 log "docker: $(docker version -f 'client {{.Client.Version}}, engine {{.Server.Version}}'), $(docker buildx version)"
-log "building $dockerfile as the README says (with --network host: this daemon has no bridge)"
+# Through the buildx plugin, as Docker 23 and later build (`docker build`
+# is buildx there): the plugin the README asks operators to install is the
+# one that builds here, on the daemon's own BuildKit (buildx's docker
+# driver, which loads the image into the daemon).
+log "building $dockerfile with docker buildx build, as the README says (with --network host: this daemon has no bridge)"
 t=$SECONDS
 no_cache=()
 [ "$build_cache" = 1 ] || no_cache=(--no-cache)
-docker build "${no_cache[@]}" --network host --build-arg VERSION=image-check -f "$dockerfile" -t "$IMAGE" "$root" \
-	>"$cache/logs/build.log" 2>&1 || { tail -30 "$cache/logs/build.log" >&2; fail "docker build (log: $cache/logs/build.log)"; }
+step docker buildx build --load "${no_cache[@]}" --network host --build-arg VERSION=image-check -f "$dockerfile" -t "$IMAGE" "$root" \
+	>"$cache/logs/build.log" 2>&1 || { tail -30 "$cache/logs/build.log" >&2; fail "docker buildx build (log: $cache/logs/build.log)"; }
 build_time=$(elapsed "$t")
 size=$(docker image inspect -f '{{.Size}}' "$IMAGE")
 log "built $IMAGE in $build_time: $((size / 1000)) kB"
@@ -358,13 +550,13 @@ user=$(docker image inspect -f '{{.Config.User}}' "$IMAGE")
 # (stderr: this daemon warns that IPv4 forwarding is off, as meant.)
 c=$(docker create "$IMAGE" 2>/dev/null)
 entry=$(docker export "$c" | tar -tv --numeric-owner -f - var/lib/scafo-edge/ 2>/dev/null | head -n 1 || true)
-docker rm "$c" >/dev/null
+docker rm -v "$c" >/dev/null
 read -r mode owner _ <<<"$entry"
 [ "$mode" = drwx------ ] && [ "$owner" = 65532/65532 ] ||
 	fail "/var/lib/scafo-edge in the image is '${mode:-missing} ${owner:-}', want drwx------ 65532/65532 (it holds certificate keys)"
 check "/var/lib/scafo-edge in the image is $mode $owner"
 
-"$run/imagecheck" upstream -addr 127.0.0.1:0 -addr-file "$run/upstream.addr" &
+"$run/imagecheck" upstream -addr 127.0.0.1:0 -addr-file "$run/upstream.addr" 9>&- &
 proc_pids+=("$!")
 for ((i = 0; i < 50; i++)); do [ -e "$run/upstream.addr" ] && break; sleep 0.1; done
 upstream=$(cat "$run/upstream.addr") || fail "the loopback upstream did not start"
@@ -377,9 +569,6 @@ EOF
 chmod 644 "$run/routes.json"
 edge_env=(-e SCAFO_EDGE_ROUTES_FILE=/etc/scafo-edge/routes.json -e SCAFO_EDGE_TLS=internal
 	-e SCAFO_EDGE_HTTP_ADDR=$HTTP_ADDR -e SCAFO_EDGE_HTTPS_ADDR=$HTTPS_ADDR -e SCAFO_EDGE_ADMIN_ADDR=$ADMIN_ADDR)
-for a in $HTTP_ADDR $HTTPS_ADDR $ADMIN_ADDR; do
-	! (exec 3<>"/dev/tcp/${a%:*}/${a##*:}") 2>/dev/null || fail "something already listens on $a: the edge's listeners need it"
-done
 
 # wait_healthy NAME SECONDS: the container's HEALTHCHECK says healthy.
 wait_healthy() {
@@ -427,13 +616,13 @@ check "the named volume came up 700 65532:65532"
 through
 check "a request through the edge reaches the loopback upstream over HTTP and HTTPS"
 # A request in flight when docker stop sends SIGTERM must be answered.
-curl -fsS --max-time 30 -H "Host: $HTTP_HOST" "http://$HTTP_ADDR/slow/4s" >"$run/slow.out" 2>&1 &
+curl -fsS --max-time 30 -H "Host: $HTTP_HOST" "http://$HTTP_ADDR/slow/4s" >"$run/slow.out" 2>&1 9>&- &
 slow_pid=$!
 proc_pids+=("$slow_pid")
 for ((i = 0; i < 100; i++)); do [ "$(curl -fsS "http://$upstream/inflight")" = 1 ] && break; sleep 0.1; done
 [ "$(curl -fsS "http://$upstream/inflight")" = 1 ] || fail "the slow request never reached the upstream"
 t=$SECONDS
-docker stop scafo-edge-check >/dev/null
+step docker stop scafo-edge-check >/dev/null
 code=$(docker inspect -f '{{.State.ExitCode}}' scafo-edge-check)
 [ "$code" = 0 ] || { docker logs scafo-edge-check 2>&1 | tail -20 >&2; fail "docker stop: the edge exited $code, want 0"; }
 wait "$slow_pid" || fail "the request in flight at docker stop failed: $(cat "$run/slow.out")"
@@ -479,21 +668,22 @@ echo image-check >"$run/ingress-token"
 chmod 644 "$run/ingress-token"
 export SCAFO_INGRESS_TOKEN_PATH=$run/ingress-token SCAFO_EDGE_PROJECT=$PROJECT SCAFO_EDGE_COMPOSE_FILE=$run/compose.yaml
 compose_file
-docker compose -p "$PROJECT" -f "$run/compose.yaml" up -d >"$run/compose.log" 2>&1 || { cat "$run/compose.log" >&2; fail "docker compose up"; }
+step docker compose -p "$PROJECT" -f "$run/compose.yaml" up -d >"$run/compose.log" 2>&1 || { cat "$run/compose.log" >&2; fail "docker compose up"; }
 first=$(docker compose -p "$PROJECT" -f "$run/compose.yaml" ps -q edge)
 wait_healthy "$first" 90
 through
 
 log "upgrading with deploy/upgrade-compose.sh under load (HTTP and HTTPS, new and kept-alive connections)"
-"$run/imagecheck" load -http "http://$HTTP_ADDR/load" -https "https://$HTTPS_ADDR/load" -host "$HOST" -http-host "$HTTP_HOST" -max 150s >"$run/load.out" 2>"$run/load.err" &
+"$run/imagecheck" load -http "http://$HTTP_ADDR/load" -https "https://$HTTPS_ADDR/load" -host "$HOST" -http-host "$HTTP_HOST" -max 150s >"$run/load.out" 2>"$run/load.err" 9>&- &
 load_pid=$!
 proc_pids+=("$load_pid")
 sleep 2 # some load on the old edge first, so the handover happens under it
 t=$SECONDS
-"$root/deploy/upgrade-compose.sh" >"$run/upgrade.log" 2>&1 || { cat "$run/upgrade.log" >&2; fail "deploy/upgrade-compose.sh exited non-zero"; }
+step "$root/deploy/upgrade-compose.sh" >"$run/upgrade.log" 2>&1 || { cat "$run/upgrade.log" >&2; fail "deploy/upgrade-compose.sh exited non-zero"; }
 upgrade_time=$(elapsed "$t")
 sleep 2 # and some on the new one
-kill -INT "$load_pid"
+# (It may have stopped already, at its -max.)
+kill -INT "$load_pid" 2>/dev/null || true
 wait "$load_pid" || fail "the load generator failed: $(cat "$run/load.err")"
 load=$(cat "$run/load.out")
 log "load: $load"
@@ -512,16 +702,23 @@ log "upgrading to a successor that crash-loops (SCAFO_EDGE_LOG_LEVEL=bogus)"
 compose_file "SCAFO_EDGE_LOG_LEVEL: bogus"
 t=$SECONDS
 rc=0
-SCAFO_EDGE_UPGRADE_LOG_DIR=$run/upgrade-logs "$root/deploy/upgrade-compose.sh" >"$run/crash.log" 2>&1 || rc=$?
+step env SCAFO_EDGE_UPGRADE_LOG_DIR="$run/upgrade-logs" "$root/deploy/upgrade-compose.sh" >"$run/crash.log" 2>&1 || rc=$?
 crash_time=$(elapsed "$t")
 [ "$rc" != 0 ] || { cat "$run/crash.log" >&2; fail "deploy/upgrade-compose.sh accepted a crash-looping successor"; }
 [ $((SECONDS - t)) -le 30 ] || { cat "$run/crash.log" >&2; fail "deploy/upgrade-compose.sh took $crash_time to give up on a crash-looping successor"; }
-saved=$(grep -o "saved in [^ ;]*" "$run/crash.log" | cut -d' ' -f3)
+# No match is reported by the check below, not by pipefail's silent exit.
+saved=$(grep -o "saved in [^ ;]*" "$run/crash.log" | cut -d' ' -f3 || true)
 [ -n "$saved" ] && grep -q bogus "$saved" || { cat "$run/crash.log" >&2; fail "the crashed successor's log was not kept (or does not say why)"; }
 [ "$(docker compose -p "$PROJECT" -f "$run/compose.yaml" ps -q edge)" = "$second" ] || fail "after the failed upgrade, the edge is not $second alone"
 [ "$(docker inspect -f '{{.HostConfig.RestartPolicy.Name}}' "$second")" = unless-stopped ] || fail "the failed upgrade did not restore $second's restart policy"
 through
 check "a crash-looping successor: exit $rc in $crash_time, its log kept ($(wc -l <"$saved") lines), the running edge kept serving: $(grep -m1 'did not' "$run/crash.log" | cut -c1-160)"
-docker compose -p "$PROJECT" -f "$run/compose.yaml" down -v >/dev/null 2>&1
+step docker compose -p "$PROJECT" -f "$run/compose.yaml" down -v >/dev/null 2>&1
+
+# What each run adds to the data root: the image it replaced (dangling
+# now) and build cache past a bound. The base images are tagged and stay.
+step docker image prune -f >/dev/null
+step docker builder prune -f --keep-storage 3GB >/dev/null
+log "data root: $(du -sh "$cache/docker" | cut -f1)"
 
 log "summary: image $((size / 1000)) kB, built in $build_time; upgrade under load: $load; crash-looping successor given up in $crash_time"
