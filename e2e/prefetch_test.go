@@ -99,14 +99,14 @@ func acmeEdge(t *testing.T) (*certstest.Pebble, []string) {
 		"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--https-addr", fmt.Sprintf("127.0.0.1:%d", httpsPort)}
 }
 
-// TestChallengeFloodCostsNoNodeRead: with the fleet store, a reachability
+// TestChallengeFloodForUnnamedHostsCostsBoundedNodeReads: with the fleet store, a reachability
 // check or an HTTP-01 token costs a request to the node. Reachability
 // checks for hosts the document does not name are answered without one;
 // HTTP-01 tokens for such hosts (an edge whose document lags may be asked
 // for a token another edge stored) cost at most 10 reads at once and 2 a
 // second after (certs/http.go, unnamedChallengeBurst and Rate), however
 // many hosts ask; a named host's still reads its token.
-func TestChallengeFloodCostsNoNodeRead(t *testing.T) {
+func TestChallengeFloodForUnnamedHostsCostsBoundedNodeReads(t *testing.T) {
 	_, acmeArgs := acmeEdge(t)
 	a := app(t, "A")
 	n := nodetest.New(t, nodetest.Options{Token: "fleet-token"})
