@@ -10,12 +10,13 @@ import (
 
 // isHopByHop reports whether a canonical header key names a hop-by-hop
 // header (RFC 7230 §6.1, plus Proxy-Connection and Keep-Alive, which
-// HTTP/1.0 era clients still send). Those headers describe one connection
-// and are never forwarded.
+// HTTP/1.0 era clients still send, and HTTP2-Settings, which belongs to
+// one connection's upgrade to h2c, RFC 7540 §3.2.1). Those headers
+// describe one connection and are never forwarded.
 func isHopByHop(key string) bool {
 	switch key {
 	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Http2-Settings":
 		return true
 	}
 	return false
@@ -24,14 +25,16 @@ func isHopByHop(key string) bool {
 // forbiddenTrailer reports whether a canonical key may not be passed on as
 // a trailer: a field that frames the message, routes it, is hop-by-hop, or
 // that a recipient would act on only in a header (RFC 9110 §6.5.1): the
-// list Go's HTTP/2 server refuses, with Set-Cookie and Upgrade. A trailer
-// naming one of them is dropped, never forwarded, in either direction.
+// list Go's HTTP/2 server refuses, with Cookie, Set-Cookie and Upgrade (an
+// upstream that merges trailers into headers would take a cookie the edge
+// never saw in the head). A trailer naming one of them is dropped, never
+// forwarded, in either direction.
 func forbiddenTrailer(key string) bool {
 	switch key {
 	case "Authorization", "Cache-Control", "Connection", "Content-Encoding", "Content-Length",
 		"Content-Range", "Content-Type", "Expect", "Host", "Keep-Alive", "Max-Forwards",
 		"Pragma", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "Range",
-		"Realm", "Te", "Trailer", "Transfer-Encoding", "Www-Authenticate", "Set-Cookie", "Upgrade":
+		"Realm", "Te", "Trailer", "Transfer-Encoding", "Www-Authenticate", "Cookie", "Set-Cookie", "Upgrade":
 		return true
 	}
 	return false
@@ -112,8 +115,13 @@ func isForwarding(key string) bool {
 
 // upgradeProtocol returns the protocol a request or response asks to switch
 // to, or "" when it does not ask (Connection must name "upgrade").
+//
+// An upgrade to h2c is never one: passed on, it would make the connection
+// a tunnel to the upstream in which every later request skips routing,
+// the denied prefixes and admission (h2c smuggling). The request goes on
+// as a plain one, its Upgrade dropped as hop-by-hop.
 func upgradeProtocol(h http.Header) string {
-	if !hasToken(h["Connection"], "upgrade") {
+	if !hasToken(h["Connection"], "upgrade") || hasToken(h["Upgrade"], "h2c") {
 		return ""
 	}
 	return h.Get("Upgrade")

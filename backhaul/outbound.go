@@ -119,8 +119,8 @@ func newRequestBody(r *http.Request) (*requestBody, error) {
 		}
 		return nil, nil
 	}
-	dropForbiddenTrailers(r.Trailer)
-	body := &requestBody{rc: r.Body, length: r.ContentLength, trailer: r.Trailer}
+	dropForbiddenTrailers(r.Trailer, r.Header["Connection"])
+	body := &requestBody{rc: r.Body, length: r.ContentLength, trailer: r.Trailer, conn: r.Header["Connection"]}
 	if smallBody(r) {
 		b := make([]byte, r.ContentLength)
 		if _, err := io.ReadFull(r.Body, b); err != nil {
@@ -171,9 +171,9 @@ func smallBody(r *http.Request) bool {
 // origin for the request (an upstream that merges trailers into headers
 // would believe them). The server adds every field of a chunked body's
 // trailer section to it, announced or not.
-func dropForbiddenTrailers(tr http.Header) {
+func dropForbiddenTrailers(tr http.Header, conn []string) {
 	for k := range tr {
-		if forbiddenTrailer(k) || isForwarding(k) || aliasesProtected(k) {
+		if forbiddenTrailer(k) || isForwarding(k) || aliasesProtected(k) || hasToken(conn, k) {
 			delete(tr, k)
 		}
 	}
@@ -225,6 +225,7 @@ type requestBody struct {
 	length       int64       // the declared length, -1 for unknown
 	buffered     []byte      // the whole body when read beforehand, else nil
 	trailer      http.Header // the request's trailer, filled at the body's end
+	conn         []string    // the request's Connection: the fields it names are hop-by-hop, trailers too
 	n            atomic.Int64
 	clientFailed atomic.Bool
 }
@@ -236,7 +237,7 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	case err == io.EOF:
 		// The server has just filled the trailer; the transport writes
 		// it next, from this goroutine.
-		dropForbiddenTrailers(b.trailer)
+		dropForbiddenTrailers(b.trailer, b.conn)
 	case err != nil && b.buffered == nil:
 		b.clientFailed.Store(true)
 	}

@@ -243,6 +243,31 @@ func TestAnUpgradeTheUpstreamRefusesIsAPlainResponse(t *testing.T) {
 	e.next(t)
 }
 
+// TestAnUpgradeToH2CIsAPlainRequest: an upstream that speaks h2c would
+// otherwise get a tunnel in which every later request skips the edge.
+func TestAnUpgradeToH2CIsAPlainRequest(t *testing.T) {
+	got := make(chan http.Header, 1)
+	up := upstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		io.WriteString(w, "plain")
+	})
+	e := startEdge(t, newProxy(t, Options{}), up)
+	for _, upgrade := range []string{"h2c", "websocket, H2C"} {
+		resp, body := rawDo(t, e.addr, "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: "+upgrade+
+			"\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")
+		if resp.StatusCode != 200 || body != "plain" {
+			t.Errorf("Upgrade: %s: got %d %q, want the upstream's plain 200", upgrade, resp.StatusCode, body)
+		}
+		h := <-got
+		for _, k := range []string{"Upgrade", "Http2-Settings", "Connection"} {
+			if v, ok := h[k]; ok {
+				t.Errorf("Upgrade: %s: the upstream received %s: %q", upgrade, k, v)
+			}
+		}
+		e.next(t)
+	}
+}
+
 func TestForwardedProtoIsHTTPSOverTLS(t *testing.T) {
 	rec := recorder(t)
 	for _, path := range paths {
