@@ -228,8 +228,7 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		if c.idle.remove(t, stateActive) {
 			// A GOAWAY may be on its way out: the stream's first
 			// frame waits for it.
-			t.goAwayMu.Lock()
-			t.goAwayMu.Unlock() //nolint:staticcheck // a barrier, nothing to guard
+			t.waitGoAwayWritten()
 		}
 	case http.StateHijacked, http.StateClosed:
 		c.idle.remove(t, stateGone)
@@ -280,6 +279,15 @@ func (c *Controller) shedOldest(now time.Time, age time.Duration) bool {
 	c.draining.Add(1)
 	go c.goAway(t, outer)
 	return true
+}
+
+// waitGoAwayWritten returns once no GOAWAY is being written to t. It is a
+// barrier, not a critical section: taking goAwayMu waits out a goAway that
+// holds it, and there is nothing to guard once it is ours.
+func (t *trackedConn) waitGoAwayWritten() {
+	t.goAwayMu.Lock()
+	//lint:ignore SA2001 an empty critical section is the barrier itself
+	t.goAwayMu.Unlock()
 }
 
 // goAway writes a GOAWAY to an idle HTTP/2 connection, then closes it after

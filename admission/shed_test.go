@@ -533,7 +533,7 @@ func TestAtTheBudgetAcceptClosesTheOldestIdleConnectionItself(t *testing.T) {
 	ln := listen(t)
 	cl := c.Listener(ln)
 	t.Cleanup(func() { cl.Close() })
-	var clients, served []net.Conn
+	var clients []net.Conn
 	for range maxConns {
 		clients = append(clients, dialFrom(t, "127.0.0.1", ln.Addr().String()))
 		conn, err := cl.Accept()
@@ -545,7 +545,6 @@ func TestAtTheBudgetAcceptClosesTheOldestIdleConnectionItself(t *testing.T) {
 		c.ConnState(conn, http.StateActive)
 		c.ConnState(conn, http.StateIdle)
 		clk.Advance(time.Millisecond)
-		served = append(served, conn)
 	}
 	clk.Advance(time.Second)
 	next := dialFrom(t, "127.0.0.1", ln.Addr().String())
