@@ -13,12 +13,9 @@ package certs
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -26,17 +23,14 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
-	"github.com/libdns/cloudflare"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"golang.org/x/time/rate"
 
 	"github.com/scafo/scafo-edge/certs/prefetch"
 	"github.com/scafo/scafo-edge/internal/clock"
-	"github.com/scafo/scafo-edge/internal/hostname"
 	"github.com/scafo/scafo-edge/internal/promreg"
 )
 
@@ -209,20 +203,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	if opts.Mode == "" {
 		opts.Mode = ModeACME
 	}
-	m := &Manager{
-		mode:         opts.Mode,
-		log:          opts.Log,
-		allowed:      opts.Allowed,
-		httpsPort:    orInt(opts.HTTPSPort, 443),
-		bases:        map[string]bool{},
-		held:         map[string]int{},
-		pending:      map[string]map[uint64]context.CancelFunc{},
-		known:        map[string][]string{},
-		validCerts:   map[string]time.Time{},
-		unnamedReads: rate.NewLimiter(unnamedChallengeRate, unnamedChallengeBurst),
-		backoff:      newIssuanceBackoff(orDur(opts.FailureBackoffBase, DefaultFailureBackoffBase), orDur(opts.FailureBackoffMax, DefaultFailureBackoffMax), opts.Clock),
-		slots:        make(chan struct{}, orInt(opts.MaxIssuancesInFlight, DefaultMaxIssuancesInFlight)),
-	}
+	m := newManager(opts)
 	switch opts.Mode {
 	case ModeOff:
 		return m, nil
@@ -230,33 +211,14 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	default:
 		return nil, fmt.Errorf("tls mode %q: want acme, internal or off", opts.Mode)
 	}
-	if opts.DB == nil {
-		return nil, errors.New("tls mode " + string(opts.Mode) + ": no state database")
-	}
-	if opts.DNSProvider != "" && opts.DNSProvider != "cloudflare" {
-		return nil, fmt.Errorf("dns provider %q: only cloudflare is supported", opts.DNSProvider)
-	}
-	if opts.DNSProvider == "cloudflare" && opts.CloudflareToken == "" {
-		return nil, errors.New("dns provider cloudflare: no API token")
-	}
-	for _, b := range opts.WildcardDomains {
-		b = strings.TrimSuffix(strings.TrimPrefix(strings.ToLower(strings.TrimSpace(b)), "*."), ".")
-		if b == "" || !strings.Contains(b, ".") {
-			return nil, fmt.Errorf("wildcard domain %q: want a base such as example.com", b)
-		}
-		m.bases[b] = true
-	}
-	if len(m.bases) > 0 && opts.Mode == ModeACME && opts.DNSProvider == "" {
-		return nil, errors.New("wildcard domains need a dns provider (DNS-01 is the only challenge a wildcard can use)")
-	}
-
-	local, err := NewBoltStorage(opts.DB)
+	bases, err := checkOptions(opts)
 	if err != nil {
 		return nil, err
 	}
-	var storage certmagic.Storage = local
-	if opts.Storage != nil {
-		storage = &accountLocal{shared: opts.Storage, local: local}
+	m.bases = bases
+	storage, err := openStorage(opts)
+	if err != nil {
+		return nil, err
 	}
 
 	// Metrics are registered first and other parts can fail after them:
@@ -280,6 +242,90 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 
 	m.ctx, m.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	zl := newZapLogger(opts.Log)
+	base := m.newConfigs(storage, zl)
+	if opts.Mode == ModeInternal {
+		err = m.useInternalCA(ctx, storage)
+	} else {
+		err = m.useACME(opts, base, zl)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if opts.Prefetch != nil && opts.Mode == ModeACME {
+		if err := m.startPrefetch(*opts.Prefetch, reg); err != nil {
+			return fail(err)
+		}
+	}
+	if err := m.manageWildcards(); err != nil {
+		return fail(err)
+	}
+	return m, nil
+}
+
+// newManager is a Manager with opts' settings and empty bookkeeping: all
+// that ModeOff needs.
+func newManager(opts Options) *Manager {
+	return &Manager{
+		mode:         opts.Mode,
+		log:          opts.Log,
+		allowed:      opts.Allowed,
+		httpsPort:    orInt(opts.HTTPSPort, 443),
+		bases:        map[string]bool{},
+		held:         map[string]int{},
+		pending:      map[string]map[uint64]context.CancelFunc{},
+		known:        map[string][]string{},
+		validCerts:   map[string]time.Time{},
+		unnamedReads: rate.NewLimiter(unnamedChallengeRate, unnamedChallengeBurst),
+		backoff:      newIssuanceBackoff(orDur(opts.FailureBackoffBase, DefaultFailureBackoffBase), orDur(opts.FailureBackoffMax, DefaultFailureBackoffMax), opts.Clock),
+		slots:        make(chan struct{}, orInt(opts.MaxIssuancesInFlight, DefaultMaxIssuancesInFlight)),
+	}
+}
+
+// checkOptions refuses what ModeACME and ModeInternal cannot run with (no
+// database, an unknown DNS provider or no token for it, a wildcard base
+// that is not a domain or has no way to be validated) and returns the
+// wildcard bases, normalised.
+func checkOptions(opts Options) (bases map[string]bool, err error) {
+	if opts.DB == nil {
+		return nil, errors.New("tls mode " + string(opts.Mode) + ": no state database")
+	}
+	if opts.DNSProvider != "" && opts.DNSProvider != "cloudflare" {
+		return nil, fmt.Errorf("dns provider %q: only cloudflare is supported", opts.DNSProvider)
+	}
+	if opts.DNSProvider == "cloudflare" && opts.CloudflareToken == "" {
+		return nil, errors.New("dns provider cloudflare: no API token")
+	}
+	bases = map[string]bool{}
+	for _, b := range opts.WildcardDomains {
+		b = strings.TrimSuffix(strings.TrimPrefix(strings.ToLower(strings.TrimSpace(b)), "*."), ".")
+		if b == "" || !strings.Contains(b, ".") {
+			return nil, fmt.Errorf("wildcard domain %q: want a base such as example.com", b)
+		}
+		bases[b] = true
+	}
+	if len(bases) > 0 && opts.Mode == ModeACME && opts.DNSProvider == "" {
+		return nil, errors.New("wildcard domains need a dns provider (DNS-01 is the only challenge a wildcard can use)")
+	}
+	return bases, nil
+}
+
+// openStorage is the bbolt storage in opts.DB, or opts.Storage with the
+// ACME account kept in opts.DB.
+func openStorage(opts Options) (certmagic.Storage, error) {
+	local, err := NewBoltStorage(opts.DB)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Storage != nil {
+		return &accountLocal{shared: opts.Storage, local: local}, nil
+	}
+	return local, nil
+}
+
+// newConfigs makes the certificate cache and the on-demand config, and the
+// wildcard config when there are bases, all without issuers yet. It returns
+// the settings they share, for further configs.
+func (m *Manager) newConfigs(storage certmagic.Storage, zl *zap.Logger) certmagic.Config {
 	m.cache = certmagic.NewCache(certmagic.CacheOptions{GetConfigForCert: m.configFor, Logger: zl})
 	base := certmagic.Config{
 		Storage:        storage,
@@ -294,90 +340,24 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	if len(m.bases) > 0 {
 		m.wcfg = certmagic.New(m.cache, base)
 	}
-
-	if opts.Mode == ModeInternal {
-		m.ca, err = loadOrCreateInternalCA(ctx, storage)
-		if err != nil {
-			return fail(err)
-		}
-		m.cfg.Issuers = []certmagic.Issuer{m.ca}
-		if m.wcfg != nil {
-			m.wcfg.Issuers = []certmagic.Issuer{m.ca}
-		}
-	} else {
-		roots, err := trustedRoots(opts.CARoot)
-		if err != nil {
-			return fail(err)
-		}
-		tmpl := certmagic.ACMEIssuer{
-			CA:           opts.CA,
-			Email:        opts.Email,
-			Agreed:       true,
-			TrustedRoots: roots,
-			// Point certmagic at our own listeners' ports: binding them
-			// fails as "in use", and certmagic then relies on HTTPHandler
-			// and TLSConfig to answer, instead of opening listeners of its own.
-			AltHTTPPort:    orInt(opts.HTTPPort, 80),
-			AltTLSALPNPort: m.httpsPort,
-			// The ACME client's log is where each failed validation shows
-			// (validations.go).
-			Logger: zap.New(zapcore.NewTee(zl.Core(), &challengeFailedCore{failed: m.validationFailed})),
-		}
-		m.acme = newACMEIssuer(m.cfg, tmpl)
-		m.cfg.Issuers = []certmagic.Issuer{m.acme}
-		if opts.Prefetch != nil {
-			m.pcfg = certmagic.New(m.cache, base)
-			ptmpl := tmpl
-			ptmpl.DisableTLSALPNChallenge = true
-			m.pcfg.Issuers = []certmagic.Issuer{newACMEIssuer(m.pcfg, ptmpl)}
-		}
-		if m.wcfg != nil {
-			provider := &cloudflare.Provider{APIToken: opts.CloudflareToken}
-			if opts.CloudflareHTTPClient != nil {
-				provider.HTTPClient = opts.CloudflareHTTPClient
-			}
-			delay := orDur(opts.DNSPropagationDelay, DefaultDNSPropagationDelay)
-			wtmpl := tmpl
-			wtmpl.DNS01Solver = newDNS01Solver(provider, delay)
-			m.wcfg.Issuers = []certmagic.Issuer{newACMEIssuer(m.wcfg, wtmpl)}
-		}
-	}
-
-	if opts.Prefetch != nil && opts.Mode == ModeACME {
-		if err := m.startPrefetch(*opts.Prefetch, reg); err != nil {
-			return fail(err)
-		}
-	}
-
-	if m.wcfg != nil {
-		var names []string
-		for b := range m.bases {
-			names = append(names, "*."+b, b)
-		}
-		sort.Strings(names)
-		if err := m.wcfg.ManageAsync(m.ctx, names); err != nil {
-			return fail(fmt.Errorf("manage wildcard certificates: %w", err))
-		}
-	}
-	return m, nil
+	return base
 }
 
-// newACMEIssuer is certmagic.NewACMEIssuer without its fallback to Let's
-// Encrypt's staging CA. certmagic sends every retry of an issuance with
-// the production CA to staging, then repeats it with production once
-// staging succeeds. Staging's failed validations come through the same
-// client log as production's (challengeFailedCore cannot tell them
-// apart), so they would be counted against production's limit and hold
-// names back for nothing; and the detour's purpose, sparing production's
-// limits on retries, is the failed-validation budget's now, which counts
-// what production sees. Retries therefore go to the configured CA.
-func newACMEIssuer(cfg *certmagic.Config, tmpl certmagic.ACMEIssuer) *certmagic.ACMEIssuer {
-	iss := certmagic.NewACMEIssuer(cfg, tmpl)
-	// Empty, a retry's client uses the configured CA (acmeclient.go
-	// newACMEClient) and is not taken for a test CA's (no ARI "replaces"
-	// lost).
-	iss.TestCA = ""
-	return iss
+// manageWildcards starts obtaining and renewing "*.<base>" and "<base>" for
+// every wildcard base, in the background.
+func (m *Manager) manageWildcards() error {
+	if m.wcfg == nil {
+		return nil
+	}
+	var names []string
+	for b := range m.bases {
+		names = append(names, "*."+b, b)
+	}
+	sort.Strings(names)
+	if err := m.wcfg.ManageAsync(m.ctx, names); err != nil {
+		return fmt.Errorf("manage wildcard certificates: %w", err)
+	}
+	return nil
 }
 
 func orInt(v, def int) int {
@@ -392,181 +372,6 @@ func orDur(v, def time.Duration) time.Duration {
 		return def
 	}
 	return v
-}
-
-// trustedRoots returns the system roots plus extra, which is PEM text or
-// the path of a PEM file; nil when extra is empty (certmagic's default).
-func trustedRoots(extra string) (*x509.CertPool, error) {
-	if extra == "" {
-		return nil, nil
-	}
-	pemBytes := []byte(extra)
-	if !strings.Contains(extra, "-----BEGIN") {
-		b, err := os.ReadFile(extra)
-		if err != nil {
-			return nil, fmt.Errorf("read acme ca root: %w", err)
-		}
-		pemBytes = b
-	}
-	pool, err := x509.SystemCertPool()
-	if err != nil || pool == nil {
-		pool = x509.NewCertPool()
-	}
-	if !pool.AppendCertsFromPEM(pemBytes) {
-		return nil, errors.New("acme ca root: no certificate in the PEM given")
-	}
-	return pool, nil
-}
-
-// configFor tells certmagic's cache which config maintains a certificate.
-func (m *Manager) configFor(c certmagic.Certificate) (*certmagic.Config, error) {
-	if m.wcfg != nil && slices.ContainsFunc(c.Names, m.isBaseName) {
-		return m.wcfg, nil
-	}
-	return m.cfg, nil
-}
-
-// isBaseName reports whether name is a wildcard base or its "*.<base>".
-func (m *Manager) isBaseName(name string) bool {
-	return m.bases[strings.TrimPrefix(name, "*.")]
-}
-
-// underBase reports whether a certificate for one of the wildcard bases
-// would cover name: the base itself or one label under it.
-func (m *Manager) underBase(name string) bool {
-	if m.bases[name] {
-		return true
-	}
-	i := strings.IndexByte(name, '.')
-	return i > 0 && m.bases[name[i+1:]]
-}
-
-// TLSConfig returns the configuration for the HTTPS listener: certificates
-// through certmagic (on demand, gated by Allowed), ALPN h2 and http/1.1, and
-// acme-tls/1 for TLS-ALPN-01 challenges; TLS 1.2 with ECDHE AEAD suites only,
-// TLS 1.3 as Go sets it. Nil in ModeOff.
-func (m *Manager) TLSConfig() *tls.Config {
-	if m.mode == ModeOff {
-		return nil
-	}
-	return &tls.Config{
-		GetCertificate: m.getCertificate,
-		NextProtos:     []string{"h2", "http/1.1", "acme-tls/1"},
-		MinVersion:     tls.VersionTLS12,
-		// AEAD only for TLS 1.2 (Mozilla intermediate): CBC suites are open to LUCKY13 timing (CVE-2013-0169).
-		CipherSuites: []uint16{
-			tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
-			tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
-			tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
-			tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
-			tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
-			tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
-		},
-	}
-}
-
-func (m *Manager) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-	if len(hello.SupportedProtos) == 1 && hello.SupportedProtos[0] == "acme-tls/1" {
-		m.metrics.handshakes.WithLabelValues("challenge").Inc()
-		return m.cfg.GetCertificate(hello)
-	}
-	name, _ := hostname.Normalise(hello.ServerName)
-	cfg := m.cfg
-	// A name a held wildcard covers is served by the config that manages
-	// the wildcard: no on-demand maintenance, never an issuance.
-	if m.wcfg != nil && m.underBase(name) && len(m.cache.AllMatchingCertificates(name)) > 0 {
-		cfg = m.wcfg
-	}
-	ctx, cancel := context.WithCancel(context.WithValue(hello.Context(), handshakeKey{}, true))
-	id := m.track(name, cancel)
-	cert, err := cfg.GetCertificateWithContext(ctx, hello)
-	m.untrack(name, id)
-	cancel()
-	if err != nil {
-		m.metrics.handshakes.WithLabelValues("no_certificate").Inc()
-		if reason, _ := m.refusal(hello.ServerName); reason == "not_named" || reason == "wildcard" {
-			// A name this edge does not serve: neither a certificate nor
-			// an error makes crypto/tls send unrecognized_name (RFC 6066
-			// §3), as the config holds no certificate of its own. Any other
-			// failure (the CA, a back-off) stays internal_error: the name
-			// is served, its certificate is not there yet.
-			return nil, nil
-		}
-		return nil, err
-	}
-	m.metrics.handshakes.WithLabelValues("ok").Inc()
-	return cert, nil
-}
-
-func (m *Manager) track(name string, cancel context.CancelFunc) uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.nextID++
-	ps := m.pending[name]
-	if ps == nil {
-		ps = map[uint64]context.CancelFunc{}
-		m.pending[name] = ps
-	}
-	ps[m.nextID] = cancel
-	return m.nextID
-}
-
-func (m *Manager) untrack(name string, id uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.pending[name], id)
-	if len(m.pending[name]) == 0 {
-		delete(m.pending, name)
-	}
-}
-
-// cancelPending ends the handshakes waiting on name's issuance.
-func (m *Manager) cancelPending(name string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, cancel := range m.pending[name] {
-		cancel()
-	}
-}
-
-// Covers reports whether the certificate served for sni covers host, for
-// the edge's 421 rule. Both are compared normalised (hostname.Normalise);
-// equal names always cover each other, a malformed one covers nothing.
-func (m *Manager) Covers(sni, host string) bool {
-	sni, sniOK := hostname.Normalise(sni)
-	host, hostOK := hostname.Normalise(host)
-	if !sniOK || !hostOK {
-		return false
-	}
-	if sni == host {
-		return true
-	}
-	if m.mode == ModeOff {
-		return false
-	}
-	for _, c := range m.cache.AllMatchingCertificates(sni) {
-		if namesCover(c.Names, host) {
-			return true
-		}
-	}
-	return false
-}
-
-// namesCover reports whether a certificate for names is valid for host:
-// an exact name, or a "*.<parent>" matching exactly one label (RFC 6125 §6.4.3).
-func namesCover(names []string, host string) bool {
-	for _, n := range names {
-		n = strings.ToLower(n)
-		if n == host {
-			return true
-		}
-		if rest, ok := strings.CutPrefix(n, "*."); ok {
-			if i := strings.IndexByte(host, '.'); i > 0 && host[i+1:] == rest {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // Certificates lists the certificates held in memory, soonest expiry first.
