@@ -12,7 +12,6 @@ import (
 	"io/fs"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,294 +29,173 @@ import (
 // taking a lock and never releasing it.
 func StorageConformance(t *testing.T, newStorage func(t *testing.T) certmagic.Storage) {
 	t.Helper()
-	ctx := context.Background()
-
-	t.Run("a stored value loads back and a second store overwrites it", func(t *testing.T) {
-		s := newStorage(t)
-		mustStore(t, s, "a/b/c.crt", []byte("one"))
-		if got := mustLoad(t, s, "a/b/c.crt"); string(got) != "one" {
-			t.Fatalf("Load = %q, want %q", got, "one")
-		}
-		mustStore(t, s, "a/b/c.crt", []byte("two"))
-		if got := mustLoad(t, s, "a/b/c.crt"); string(got) != "two" {
-			t.Fatalf("Load after overwrite = %q, want %q", got, "two")
-		}
-	})
-
-	t.Run("binary values survive byte for byte", func(t *testing.T) {
-		s := newStorage(t)
-		val := make([]byte, 70000)
-		for i := range val {
-			val[i] = byte(i * 7)
-		}
-		mustStore(t, s, "bin/blob", val)
-		if got := mustLoad(t, s, "bin/blob"); !bytes.Equal(got, val) {
-			t.Fatalf("Load returned %d bytes that differ from the %d stored", len(got), len(val))
-		}
-	})
-
-	t.Run("a missing key loads as not exist", func(t *testing.T) {
-		s := newStorage(t)
-		_, err := s.Load(ctx, "nope/nothing")
-		if !errors.Is(err, fs.ErrNotExist) {
-			t.Fatalf("Load(missing) error = %v, want fs.ErrNotExist", err)
-		}
-	})
-
-	t.Run("exists sees files and directories by component, not by string prefix", func(t *testing.T) {
-		s := newStorage(t)
-		mustStore(t, s, "certs/ca/example.com/example.com.crt", []byte("x"))
-		for _, tc := range []struct {
-			key  string
-			want bool
-		}{
-			{"certs/ca/example.com/example.com.crt", true},
-			{"certs/ca/example.com", true},
-			{"certs", true},
-			{"certs/ca/example", false},
-			{"cert", false},
-			{"certs/ca/example.com/example.com.crt/deeper", false},
-			{"other", false},
-		} {
-			if got := s.Exists(ctx, tc.key); got != tc.want {
-				t.Errorf("Exists(%q) = %v, want %v", tc.key, got, tc.want)
-			}
-		}
-	})
-
-	t.Run("stat describes files and directories and refuses missing keys", func(t *testing.T) {
-		s := newStorage(t)
-		before := time.Now().Add(-2 * time.Second)
-		mustStore(t, s, "d/file", []byte("12345"))
-		fi, err := s.Stat(ctx, "d/file")
-		if err != nil {
-			t.Fatalf("Stat(file): %v", err)
-		}
-		if fi.Key != "d/file" || !fi.IsTerminal || fi.Size != 5 {
-			t.Errorf("Stat(file) = %+v, want key d/file, terminal, size 5", fi)
-		}
-		if fi.Modified.Before(before) || fi.Modified.After(time.Now().Add(2*time.Second)) {
-			t.Errorf("Stat(file).Modified = %v, want about now", fi.Modified)
-		}
-		di, err := s.Stat(ctx, "d")
-		if err != nil {
-			t.Fatalf("Stat(dir): %v", err)
-		}
-		if di.Key != "d" || di.IsTerminal {
-			t.Errorf("Stat(dir) = %+v, want key d, not terminal", di)
-		}
-		if _, err := s.Stat(ctx, "missing"); !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("Stat(missing) error = %v, want fs.ErrNotExist", err)
-		}
-	})
-
-	t.Run("list returns direct children or, recursively, everything beneath", func(t *testing.T) {
-		s := newStorage(t)
-		for _, k := range []string{"acme/ca1/sites/a.test/a.test.crt", "acme/ca1/sites/a.test/a.test.key", "acme/ca1/sites/b.test/b.test.crt", "acme/ca1/users/me/me.key", "acme/ca1file", "acmeother/x"} {
-			mustStore(t, s, k, []byte("v"))
-		}
-		got := mustList(t, s, "acme", false)
-		want := []string{"acme/ca1", "acme/ca1file"}
-		if !slices.Equal(got, want) {
-			t.Errorf("List(acme, non-recursive) = %q, want %q", got, want)
-		}
-		got = mustList(t, s, "acme/ca1/sites", true)
-		want = []string{"acme/ca1/sites/a.test", "acme/ca1/sites/a.test/a.test.crt", "acme/ca1/sites/a.test/a.test.key", "acme/ca1/sites/b.test", "acme/ca1/sites/b.test/b.test.crt"}
-		if !slices.Equal(got, want) {
-			t.Errorf("List(acme/ca1/sites, recursive) = %q, want %q", got, want)
-		}
-		if _, err := s.List(ctx, "nothing/here", false); !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("List(missing) error = %v, want fs.ErrNotExist", err)
-		}
-	})
-
-	t.Run("delete removes a key and everything beneath it and ignores missing keys", func(t *testing.T) {
-		s := newStorage(t)
-		for _, k := range []string{"x/y/1", "x/y/z/2", "x/y", "x/yy/3", "x/keep"} {
-			mustStore(t, s, k, []byte("v"))
-		}
-		if err := s.Delete(ctx, "x/y"); err != nil {
-			t.Fatalf("Delete(x/y): %v", err)
-		}
-		for _, tc := range []struct {
-			key  string
-			want bool
-		}{{"x/y", false}, {"x/y/1", false}, {"x/y/z/2", false}, {"x/yy/3", true}, {"x/keep", true}} {
-			if got := s.Exists(ctx, tc.key); got != tc.want {
-				t.Errorf("after Delete(x/y): Exists(%q) = %v, want %v", tc.key, got, tc.want)
-			}
-		}
-		if err := s.Delete(ctx, "x/y"); err != nil {
-			t.Errorf("Delete of an already deleted key = %v, want nil", err)
-		}
-		if err := s.Delete(ctx, "never/was"); err != nil {
-			t.Errorf("Delete(missing) = %v, want nil", err)
-		}
-	})
-
-	t.Run("concurrent stores to different keys all land", func(t *testing.T) {
-		s := newStorage(t)
-		var wg sync.WaitGroup
-		errs := make(chan error, 16)
-		for i := range 16 {
-			wg.Go(func() {
-				if err := s.Store(ctx, fmt.Sprintf("many/%02d", i), []byte{byte(i)}); err != nil {
-					errs <- err
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Errorf("concurrent Store: %v", err)
-		}
-		if got := mustList(t, s, "many", false); len(got) != 16 {
-			t.Errorf("List(many) has %d keys, want 16", len(got))
-		}
-	})
-
-	t.Run("a released lock can be taken again at once", func(t *testing.T) {
-		s := newStorage(t)
-		for range 3 {
-			lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if err := s.Lock(lctx, "issue_cert_a.test"); err != nil {
-				cancel()
-				t.Fatalf("Lock: %v", err)
-			}
-			cancel()
-			if err := s.Unlock(ctx, "issue_cert_a.test"); err != nil {
-				t.Fatalf("Unlock: %v", err)
-			}
-		}
-	})
-
-	t.Run("a held lock blocks another locker until its context ends", func(t *testing.T) {
-		s := newStorage(t)
-		if err := s.Lock(ctx, "held"); err != nil {
-			t.Fatalf("Lock: %v", err)
-		}
-		defer s.Unlock(ctx, "held")
-		lctx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
-		defer cancel()
-		start := time.Now()
-		err := s.Lock(lctx, "held")
-		if err == nil {
-			t.Fatal("second Lock of a held, fresh lock succeeded")
-		}
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("second Lock error = %v, want one wrapping context.DeadlineExceeded", err)
-		}
-		if waited := time.Since(start); waited > 2*time.Second {
-			t.Errorf("Lock returned %v after its context ended", waited)
-		}
-		if err := s.Lock(ctx, "other-name"); err != nil {
-			t.Errorf("Lock of a different name: %v", err)
-		} else {
-			s.Unlock(ctx, "other-name")
-		}
-	})
-
+	type storageCase struct {
+		name string
+		run  func(t *testing.T, s certmagic.Storage)
+	}
+	cases := []storageCase{
+		{"a stored value loads back and a second store overwrites it", storeLoadsBackAndOverwrites},
+		{"binary values survive byte for byte", binaryValuesSurvive},
+		{"a missing key loads as not exist", missingKeyIsNotExist},
+		{"exists sees files and directories by component, not by string prefix", existsByComponent},
+		{"stat describes files and directories and refuses missing keys", statDescribesKeys},
+		{"list returns direct children or, recursively, everything beneath", listChildrenOrAll},
+		{"delete removes a key and everything beneath it and ignores missing keys", deleteRemovesSubtree},
+		{"concurrent stores to different keys all land", concurrentStoresLand},
+		{"a released lock can be taken again at once", releasedLockIsFree},
+		{"a held lock blocks another locker until its context ends", heldLockBlocks},
+		{"concurrent lockers get the lock one at a time", lockersTakeTurns},
+		{"a lock whose holder died expires and can be taken", deadHoldersLockExpires},
+		{"a canceled context stops a waiting locker", canceledLockerStops},
+	}
 	if _, ok := newStorageProbe(t, newStorage).(certmagic.TryLocker); ok {
-		t.Run("try-lock takes a free lock and refuses a held one without waiting", func(t *testing.T) {
-			s := newStorage(t)
-			tl := s.(certmagic.TryLocker)
-			ok, err := tl.TryLock(ctx, "try")
-			if err != nil || !ok {
-				t.Fatalf("TryLock(free) = %v, %v, want true, nil", ok, err)
+		cases = append(cases, storageCase{"try-lock takes a free lock and refuses a held one without waiting", tryLockDoesNotWait})
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.run(t, newStorage(t)) })
+	}
+}
+
+func storeLoadsBackAndOverwrites(t *testing.T, s certmagic.Storage) {
+	mustStore(t, s, "a/b/c.crt", []byte("one"))
+	if got := mustLoad(t, s, "a/b/c.crt"); string(got) != "one" {
+		t.Fatalf("Load = %q, want %q", got, "one")
+	}
+	mustStore(t, s, "a/b/c.crt", []byte("two"))
+	if got := mustLoad(t, s, "a/b/c.crt"); string(got) != "two" {
+		t.Fatalf("Load after overwrite = %q, want %q", got, "two")
+	}
+}
+
+func binaryValuesSurvive(t *testing.T, s certmagic.Storage) {
+	val := make([]byte, 70000)
+	for i := range val {
+		val[i] = byte(i * 7)
+	}
+	mustStore(t, s, "bin/blob", val)
+	if got := mustLoad(t, s, "bin/blob"); !bytes.Equal(got, val) {
+		t.Fatalf("Load returned %d bytes that differ from the %d stored", len(got), len(val))
+	}
+}
+
+func missingKeyIsNotExist(t *testing.T, s certmagic.Storage) {
+	ctx := context.Background()
+	_, err := s.Load(ctx, "nope/nothing")
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Load(missing) error = %v, want fs.ErrNotExist", err)
+	}
+}
+
+func existsByComponent(t *testing.T, s certmagic.Storage) {
+	ctx := context.Background()
+	mustStore(t, s, "certs/ca/example.com/example.com.crt", []byte("x"))
+	for _, tc := range []struct {
+		key  string
+		want bool
+	}{
+		{"certs/ca/example.com/example.com.crt", true},
+		{"certs/ca/example.com", true},
+		{"certs", true},
+		{"certs/ca/example", false},
+		{"cert", false},
+		{"certs/ca/example.com/example.com.crt/deeper", false},
+		{"other", false},
+	} {
+		if got := s.Exists(ctx, tc.key); got != tc.want {
+			t.Errorf("Exists(%q) = %v, want %v", tc.key, got, tc.want)
+		}
+	}
+}
+
+func statDescribesKeys(t *testing.T, s certmagic.Storage) {
+	ctx := context.Background()
+	before := time.Now().Add(-2 * time.Second)
+	mustStore(t, s, "d/file", []byte("12345"))
+	fi, err := s.Stat(ctx, "d/file")
+	if err != nil {
+		t.Fatalf("Stat(file): %v", err)
+	}
+	if fi.Key != "d/file" || !fi.IsTerminal || fi.Size != 5 {
+		t.Errorf("Stat(file) = %+v, want key d/file, terminal, size 5", fi)
+	}
+	if fi.Modified.Before(before) || fi.Modified.After(time.Now().Add(2*time.Second)) {
+		t.Errorf("Stat(file).Modified = %v, want about now", fi.Modified)
+	}
+	di, err := s.Stat(ctx, "d")
+	if err != nil {
+		t.Fatalf("Stat(dir): %v", err)
+	}
+	if di.Key != "d" || di.IsTerminal {
+		t.Errorf("Stat(dir) = %+v, want key d, not terminal", di)
+	}
+	if _, err := s.Stat(ctx, "missing"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Stat(missing) error = %v, want fs.ErrNotExist", err)
+	}
+}
+
+func listChildrenOrAll(t *testing.T, s certmagic.Storage) {
+	ctx := context.Background()
+	for _, k := range []string{"acme/ca1/sites/a.test/a.test.crt", "acme/ca1/sites/a.test/a.test.key", "acme/ca1/sites/b.test/b.test.crt", "acme/ca1/users/me/me.key", "acme/ca1file", "acmeother/x"} {
+		mustStore(t, s, k, []byte("v"))
+	}
+	got := mustList(t, s, "acme", false)
+	want := []string{"acme/ca1", "acme/ca1file"}
+	if !slices.Equal(got, want) {
+		t.Errorf("List(acme, non-recursive) = %q, want %q", got, want)
+	}
+	got = mustList(t, s, "acme/ca1/sites", true)
+	want = []string{"acme/ca1/sites/a.test", "acme/ca1/sites/a.test/a.test.crt", "acme/ca1/sites/a.test/a.test.key", "acme/ca1/sites/b.test", "acme/ca1/sites/b.test/b.test.crt"}
+	if !slices.Equal(got, want) {
+		t.Errorf("List(acme/ca1/sites, recursive) = %q, want %q", got, want)
+	}
+	if _, err := s.List(ctx, "nothing/here", false); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("List(missing) error = %v, want fs.ErrNotExist", err)
+	}
+}
+
+func deleteRemovesSubtree(t *testing.T, s certmagic.Storage) {
+	ctx := context.Background()
+	for _, k := range []string{"x/y/1", "x/y/z/2", "x/y", "x/yy/3", "x/keep"} {
+		mustStore(t, s, k, []byte("v"))
+	}
+	if err := s.Delete(ctx, "x/y"); err != nil {
+		t.Fatalf("Delete(x/y): %v", err)
+	}
+	for _, tc := range []struct {
+		key  string
+		want bool
+	}{{"x/y", false}, {"x/y/1", false}, {"x/y/z/2", false}, {"x/yy/3", true}, {"x/keep", true}} {
+		if got := s.Exists(ctx, tc.key); got != tc.want {
+			t.Errorf("after Delete(x/y): Exists(%q) = %v, want %v", tc.key, got, tc.want)
+		}
+	}
+	if err := s.Delete(ctx, "x/y"); err != nil {
+		t.Errorf("Delete of an already deleted key = %v, want nil", err)
+	}
+	if err := s.Delete(ctx, "never/was"); err != nil {
+		t.Errorf("Delete(missing) = %v, want nil", err)
+	}
+}
+
+func concurrentStoresLand(t *testing.T, s certmagic.Storage) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 16 {
+		wg.Go(func() {
+			if err := s.Store(ctx, fmt.Sprintf("many/%02d", i), []byte{byte(i)}); err != nil {
+				errs <- err
 			}
-			start := time.Now()
-			ok, err = tl.TryLock(ctx, "try")
-			if err != nil || ok {
-				t.Fatalf("TryLock(held) = %v, %v, want false, nil", ok, err)
-			}
-			if d := time.Since(start); d > time.Second {
-				t.Errorf("TryLock(held) took %v, want no waiting", d)
-			}
-			if err := tl.Unlock(ctx, "try"); err != nil {
-				t.Fatalf("Unlock: %v", err)
-			}
-			ok, err = tl.TryLock(ctx, "try")
-			if err != nil || !ok {
-				t.Fatalf("TryLock after Unlock = %v, %v, want true, nil", ok, err)
-			}
-			tl.Unlock(ctx, "try")
 		})
 	}
-
-	t.Run("concurrent lockers get the lock one at a time", func(t *testing.T) {
-		s := newStorage(t)
-		const lockers, rounds = 4, 3
-		var inside, overlaps atomic.Int32
-		var wg sync.WaitGroup
-		errs := make(chan error, lockers*rounds)
-		lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		for range lockers {
-			wg.Go(func() {
-				for range rounds {
-					if err := s.Lock(lctx, "shared"); err != nil {
-						errs <- err
-						return
-					}
-					if inside.Add(1) != 1 {
-						overlaps.Add(1)
-					}
-					// Hold briefly so overlapping holders would be caught.
-					time.Sleep(5 * time.Millisecond)
-					inside.Add(-1)
-					if err := s.Unlock(ctx, "shared"); err != nil {
-						errs <- err
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Errorf("locker: %v", err)
-		}
-		if n := overlaps.Load(); n != 0 {
-			t.Errorf("%d times two lockers held the lock at once", n)
-		}
-	})
-
-	t.Run("a lock whose holder died expires and can be taken", func(t *testing.T) {
-		s := newStorage(t)
-		if err := s.Lock(ctx, "stale"); err != nil {
-			t.Fatalf("Lock: %v", err)
-		}
-		// The holder never unlocks nor renews: it died.
-		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		start := time.Now()
-		if err := s.Lock(lctx, "stale"); err != nil {
-			t.Fatalf("Lock of a lock left by a dead holder: %v (after %v)", err, time.Since(start))
-		}
-		if err := s.Unlock(ctx, "stale"); err != nil {
-			t.Errorf("Unlock after taking over: %v", err)
-		}
-	})
-
-	t.Run("a canceled context stops a waiting locker", func(t *testing.T) {
-		s := newStorage(t)
-		if err := s.Lock(ctx, "cancel-me"); err != nil {
-			t.Fatalf("Lock: %v", err)
-		}
-		defer s.Unlock(ctx, "cancel-me")
-		lctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- s.Lock(lctx, "cancel-me") }()
-		cancel()
-		select {
-		case err := <-done:
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("Lock after cancel = %v, want context.Canceled", err)
-			}
-		case <-time.After(3 * time.Second):
-			t.Fatal("Lock kept waiting after its context was canceled")
-		}
-	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("concurrent Store: %v", err)
+	}
+	if got := mustList(t, s, "many", false); len(got) != 16 {
+		t.Errorf("List(many) has %d keys, want 16", len(got))
+	}
 }
 
 // newStorageProbe makes one store only to learn which optional interfaces
