@@ -1,0 +1,226 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// The flags bench/run.sh and bench/overload.sh pass, at their default ports
+// and with --workers 2.
+var (
+	runFlags = []string{"-addr", "127.0.0.1:18082", "-tls-addr", "127.0.0.1:18083",
+		"-route", "up=localhost=127.0.0.1:18080", "-workers", "2", "-tuned", "-haproxy-maxconn", "4096"}
+	overloadFlags = []string{"-addr", "127.0.0.1:18282", "-tls-addr", "127.0.0.1:18283",
+		"-route", "fast=fast.test=127.0.0.1:18280", "-route", "slow=slow.test=127.0.0.1:18281",
+		"-workers", "2", "-plain-only", "nginx,haproxy", "-nginx-worker-connections", "4096",
+		"-haproxy-server-maxconn", "1000", "-haproxy-queue-timeout", "5s"}
+	allProxies = []string{"scafo-edge", "caddy", "traefik", "nginx", "haproxy"}
+)
+
+// write runs the command's parsing and writing as root would (nginx then
+// names root as its user, as the files in testdata/before were made) into
+// a new directory, and returns each file written, by its path under the
+// directory, with the directory's path replaced by $WORK.
+func write(t *testing.T, flags []string, proxies ...string) map[string]string {
+	t.Helper()
+	dir := t.TempDir()
+	s, names, err := parse(append(append([]string{"-dir", dir}, flags...), proxies...), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Root = true
+	for _, p := range names {
+		if err := s.Write(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return readTree(t, dir, dir)
+}
+
+func readTree(t *testing.T, root, work string) map[string]string {
+	t.Helper()
+	files := map[string]string{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		files[rel] = strings.ReplaceAll(string(b), work, "$WORK")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// TestConfigurationsAreTheScriptsOwn holds the configurations to what
+// bench/run.sh and bench/overload.sh wrote themselves before this command
+// (testdata/before: their write_*_config functions at c844233, run with
+// the same settings): byte for byte where the layout was kept, else the
+// same once parsed (JSON and YAML decoded, nginx's tokens, HAProxy's
+// lines), so each proxy runs the configuration it always has.
+func TestConfigurationsAreTheScriptsOwn(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		// renamed: what changed on purpose, old text to new.
+		renamed map[string][2]string
+		// added: files the script did not write and the command does.
+		added []string
+		// bytes: files that are byte for byte the same.
+		bytes []string
+	}{
+		{
+			name:  "run",
+			flags: runFlags,
+			// scafo-edge's application takes the route's name, as every
+			// other proxy's upstream does.
+			renamed: map[string][2]string{"routes.json": {`"application": "bench"`, `"application": "up"`}},
+			bytes:   []string{"traefik.yml", "nginx/nginx.conf", "nginx/nginx-h2.conf", "haproxy.cfg", "haproxy-h2.cfg"},
+		},
+		{
+			name:  "overload",
+			flags: overloadFlags,
+			// Caddy's HTTP/3 variant, which the overload rows do not use.
+			added: []string{"caddy-h3.json"},
+			bytes: []string{"haproxy-queue.cfg"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := write(t, tc.flags, allProxies...)
+			before := filepath.Join("testdata", "before", tc.name)
+			want := readTree(t, before, "$WORK")
+			for f, w := range want {
+				if r, ok := tc.renamed[f]; ok {
+					w = strings.ReplaceAll(w, r[0], r[1])
+				}
+				g, ok := got[f]
+				switch {
+				case !ok:
+					t.Errorf("%s: not written", f)
+				case slices.Contains(tc.bytes, f):
+					if g != w {
+						t.Errorf("%s differs from %s:\n%s\nwant\n%s", f, filepath.Join(before, f), g, w)
+					}
+				default:
+					if !sameMeaning(t, f, g, w) {
+						t.Errorf("%s does not say what %s says:\n%s\nwant\n%s", f, filepath.Join(before, f), g, w)
+					}
+				}
+			}
+			for f := range got {
+				if _, ok := want[f]; !ok && !slices.Contains(tc.added, f) {
+					t.Errorf("%s: written, and the script did not write it", f)
+				}
+			}
+		})
+	}
+}
+
+var nginxToken = regexp.MustCompile(`[{};]|[^\s{};]+`)
+
+// sameMeaning reports whether two configurations of file's kind say the
+// same to the proxy that reads them.
+func sameMeaning(t *testing.T, file, got, want string) bool {
+	t.Helper()
+	switch ext := filepath.Ext(file); ext {
+	case ".json", ".yml":
+		unmarshal := json.Unmarshal
+		if ext == ".yml" {
+			unmarshal = yaml.Unmarshal
+		}
+		var g, w any
+		if err := unmarshal([]byte(got), &g); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if err := unmarshal([]byte(want), &w); err != nil {
+			t.Fatalf("%s (before): %v", file, err)
+		}
+		return reflect.DeepEqual(g, w)
+	case ".conf": // nginx: the same directives in the same order
+		return slices.Equal(nginxToken.FindAllString(got, -1), nginxToken.FindAllString(want, -1))
+	case ".cfg": // HAProxy: the same lines, indentation and blank ones aside
+		return slices.Equal(lines(got), lines(want))
+	}
+	t.Fatalf("%s: no way to compare it", file)
+	return false
+}
+
+func lines(s string) []string {
+	var out []string
+	for l := range strings.SplitSeq(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func TestBadSettingsAreRefused(t *testing.T) {
+	base := []string{"-dir", t.TempDir(), "-addr", "127.0.0.1:1", "-tls-addr", "127.0.0.1:2", "-workers", "2"}
+	route := []string{"-route", "up=localhost=127.0.0.1:3"}
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"no proxy named", append(slices.Clone(base), route...)},
+		{"no route", append(slices.Clone(base), "caddy")},
+		{"a route without its address", append(slices.Clone(base), "-route", "up=localhost", "caddy")},
+		{"a route with an empty name", append(slices.Clone(base), "-route", "=localhost=127.0.0.1:3", "caddy")},
+		{"a route whose address has no port", append(slices.Clone(base), "-route", "up=localhost=127.0.0.1", "caddy")},
+		{"a route name that would break a configuration", append(slices.Clone(base), "-route", "u p=localhost=127.0.0.1:3", "caddy")},
+		{"a host that would break a configuration", append(slices.Clone(base), "-route", "up=local\"host=127.0.0.1:3", "caddy")},
+		{"two routes of one name", append(slices.Clone(base), "-route", "up=a.test=127.0.0.1:3", "-route", "up=b.test=127.0.0.1:4", "caddy")},
+		{"no work directory", append([]string{"-addr", "127.0.0.1:1", "-tls-addr", "127.0.0.1:2", "-workers", "2"}, append(route, "caddy")...)},
+		{"no listener", append([]string{"-dir", t.TempDir(), "-tls-addr", "127.0.0.1:2", "-workers", "2"}, append(route, "caddy")...)},
+		{"a TLS listener without a port", append([]string{"-dir", t.TempDir(), "-addr", "127.0.0.1:1", "-tls-addr", "127.0.0.1", "-workers", "2"}, append(route, "caddy")...)},
+		{"no workers", append([]string{"-dir", t.TempDir(), "-addr", "127.0.0.1:1", "-tls-addr", "127.0.0.1:2"}, append(route, "caddy")...)},
+		{"no nginx worker connections", append(slices.Clone(base), append(route, "-nginx-worker-connections", "0", "nginx")...)},
+		{"a negative HAProxy maxconn", append(slices.Clone(base), append(route, "-haproxy-maxconn", "-1", "haproxy")...)},
+		{"plain-only for a proxy that has no such choice", append(slices.Clone(base), append(route, "-plain-only", "caddy", "caddy")...)},
+		{"an unknown flag", append(slices.Clone(base), append(route, "-nope", "caddy")...)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := run(tc.args, io.Discard); err == nil {
+				t.Errorf("run(%q) = nil, want an error", tc.args)
+			}
+		})
+	}
+	t.Run("an unknown proxy", func(t *testing.T) {
+		dir := t.TempDir()
+		args := append([]string{"-dir", dir, "-addr", "127.0.0.1:1", "-tls-addr", "127.0.0.1:2", "-workers", "2"}, append(route, "squid")...)
+		if err := run(args, io.Discard); err == nil {
+			t.Errorf("run(%q) = nil, want an error", args)
+		}
+	})
+}
+
+// TestOnlyTheNamedProxiesAreWritten: the scripts name the proxies they
+// found a binary for; no other's files appear.
+func TestOnlyTheNamedProxiesAreWritten(t *testing.T) {
+	got := write(t, runFlags, "caddy", "haproxy")
+	var names []string
+	for f := range got {
+		names = append(names, f)
+	}
+	slices.Sort(names)
+	want := []string{"caddy-h3.json", "caddy.json", "haproxy-h2.cfg", "haproxy.cfg"}
+	if !slices.Equal(names, want) {
+		t.Errorf("files = %q, want %q", names, want)
+	}
+}
