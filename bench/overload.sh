@@ -140,8 +140,10 @@ CURL=$(need curl) || die "curl is needed (Debian package curl)"
 OPENSSL=$(need openssl) || die "openssl is needed (Debian package openssl)"
 mkdir -p "$CACHE"
 
-log "building bench/overload"
+log "building bench/overload and bench/proxyconf"
 (cd "$REPO" && go build -o "$WORK/overload" ./bench/overload) || die "build bench/overload failed"
+(cd "$REPO" && go build -o "$WORK/proxyconf" ./bench/proxyconf) || die "build bench/proxyconf failed"
+PROXYCONF=$WORK/proxyconf
 OVERLOAD=$WORK/overload
 PROC_TOOL=$OVERLOAD
 
@@ -172,138 +174,20 @@ check_ports "$FAST_PORT" "$SLOW_PORT" "$PX_PORT" "$PX_TLS_PORT" "$ADMIN_PORT" $(
 make_cert "$FAST_HOST" "DNS:$FAST_HOST,DNS:$SLOW_HOST,IP:127.0.0.1"
 
 # ---------------------------------------------------------------- configs
-# Each proxy as bench/run.sh configures it, with two hosts, fast.test and
-# slow.test, on two applications, and nothing added for overload: no
-# connection, request or queue limit that the proxy does not have by
-# default. The one exception is the haproxy-queue row.
+# Each proxy as bench/run.sh configures it (bench/proxyconf writes both),
+# with two hosts, fast.test and slow.test, on two applications, and nothing
+# added for overload: no connection, request or queue limit that the proxy
+# does not have by default, nor run.sh's pool sizes (no -tuned). The one
+# exception is the haproxy-queue row (haproxy-queue.cfg). nginx and HAProxy
+# get no TLS listener: the h2 rows are not theirs.
 
-write_edge_routes() {
-	cat >"$WORK/routes.json" <<EOF
-{"v": 1, "routes": [
-  {"host": "$FAST_HOST", "application": "fast",
-   "upstreams": [{"node": "bench", "address": "127.0.0.1:$FAST_PORT"}]},
-  {"host": "$SLOW_HOST", "application": "slow",
-   "upstreams": [{"node": "bench", "address": "127.0.0.1:$SLOW_PORT"}]}]}
-EOF
-}
-
-write_caddy_config() {
-	local rp_fast rp_slow routes
-	rp_fast='{"handler": "reverse_proxy", "upstreams": [{"dial": "127.0.0.1:'$FAST_PORT'"}]}'
-	rp_slow='{"handler": "reverse_proxy", "upstreams": [{"dial": "127.0.0.1:'$SLOW_PORT'"}]}'
-	routes='[{"match": [{"host": ["'$FAST_HOST'"]}], "handle": ['$rp_fast'], "terminal": true},
-	         {"match": [{"host": ["'$SLOW_HOST'"]}], "handle": ['$rp_slow'], "terminal": true}]'
-	cat >"$WORK/caddy.json" <<EOF
-{
-  "admin": {"disabled": true},
-  "logging": {"logs": {"default": {"level": "ERROR"}}},
-  "storage": {"module": "file_system", "root": "$WORK/caddy-data"},
-  "apps": {
-    "tls": {"certificates": {"load_files": [
-      {"certificate": "$WORK/cert.pem", "key": "$WORK/key.pem", "tags": ["bench"]}]}},
-    "http": {"servers": {
-      "plain": {"listen": ["127.0.0.1:$PX_PORT"], "protocols": ["h1"],
-        "automatic_https": {"disable": true}, "routes": $routes},
-      "tls": {"listen": ["127.0.0.1:$PX_TLS_PORT"], "protocols": ["h1", "h2"],
-        "automatic_https": {"disable": true},
-        "tls_connection_policies": [{"certificate_selection": {"any_tag": ["bench"]}}],
-        "routes": $routes}
-    }}
-  }
-}
-EOF
-}
-
-write_traefik_config() {
-	cat >"$WORK/traefik.yml" <<EOF
-http:
-  routers:
-    fast: {rule: "Host(\`$FAST_HOST\`)", entryPoints: [plain], service: fast}
-    slow: {rule: "Host(\`$SLOW_HOST\`)", entryPoints: [plain], service: slow}
-    fast-tls: {rule: "Host(\`$FAST_HOST\`)", entryPoints: [tls], service: fast, tls: {}}
-    slow-tls: {rule: "Host(\`$SLOW_HOST\`)", entryPoints: [tls], service: slow, tls: {}}
-  services:
-    fast: {loadBalancer: {servers: [{url: "http://127.0.0.1:$FAST_PORT"}]}}
-    slow: {loadBalancer: {servers: [{url: "http://127.0.0.1:$SLOW_PORT"}]}}
-tls:
-  stores:
-    default:
-      defaultCertificate: {certFile: "$WORK/cert.pem", keyFile: "$WORK/key.pem"}
-EOF
-}
-
-write_nginx_config() {
-	mkdir -p "$WORK/nginx/tmp"
-	local user=
-	((EUID == 0)) && user='user root;'
-	local loc='
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host $host;
-      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-      proxy_set_header X-Forwarded-Proto $scheme;'
-	cat >"$WORK/nginx/nginx.conf" <<EOF
-$user
-worker_processes $WORKERS;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log error;
-events { worker_connections $NGINX_WORKER_CONNECTIONS; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/tmp/body;
-  proxy_temp_path $WORK/nginx/tmp/proxy;
-  fastcgi_temp_path $WORK/nginx/tmp/fastcgi;
-  uwsgi_temp_path $WORK/nginx/tmp/uwsgi;
-  scgi_temp_path $WORK/nginx/tmp/scgi;
-  upstream fast { server 127.0.0.1:$FAST_PORT; keepalive 256; }
-  upstream slow { server 127.0.0.1:$SLOW_PORT; keepalive 256; }
-  server {
-    listen 127.0.0.1:$PX_PORT reuseport default_server;
-    server_name $FAST_HOST;
-    location / { proxy_pass http://fast;$loc }
-  }
-  server {
-    listen 127.0.0.1:$PX_PORT;
-    server_name $SLOW_HOST;
-    location / { proxy_pass http://slow;$loc }
-  }
-}
-EOF
-}
-
-# write_haproxy_config [queue]: haproxy.cfg, HAProxy's defaults (no global
-# maxconn: it derives one from the descriptor limit), or with queue,
-# haproxy-queue.cfg: the same plus what its operators would add for a slow
-# backend, a per-server maxconn (requests beyond it wait in the backend's
-# queue) and "timeout queue" (a request that waited that long gets 503).
-write_haproxy_config() {
-	local conf=haproxy.cfg smax='' tq=''
-	if [[ ${1:-} == queue ]]; then
-		conf=haproxy-queue.cfg smax=" maxconn $HAPROXY_SERVER_MAXCONN" tq="  timeout queue $HAPROXY_QUEUE_TIMEOUT"
-	fi
-	cat >"$WORK/$conf" <<EOF
-global
-  nbthread $WORKERS
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 120s
-  timeout server 120s
-  timeout http-keep-alive 120s
-$tq
-  option http-keep-alive
-  option forwardfor
-  http-reuse always
-frontend bench
-  bind 127.0.0.1:$PX_PORT
-  use_backend slow if { hdr(host) -i $SLOW_HOST }
-  default_backend fast
-backend fast
-  server fast 127.0.0.1:$FAST_PORT$smax
-backend slow
-  server slow 127.0.0.1:$SLOW_PORT$smax
-EOF
+# write_config PROXY: PROXY's configuration files in WORK.
+write_config() {
+	"$PROXYCONF" -dir "$WORK" -addr "127.0.0.1:$PX_PORT" -tls-addr "127.0.0.1:$PX_TLS_PORT" \
+		-route "fast=$FAST_HOST=127.0.0.1:$FAST_PORT" -route "slow=$SLOW_HOST=127.0.0.1:$SLOW_PORT" \
+		-workers "$WORKERS" -plain-only nginx,haproxy -nginx-worker-connections "$NGINX_WORKER_CONNECTIONS" \
+		-haproxy-server-maxconn "$HAPROXY_SERVER_MAXCONN" -haproxy-queue-timeout "$HAPROXY_QUEUE_TIMEOUT" "$1" ||
+		die "bench/proxyconf could not write $1's configuration"
 }
 
 # ------------------------------------------------------------ the proxies
@@ -314,24 +198,19 @@ declare -A VERSION=()
 VERSION[go]=$(go env GOVERSION)
 
 # proxy_bin (bench/lib.sh): the binary and VERSION, or SKIP and why.
-if has "$PROXIES" scafo-edge && proxy_bin scafo-edge; then
-	write_edge_routes
-fi
-if has "$PROXIES" caddy && proxy_bin caddy; then
-	write_caddy_config
-fi
-if has "$PROXIES" traefik && proxy_bin traefik; then
-	write_traefik_config
-fi
+for p in scafo-edge caddy traefik; do
+	if has "$PROXIES" "$p" && proxy_bin "$p"; then
+		write_config "$p"
+	fi
+done
 if has "$PROXIES" nginx && proxy_bin nginx; then
 	VERSION[nginx]+=" (worker_connections $NGINX_WORKER_CONNECTIONS)"
-	write_nginx_config
+	write_config nginx
 fi
 if has "$PROXIES" haproxy || has "$PROXIES" haproxy-queue; then
 	if proxy_bin haproxy; then
 		VERSION[haproxy-queue]="${VERSION[haproxy]} (server maxconn $HAPROXY_SERVER_MAXCONN, timeout queue $HAPROXY_QUEUE_TIMEOUT)"
-		write_haproxy_config
-		write_haproxy_config queue
+		write_config haproxy # haproxy.cfg and haproxy-queue.cfg
 	else
 		SKIP[haproxy-queue]=${SKIP[haproxy]}
 	fi

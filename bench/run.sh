@@ -2,9 +2,10 @@
 # bench/run.sh: scafo-edge side by side with the proxies it replaces, on one
 # machine, in one run. See bench/README.md for how to read it.
 #
-# This script installs, builds, configures and starts things; the measuring
-# (/proc around each window, the load tools' output, per-request figures,
-# medians, the table and the JSON) is bench/benchtab, tested on its own.
+# This script installs, builds and starts things; each proxy's
+# configuration is bench/proxyconf's, and the measuring (/proc around each
+# window, the load tools' output, per-request figures, medians, the table
+# and the JSON) is bench/benchtab, both tested on their own.
 #
 # Everything it starts listens on 127.0.0.1 only and is stopped on exit.
 set -euo pipefail
@@ -148,9 +149,11 @@ if [[ ,$CELLS, == *,h2-* ]]; then
 fi
 mkdir -p "$CACHE"
 
-log "building the upstream and bench/benchtab"
+log "building the upstream, bench/benchtab and bench/proxyconf"
 (cd "$REPO" && go build -o "$CACHE/bench-upstream" ./bench/upstream) || die "build bench/upstream failed"
 (cd "$REPO" && go build -o "$WORK/benchtab" ./bench/benchtab) || die "build bench/benchtab failed"
+(cd "$REPO" && go build -o "$WORK/proxyconf" ./bench/proxyconf) || die "build bench/proxyconf failed"
+PROXYCONF=$WORK/proxyconf
 BENCHTAB=$WORK/benchtab
 PROC_TOOL=$BENCHTAB
 # scafo-edge: the working tree, or --edge-rev, or --edge-bin (edge_build,
@@ -232,157 +235,14 @@ wait_ok "http://127.0.0.1:$UP_PORT/1k" 1024 "$UP_PID" || die "the upstream did n
 
 # ---------------------------------------------------------------- configs
 
-write_edge_routes() {
-	cat >"$WORK/routes.json" <<EOF
-{"v": 1, "routes": [{"host": "$HOST", "application": "bench",
-  "upstreams": [{"node": "bench", "address": "127.0.0.1:$UP_PORT"}]}]}
-EOF
-}
-
-# write_caddy_config [h3]: caddy.json, or with h3, caddy-h3.json, whose TLS
-# server also lists h3 (Caddy then serves HTTP/3 on the UDP side of its
-# HTTPS port). Two files, so the other cells run the configuration they
-# always have.
-write_caddy_config() {
-	local conf=caddy.json protos='"h1", "h2"'
-	[[ ${1:-} == h3 ]] && conf=caddy-h3.json protos='"h1", "h2", "h3"'
-	# Two servers: Caddy makes every listener of a server TLS once it has a
-	# connection policy. Admin API and automatic HTTPS off; logs at ERROR
-	# (no access log is configured); idle pool sized for the load.
-	local rp
-	rp='{"handler": "reverse_proxy", "upstreams": [{"dial": "127.0.0.1:'$UP_PORT'"}],
-	     "transport": {"protocol": "http", "keep_alive": {"enabled": true,
-	       "max_idle_conns": 256, "max_idle_conns_per_host": 256}}}'
-	cat >"$WORK/$conf" <<EOF
-{
-  "admin": {"disabled": true},
-  "logging": {"logs": {"default": {"level": "ERROR"}}},
-  "storage": {"module": "file_system", "root": "$WORK/caddy-data"},
-  "apps": {
-    "tls": {"certificates": {"load_files": [
-      {"certificate": "$WORK/cert.pem", "key": "$WORK/key.pem", "tags": ["bench"]}]}},
-    "http": {"servers": {
-      "plain": {"listen": ["127.0.0.1:$PX_PORT"], "protocols": ["h1"],
-        "automatic_https": {"disable": true},
-        "routes": [{"match": [{"host": ["$HOST"]}], "handle": [$rp], "terminal": true}]},
-      "tls": {"listen": ["127.0.0.1:$PX_TLS_PORT"], "protocols": [$protos],
-        "automatic_https": {"disable": true},
-        "tls_connection_policies": [{"certificate_selection": {"any_tag": ["bench"]}}],
-        "routes": [{"match": [{"host": ["$HOST"]}], "handle": [$rp], "terminal": true}]}
-    }}
-  }
-}
-EOF
-}
-
-write_traefik_config() {
-	# The file provider's dynamic configuration (the static one is the
-	# command line, in start_proxy): a router for any host on each entry
-	# point, the bench certificate as the default one, so the TLS entry
-	# point serves it (and h2, which Traefik offers by ALPN by default).
-	# No access log is configured, so none is written.
-	cat >"$WORK/traefik.yml" <<EOF
-http:
-  routers:
-    plain: {rule: "PathPrefix(\`/\`)", entryPoints: [plain], service: up}
-    tls: {rule: "PathPrefix(\`/\`)", entryPoints: [tls], service: up, tls: {}}
-  services:
-    up:
-      loadBalancer:
-        serversTransport: bench
-        servers: [{url: "http://127.0.0.1:$UP_PORT"}]
-  serversTransports:
-    bench: {maxIdleConnsPerHost: 256}
-tls:
-  stores:
-    default:
-      defaultCertificate: {certFile: "$WORK/cert.pem", keyFile: "$WORK/key.pem"}
-EOF
-}
-
-# write_nginx_config [h2]: nginx.conf, or with h2, nginx-h2.conf, whose TLS
-# listener also offers h2 by ALPN (the h2 cells). Two files, so the HTTP/1.1
-# cells run the configuration they always have.
-write_nginx_config() {
-	mkdir -p "$WORK/nginx/tmp"
-	local user= conf=nginx.conf http2=
-	[[ ${1:-} == h2 ]] && conf=nginx-h2.conf http2=' http2'
-	((EUID == 0)) && user='user root;'
-	# reuseport: otherwise one worker accepts every connection. Buffering
-	# off: bodies stream through a 32 KiB buffer, as the Go proxies copy
-	# them, instead of spooling a 1 MiB body to a temporary file.
-	cat >"$WORK/nginx/$conf" <<EOF
-$user
-worker_processes $WORKERS;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log error;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000000;
-  keepalive_timeout 120s;
-  client_body_temp_path $WORK/nginx/tmp/body;
-  proxy_temp_path $WORK/nginx/tmp/proxy;
-  fastcgi_temp_path $WORK/nginx/tmp/fastcgi;
-  uwsgi_temp_path $WORK/nginx/tmp/uwsgi;
-  scgi_temp_path $WORK/nginx/tmp/scgi;
-  upstream up {
-    server 127.0.0.1:$UP_PORT;
-    keepalive 256;
-    keepalive_requests 100000000;
-    keepalive_timeout 120s;
-  }
-  server {
-    listen 127.0.0.1:$PX_PORT reuseport;
-    listen 127.0.0.1:$PX_TLS_PORT ssl$http2 reuseport;
-    server_name $HOST;
-    ssl_certificate $WORK/cert.pem;
-    ssl_certificate_key $WORK/key.pem;
-    location / {
-      proxy_pass http://up;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host \$host;
-      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      proxy_set_header X-Forwarded-Proto \$scheme;
-      proxy_buffering off;
-      proxy_buffer_size 32k;
-      proxy_buffers 4 32k;
-      proxy_busy_buffers_size 64k;
-    }
-  }
-}
-EOF
-}
-
-# write_haproxy_config [h2]: haproxy.cfg, or with h2, haproxy-h2.cfg, whose
-# TLS bind offers h2 before http/1.1 by ALPN (the h2 cells).
-write_haproxy_config() {
-	local conf=haproxy.cfg alpn=http/1.1
-	[[ ${1:-} == h2 ]] && conf=haproxy-h2.cfg alpn=h2,http/1.1
-	cat >"$WORK/$conf" <<EOF
-global
-  nbthread $WORKERS
-  maxconn 4096
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 120s
-  timeout server 120s
-  timeout http-keep-alive 120s
-  option http-keep-alive
-  option forwardfor
-  http-reuse always
-frontend bench
-  bind 127.0.0.1:$PX_PORT
-  bind 127.0.0.1:$PX_TLS_PORT ssl crt $WORK/bundle.pem alpn $alpn
-  http-request set-header X-Forwarded-Proto https if { ssl_fc }
-  http-request set-header X-Forwarded-Proto http if !{ ssl_fc }
-  default_backend up
-backend up
-  server up 127.0.0.1:$UP_PORT pool-max-conn 256
-EOF
+# write_config PROXY: PROXY's configuration files in WORK, written by
+# bench/proxyconf, which writes bench/overload.sh's too: the one route,
+# HOST to the upstream, and the fairness settings (-tuned, HAProxy's
+# maxconn 4096; bench/README.md, "Fairness").
+write_config() {
+	"$PROXYCONF" -dir "$WORK" -addr "127.0.0.1:$PX_PORT" -tls-addr "127.0.0.1:$PX_TLS_PORT" \
+		-route "up=$HOST=127.0.0.1:$UP_PORT" -workers "$WORKERS" -tuned -haproxy-maxconn 4096 "$1" ||
+		die "bench/proxyconf could not write $1's configuration"
 }
 
 # ------------------------------------------------------------ the proxies
@@ -398,28 +258,22 @@ VERSION[direct]="bench/upstream (Go $(go env GOVERSION | sed 's/^go//'))"
 # Profile mode needs none of the other proxies.
 if [[ -z $PROFILE_DIR ]]; then
 	# proxy_bin (bench/lib.sh): the binary and VERSION, or SKIP and why.
+	# Caddy gets caddy-h3.json beside caddy.json (its TLS server also
+	# lists h3), nginx and HAProxy an h2 file each (their TLS listener
+	# offers h2): separate files, so the other cells run the configuration
+	# they always have.
 	if has "$PROXIES" scafo-edge && proxy_bin scafo-edge; then
-		write_edge_routes
+		write_config scafo-edge
 	fi
 	if [[ -n $BASELINE ]]; then
 		VERSION[$BASELINE]="--baseline-rev $BASELINE_REV"
-		write_edge_routes
+		write_config scafo-edge
 	fi
-	if has "$PROXIES" caddy && proxy_bin caddy; then
-		write_caddy_config
-		write_caddy_config h3
-	fi
-	if has "$PROXIES" traefik && proxy_bin traefik; then
-		write_traefik_config
-	fi
-	if has "$PROXIES" nginx && proxy_bin nginx; then
-		write_nginx_config
-		write_nginx_config h2
-	fi
-	if has "$PROXIES" haproxy && proxy_bin haproxy; then
-		write_haproxy_config
-		write_haproxy_config h2
-	fi
+	for p in caddy traefik nginx haproxy; do
+		if has "$PROXIES" "$p" && proxy_bin "$p"; then
+			write_config "$p"
+		fi
+	done
 fi
 for p in "${!SKIP[@]}"; do log "$p: skipped: ${SKIP[$p]}"; done
 
@@ -677,7 +531,7 @@ profile() {
 	[[ -n $EDGE_BIN ]] || die "scafo-edge: $EDGE_NOTE"
 	local secs=${DURATION%s} cell
 	[[ $secs =~ ^[0-9]+$ ]] || die "--profile needs --duration in whole seconds (e.g. 10s)"
-	write_edge_routes
+	write_config scafo-edge
 	for cell in "${cell_list[@]}"; do profile_cell "$cell" "$secs"; done
 }
 
