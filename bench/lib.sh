@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # bench/lib.sh: the shell bench/run.sh and bench/overload.sh share, sourced
 # by both (not run on its own): logging, starting and stopping processes,
 # installing Debian packages, building and caching Caddy and Traefik, and
@@ -222,29 +223,30 @@ traefik_build_step() {
 # EDGE_BIN, CADDY_BIN, TRAEFIK_BIN, NGINX_BIN or HAPROXY_BIN, and its
 # version in VERSION[NAME]; when there is none, SKIP[NAME] says why and it
 # returns 1. VERSION and SKIP are the script's associative arrays.
+# shellcheck disable=SC2034 # what it sets is read by the sourcing script
 proxy_bin() {
 	local why
 	case $1 in
 	scafo-edge)
-		if [[ -n $EDGE_BIN ]]; then VERSION[scafo-edge]=$EDGE_VERSION; return 0; fi
-		SKIP[scafo-edge]=$EDGE_NOTE
+		if [[ -n $EDGE_BIN ]]; then VERSION[$1]=$EDGE_VERSION; return 0; fi
+		SKIP[$1]=$EDGE_NOTE
 		;;
 	caddy)
-		if CADDY_BIN=$(caddy_build); then VERSION[caddy]=$(go_mod_version "$CADDY_BIN"); return 0; fi
-		SKIP[caddy]="Caddy $CADDY_VERSION did not build from the Go module proxy"
+		if CADDY_BIN=$(caddy_build); then VERSION[$1]=$(go_mod_version "$CADDY_BIN"); return 0; fi
+		SKIP[$1]="Caddy $CADDY_VERSION did not build from the Go module proxy"
 		;;
 	traefik)
-		if TRAEFIK_BIN=$(traefik_build); then VERSION[traefik]=$TRAEFIK_VERSION; return 0; fi
+		if TRAEFIK_BIN=$(traefik_build); then VERSION[$1]=$TRAEFIK_VERSION; return 0; fi
 		why=$(grep -v '^go: downloading' "$CACHE/traefik-$TRAEFIK_VERSION/failed.log" 2>/dev/null | tail -3 | tr -s ' \t\n' ' ' | cut -c1-200) || true
-		SKIP[traefik]="Traefik $TRAEFIK_VERSION did not build: $why; see $CACHE/traefik-$TRAEFIK_VERSION/failed.log"
+		SKIP[$1]="Traefik $TRAEFIK_VERSION did not build: $why; see $CACHE/traefik-$TRAEFIK_VERSION/failed.log"
 		;;
 	nginx)
-		if NGINX_BIN=$(need nginx); then VERSION[nginx]=$("$NGINX_BIN" -v 2>&1 | sed 's/.*nginx\///'); return 0; fi
-		SKIP[nginx]="nginx is not installed and could not be"
+		if NGINX_BIN=$(need nginx); then VERSION[$1]=$("$NGINX_BIN" -v 2>&1 | sed 's/.*nginx\///'); return 0; fi
+		SKIP[$1]="nginx is not installed and could not be"
 		;;
 	haproxy)
-		if HAPROXY_BIN=$(need haproxy); then VERSION[haproxy]=$("$HAPROXY_BIN" -v 2>&1 | awk 'NR==1 {print $3}'); return 0; fi
-		SKIP[haproxy]="HAProxy is not installed and could not be"
+		if HAPROXY_BIN=$(need haproxy); then VERSION[$1]=$("$HAPROXY_BIN" -v 2>&1 | awk 'NR==1 {print $3}'); return 0; fi
+		SKIP[$1]="HAProxy is not installed and could not be"
 		;;
 	*) die "proxy_bin: unknown proxy $1" ;;
 	esac

@@ -200,10 +200,11 @@ if [[ -n $BASELINE_REV ]]; then
 		mkdir -p "$dir"
 		# A subshell, so SRC stays the edge's; build beside, then rename, so an
 		# interrupted build leaves nothing the next run would take as built.
-		( export_rev "$hash" "$WORK/src-baseline" && cd "$SRC" &&
-			go build -o "$dir/scafo-edge.tmp" ./cmd/scafo-edge ) 2>"$WORK/baseline-build.log" &&
-			mv "$dir/scafo-edge.tmp" "$dir/scafo-edge" ||
+		if ! ( export_rev "$hash" "$WORK/src-baseline" && cd "$SRC" &&
+			go build -o "$dir/scafo-edge.tmp" ./cmd/scafo-edge ) 2>"$WORK/baseline-build.log"; then
 			die "--baseline-rev $BASELINE_REV does not build: $(grep -v '^#' "$WORK/baseline-build.log" | head -2 | tr '\n' ' ')"
+		fi
+		mv "$dir/scafo-edge.tmp" "$dir/scafo-edge"
 	fi
 	BASELINE_BIN=$dir/scafo-edge
 fi
@@ -561,6 +562,7 @@ profile_cell() {
 		die "profile: $(tail -1 "$dir/window.jsonl")"
 
 	local top=(go tool pprof -top) base=(-base "$dir/allocs-before.pprof" "$EDGE_BIN" "$dir/allocs-after.pprof")
+	# shellcheck disable=SC2016 # the backquotes are Markdown's, not the shell's
 	{
 		printf '## scafo-edge (%s) under the %s load (%s)\n\n' "$EDGE_VERSION" "$cell" "$DURATION"
 		grep -E 'Requests/sec| requests in |^finished in|^requests:|^\{' "$OUT" | sed 's/^ */    /'
