@@ -250,7 +250,7 @@ func (p *loadProc) idleConn(ctx context.Context, i int, sem chan struct{}, attem
 	// Silence: a read that ends when the proxy closes the connection, the
 	// release closes it, or -timeout passes.
 	c.SetDeadline(time.Now().Add(cfg.Timeout))
-	_, err = br.ReadByte()
+	br.ReadByte() // whatever ends it: the proxy, the release or the timeout
 	p.open.Add(-1)
 	if !p.released.Load() {
 		p.closedEarly.Add(1)
