@@ -32,7 +32,7 @@ func scrape(base string) (map[string]float64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
 	}
-	m, err := ParseMetrics(resp.Body, "go_goroutines", "process_open_fds")
+	m, err := ParseMetrics(resp.Body, "go_goroutines", "process_open_fds", "scafo_edge_accept_pauses_total")
 	if err == nil && len(m) < 2 {
 		err = errors.New("no go_goroutines or process_open_fds in /metrics")
 	}

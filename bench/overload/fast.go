@@ -20,11 +20,11 @@ type fastResult struct {
 	ms             []float64
 }
 
-// fastURL is where fast.test is asked: plain HTTP, or in the h2 rows
-// HTTPS (h2 where offered, as a browser would), since a proxy serving TLS
-// may redirect plain HTTP there (scafo-edge does).
+// fastURL is where fast.test is asked: plain HTTP, or in the h2 and h3
+// rows HTTPS (h2 where offered, as a browser would), since a proxy serving
+// TLS may redirect plain HTTP there (scafo-edge does).
 func (c rowConfig) fastURL() string {
-	if c.spec.Kind == "h2" {
+	if c.spec.Kind == "h2" || c.spec.Kind == "h3" {
 		return "https://" + c.tlsAddr + "/"
 	}
 	return "http://" + c.addr + "/"
@@ -120,8 +120,14 @@ type statusError int
 func (s statusError) Error() string { return "status " + strconv.Itoa(int(s)) }
 
 // newVisitor: one request of host on a new connection; "" if answered 200
-// within limit, else what happened.
-func newVisitor(url, host, src string, limit time.Duration) string {
+// within limit, else what happened; and how long it took.
+func newVisitor(url, host, src string, limit time.Duration) (string, time.Duration) {
+	t0 := time.Now()
+	o := visit(url, host, src, limit)
+	return o, time.Since(t0)
+}
+
+func visit(url, host, src string, limit time.Duration) string {
 	tr := transport(url, host, src, limit)
 	tr.DisableKeepAlives = true
 	defer tr.CloseIdleConnections()

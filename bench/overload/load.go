@@ -26,15 +26,15 @@ type loadProcs struct {
 // startLoad runs the row's load as `overload conns` processes, each at
 // most perProc connections, so that none nears the descriptor limit.
 func startLoad(c rowConfig, life time.Duration) (*loadProcs, error) {
-	mode, target, host, path := "held", c.addr, c.slowHost, "/hold"
+	mode, target, host, path := c.spec.Kind, c.addr, c.slowHost, "/hold"
 	per := c.perProc
 	switch c.spec.Kind {
-	case "idle":
-		mode, host, path = "idle", c.fastHost, "/"
-	case "h2":
+	case "idle", "nat", "slow":
+		host, path = c.fastHost, "/"
+	case "h2", "h3":
 		// One process opens every connection (the scenario: one client);
 		// its descriptors are the connections, N/100.
-		mode, target, per = "h2", c.tlsAddr, 0
+		target, per = c.tlsAddr, 0
 	}
 	parts := Split(c.spec.N, per)
 	l := &loadProcs{ready: make(chan ConnsReport, len(parts)), results: make(chan ConnsReport, len(parts)),

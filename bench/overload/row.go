@@ -16,7 +16,7 @@ import (
 // Row is one proxy under one load: a line of the results file.
 type Row struct {
 	Proxy string `json:"proxy"`
-	Row   string `json:"row"` // the spec: held:9900, idle:50000@8
+	Row   string `json:"row"` // the spec: held:9900, idle:50000@8, nat:4000
 	Kind  string `json:"kind"`
 	N     int    `json:"n"`
 	Addrs int    `json:"addrs"`
@@ -66,6 +66,19 @@ type Row struct {
 	NewOK       int    `json:"new_ok"`
 	NewTotal    int    `json:"new_total"`
 	NewFailures Counts `json:"new_failures,omitempty"`
+	// NewP99Ms and NewMaxMs: how long the new visitors answered within
+	// their 1 s took; NewSlow, how many took longer than 1 s in all
+	// (answered late or not at all).
+	NewP99Ms float64 `json:"new_p99_ms"`
+	NewMaxMs float64 `json:"new_max_ms"`
+	NewSlow  int     `json:"new_slow"`
+	// From the ramp's start to the window's end: the box's kernel counters
+	// of connections its accept queues dropped (nstat's TcpExtListenOverflows
+	// and TcpExtListenDrops, for every listener on the box, not the proxy's
+	// alone), and scafo-edge's scafo_edge_accept_pauses_total.
+	ListenOverflows int64 `json:"listen_overflows"`
+	ListenDrops     int64 `json:"listen_drops"`
+	AcceptPauses    int64 `json:"accept_pauses"`
 	// The admin listener's /healthz every 500 ms of the window, answered
 	// 200 within 1 s; AdminTotal 0 where there is none (not scafo-edge).
 	AdminOK    int `json:"admin_ok"`
@@ -111,10 +124,10 @@ func rowCmd(args []string) error {
 	var spec, control string
 	fs.StringVar(&c.results, "results", "", "results file (JSON lines), appended to")
 	fs.StringVar(&c.proxy, "proxy", "", "proxy name, for the table")
-	fs.StringVar(&spec, "spec", "", "the row: held:N[@A], idle:N[@A] or h2:N[@A]")
+	fs.StringVar(&spec, "spec", "", "the row: KIND:N[@A], KIND one of held, idle, h2, h3, nat, slow")
 	fs.IntVar(&c.pid, "pid", 0, "the proxy's process (its whole tree is measured)")
 	fs.StringVar(&c.addr, "addr", "", "the proxy's HTTP address, 127.0.0.1:PORT")
-	fs.StringVar(&c.tlsAddr, "tls-addr", "", "the proxy's HTTPS address (h2 rows)")
+	fs.StringVar(&c.tlsAddr, "tls-addr", "", "the proxy's HTTPS address (h2 rows; h3 rows: its UDP port too)")
 	fs.StringVar(&c.fastHost, "fast-host", "fast.test", "the fast application's host")
 	fs.StringVar(&c.slowHost, "slow-host", "slow.test", "the slow application's host")
 	fs.StringVar(&control, "control", "", "comma list of the upstream processes' control addresses")
@@ -140,8 +153,8 @@ func rowCmd(args []string) error {
 		return errors.New("need -results, -proxy, -pid, -addr and -control")
 	}
 	c.control = strings.Split(control, ",")
-	if c.spec.Kind == "h2" && c.tlsAddr == "" {
-		return errors.New("an h2 row needs -tls-addr")
+	if (c.spec.Kind == "h2" || c.spec.Kind == "h3") && c.tlsAddr == "" {
+		return fmt.Errorf("an %s row needs -tls-addr", c.spec.Kind)
 	}
 	if c.self == "" {
 		if c.self, err = os.Executable(); err != nil {
@@ -251,6 +264,16 @@ func measureRow(c rowConfig) Row {
 	// Every load connection lives at most this long: the ramp, the window
 	// and a margin for the answers after the release.
 	connLife := c.ramp + c.window + 20*time.Second
+	overflows0, drops0, nerr := proc.ListenDrops()
+	if nerr != nil {
+		note("kernel listen counters: %v", nerr)
+	}
+	var pauses0 float64
+	if c.admin != "" {
+		if m, err := scrape(c.admin); err == nil {
+			pauses0 = m["scafo_edge_accept_pauses_total"]
+		}
+	}
 	rampStart := time.Now()
 	load, err := startLoad(c, connLife)
 	if err != nil {
@@ -266,7 +289,7 @@ func measureRow(c rowConfig) Row {
 	if ready.Attempted < c.spec.N {
 		note("the ramp ended (%s) with %s of %s connections attempted", c.ramp, thousands(ready.Attempted), thousands(c.spec.N))
 	}
-	if c.spec.Kind != "idle" {
+	if c.spec.Holds() {
 		// Until the held requests reaching the application stop growing for
 		// a second (or all are there, or the ramp's time is up).
 		var last int64 = -1
@@ -297,8 +320,9 @@ func measureRow(c rowConfig) Row {
 		defer wg.Done()
 		fast = fastLoad(c.fastURL(), c.fastHost, c.fastSrc, c.fastClients, c.window, c.timeout)
 	}()
-	var newOK, newTotal atomic.Int64
+	var newOK, newTotal, newSlow atomic.Int64
 	newFail := Counts{}
+	var newMs []float64
 	var newMu sync.Mutex
 	wg.Add(1)
 	go func() {
@@ -312,12 +336,24 @@ func measureRow(c rowConfig) Row {
 			src := fmt.Sprintf("127.0.1.%d", 1+i%250)
 			go func() {
 				defer probes.Done()
-				if o := newVisitor(c.fastURL(), c.fastHost, src, time.Second); o == "" {
+				// Waited for as long as any request, to see how late
+				// the late ones are; served within 1 s or not.
+				o, took := newVisitor(c.fastURL(), c.fastHost, src, c.timeout)
+				if took > time.Second {
+					newSlow.Add(1)
+				}
+				newMu.Lock()
+				defer newMu.Unlock()
+				switch {
+				case o == "" && took <= time.Second:
 					newOK.Add(1)
-				} else {
-					newMu.Lock()
+				case o == "":
+					newFail["late"]++
+				default:
 					newFail[o]++
-					newMu.Unlock()
+				}
+				if o == "" {
+					newMs = append(newMs, float64(took.Microseconds())/1000)
 				}
 			}()
 			time.Sleep(250 * time.Millisecond)
@@ -342,7 +378,17 @@ func measureRow(c rowConfig) Row {
 	r.FastServed, r.FastFailed, r.FastFailures = fast.served, fast.failed, fast.failures
 	fl := Summarise(fast.ms)
 	r.FastP50Ms, r.FastP99Ms, r.FastMaxMs = fl.P50, fl.P99, fl.Max
-	r.NewOK, r.NewTotal, r.NewFailures = int(newOK.Load()), int(newTotal.Load()), newFail
+	r.NewOK, r.NewTotal, r.NewFailures, r.NewSlow = int(newOK.Load()), int(newTotal.Load()), newFail, int(newSlow.Load())
+	nl := Summarise(newMs)
+	r.NewP99Ms, r.NewMaxMs = nl.P99, nl.Max
+	if overflows, drops, err := proc.ListenDrops(); err == nil && nerr == nil {
+		r.ListenOverflows, r.ListenDrops = overflows-overflows0, drops-drops0
+	}
+	if c.admin != "" {
+		if m, err := scrape(c.admin); err == nil {
+			r.AcceptPauses = int64(m["scafo_edge_accept_pauses_total"] - pauses0)
+		}
+	}
 
 	// 4. The release: the slow application answers what it holds (and
 	// anything after at once); idle connections close.
