@@ -1,9 +1,9 @@
 package main
 
 import (
-	"errors"
 	"bufio"
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
