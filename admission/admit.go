@@ -73,9 +73,11 @@ func (k Ticket) Release() {
 
 // Admit decides whether r, resolved to application's route, may go to its
 // upstreams now: not while memory is high (503), not past its client
-// address's share of requests in flight or its rate (429), and past the
-// application's share only once a slot frees within the queue timeout
-// (503). An admitted request holds its shares until Ticket.Release.
+// address's rate, nor past its share of requests in flight while the box
+// is under pressure or the application's slots are contended (429), and
+// past the application's share only once a slot frees within the queue
+// timeout (503). An admitted request holds its shares until
+// Ticket.Release.
 func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal) {
 	if c == nil {
 		return Ticket{}, Admitted
@@ -92,15 +94,19 @@ func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal
 		return Ticket{}, RefusedBudget
 	}
 	k := Ticket{t: c}
+	app := c.apps.get(application)
 	if key, ok := c.clientOfRequest(r); ok {
+		// An address's share binds only while someone else is short: the
+		// box is under pressure, or its application's slots are contended.
+		contended := c.contended.Load() || c.apps.busy(app)
 		var why Refusal
-		if k.client, why = c.clients.addRequest(key, c.clock.Now()); why != Admitted {
+		if k.client, why = c.clients.addRequest(key, c.clock.Now(), contended); why != Admitted {
 			c.refusedRequest(why)
 			return Ticket{}, why
 		}
 	}
 	var why Refusal
-	if k.app, why = c.apps.acquire(r.Context(), application); why != Admitted {
+	if k.app, why = c.apps.acquire(r.Context(), application, app); why != Admitted {
 		if k.client != nil {
 			c.clients.releaseRequest(k.client)
 		}

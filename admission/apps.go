@@ -33,14 +33,19 @@ type appTable struct {
 	m        *metrics
 }
 
+// appState is one application's load. A request within its share takes
+// and gives back its slot with atomics alone: the lock guards the queue,
+// which only requests past the share (and the releases that find them
+// waiting) touch.
 type appState struct {
-	name string
-	mu   sync.Mutex
-	// Guarded by mu.
-	inFlight int
-	queue    []*waiter
-	retired  bool
-	idleAt   time.Time // when it last went to zero in flight
+	name     string
+	inFlight atomic.Int64
+	waiting  atomic.Int64 // len(queue), read without the lock
+	idleAt   atomic.Int64 // when it last went to zero in flight, Unix ns
+	retired  atomic.Bool  // pruned: a request that took a slot here takes it again on its successor
+
+	mu    sync.Mutex
+	queue []*waiter // guarded by mu
 
 	inFlightGauge, queuedGauge prometheus.Gauge
 }
@@ -71,7 +76,8 @@ func (t *appTable) get(name string) *appState {
 		return a
 	}
 	next := maps.Clone(cur)
-	a := &appState{name: name, idleAt: time.Now()}
+	a := &appState{name: name}
+	a.idleAt.Store(time.Now().UnixNano())
 	if t.m != nil {
 		a.inFlightGauge = t.m.appInFlight.WithLabelValues(name)
 		a.queuedGauge = t.m.appQueued.WithLabelValues(name)
@@ -81,39 +87,69 @@ func (t *appTable) get(name string) *appState {
 	return a
 }
 
-// limit is a's share now; a.mu is held.
+// limitAt is the share of an application holding inFlight while total
+// are in flight across applications.
+func (t *appTable) limitAt(inFlight, total int64) int64 {
+	return max(1, int64(t.share*float64(t.budget-(total-inFlight))))
+}
+
 func (t *appTable) limit(a *appState) int {
-	others := t.total.Load() - int64(a.inFlight)
-	return max(1, int(t.share*float64(t.budget-others)))
+	return int(t.limitAt(a.inFlight.Load(), t.total.Load()))
 }
 
-// fits reports whether a may start one more request; a.mu is held.
-func (t *appTable) fits(a *appState) bool {
-	return a.inFlight < t.limit(a) && t.total.Load() < t.budget
+// busy reports whether a's requests contend for slots: a's are waiting,
+// or the request budget is past its high-water mark. A client address past
+// its share of requests is refused only then.
+func (t *appTable) busy(a *appState) bool {
+	return a.waiting.Load() > 0 || float64(t.total.Load()) >= highWater*float64(t.budget)
 }
 
-func (t *appTable) take(a *appState) {
-	a.inFlight++
-	t.total.Add(1)
-	if a.inFlightGauge != nil {
-		a.inFlightGauge.Inc()
+// tryTake takes a slot of a's if its share and the budget have one. Two
+// applications taking their last slots at once can pass the budget by one
+// each, for as long as the requests last: a few at most, never a flood.
+func (t *appTable) tryTake(a *appState) bool {
+	for {
+		n, total := a.inFlight.Load(), t.total.Load()
+		if total >= t.budget || n >= t.limitAt(n, total) {
+			return false
+		}
+		if a.inFlight.CompareAndSwap(n, n+1) {
+			t.total.Add(1)
+			if a.inFlightGauge != nil {
+				a.inFlightGauge.Inc()
+			}
+			return true
+		}
 	}
 }
 
-// acquire takes a slot for a request of name's, waiting in its queue for up
-// to the queue timeout. It returns the state to release, or the refusal.
-func (t *appTable) acquire(ctx context.Context, name string) (*appState, Refusal) {
-	for {
-		a := t.get(name)
+// giveBack undoes a slot of a's, telling nobody.
+func (t *appTable) giveBack(a *appState) {
+	if a.inFlight.Add(-1) == 0 {
+		a.idleAt.Store(time.Now().UnixNano())
+	}
+	t.total.Add(-1)
+	if a.inFlightGauge != nil {
+		a.inFlightGauge.Dec()
+	}
+}
+
+// acquire takes a slot for a request of a's (got from get(name)), waiting
+// in its queue for up to the queue timeout. It returns the state to
+// release, or the refusal.
+func (t *appTable) acquire(ctx context.Context, name string, a *appState) (*appState, Refusal) {
+	for ; ; a = t.get(name) {
+		if a.waiting.Load() == 0 && t.tryTake(a) {
+			if a.retired.Load() { // pruned as it took the slot
+				t.giveBack(a)
+				continue
+			}
+			return a, Admitted
+		}
 		a.mu.Lock()
-		if a.retired {
+		if a.retired.Load() {
 			a.mu.Unlock()
 			continue
-		}
-		if len(a.queue) == 0 && t.fits(a) {
-			t.take(a)
-			a.mu.Unlock()
-			return a, Admitted
 		}
 		if len(a.queue) >= t.queueMax {
 			a.mu.Unlock()
@@ -121,10 +157,14 @@ func (t *appTable) acquire(ctx context.Context, name string) (*appState, Refusal
 		}
 		w := &waiter{ch: make(chan struct{})}
 		a.queue = append(a.queue, w)
+		a.waiting.Add(1)
 		t.queued.Add(1)
 		if a.queuedGauge != nil {
 			a.queuedGauge.Inc()
 		}
+		// Counted as waiting first, then tried again: a slot given back
+		// in between, by a release that saw no one waiting, is taken here.
+		t.grant(a)
 		a.mu.Unlock()
 		return t.wait(ctx, a, w)
 	}
@@ -157,6 +197,7 @@ func (t *appTable) wait(ctx context.Context, a *appState, w *waiter) (*appState,
 }
 
 func (t *appTable) dequeued(a *appState) {
+	a.waiting.Add(-1)
 	t.queued.Add(-1)
 	if a.queuedGauge != nil {
 		a.queuedGauge.Dec()
@@ -166,12 +207,11 @@ func (t *appTable) dequeued(a *appState) {
 // grant hands free slots to a's queue, first come first served; a.mu is
 // held.
 func (t *appTable) grant(a *appState) {
-	for len(a.queue) > 0 && t.fits(a) {
+	for len(a.queue) > 0 && t.tryTake(a) {
 		w := a.queue[0]
 		a.queue[0] = nil
 		a.queue = a.queue[1:]
 		t.dequeued(a)
-		t.take(a)
 		w.granted = true
 		close(w.ch)
 	}
@@ -179,17 +219,14 @@ func (t *appTable) grant(a *appState) {
 
 // release gives a's slot back, to its own queue first.
 func (t *appTable) release(a *appState) {
-	a.mu.Lock()
-	a.inFlight--
-	t.total.Add(-1)
-	if a.inFlightGauge != nil {
-		a.inFlightGauge.Dec()
+	t.giveBack(a)
+	// Given back first, then the waiters looked for (acquire does the
+	// reverse), so that one of the two sees the other.
+	if a.waiting.Load() > 0 {
+		a.mu.Lock()
+		t.grant(a)
+		a.mu.Unlock()
 	}
-	if a.inFlight == 0 {
-		a.idleAt = time.Now()
-	}
-	t.grant(a)
-	a.mu.Unlock()
 	if t.queued.Load() > 0 {
 		// A slot freed here widens every other application's share.
 		t.grantAll()
@@ -202,10 +239,11 @@ func (t *appTable) grantAll() {
 		return
 	}
 	for _, a := range *t.apps.Load() {
-		a.mu.Lock()
-		if len(a.queue) > 0 {
-			t.grant(a)
+		if a.waiting.Load() == 0 {
+			continue
 		}
+		a.mu.Lock()
+		t.grant(a)
 		a.mu.Unlock()
 	}
 }
@@ -222,19 +260,27 @@ func (t *appTable) prune(m *metrics) {
 	var next map[string]*appState
 	now := time.Now()
 	for name, a := range cur {
+		if a.inFlight.Load() != 0 || a.waiting.Load() != 0 || now.Sub(time.Unix(0, a.idleAt.Load())) <= appIdleFor {
+			continue
+		}
 		a.mu.Lock()
-		if a.inFlight == 0 && len(a.queue) == 0 && now.Sub(a.idleAt) > appIdleFor {
-			a.retired = true
-			if next == nil {
-				next = maps.Clone(cur)
-			}
-			delete(next, name)
-			if m != nil {
-				m.appInFlight.DeleteLabelValues(name)
-				m.appQueued.DeleteLabelValues(name)
-			}
+		// Retired first, then looked at again (acquire takes, then looks
+		// at retired): a request that took a slot meanwhile keeps it.
+		a.retired.Store(true)
+		if a.inFlight.Load() != 0 || len(a.queue) != 0 {
+			a.retired.Store(false)
+			a.mu.Unlock()
+			continue
 		}
 		a.mu.Unlock()
+		if next == nil {
+			next = maps.Clone(cur)
+		}
+		delete(next, name)
+		if m != nil {
+			m.appInFlight.DeleteLabelValues(name)
+			m.appQueued.DeleteLabelValues(name)
+		}
 	}
 	if next != nil {
 		t.apps.Store(&next)
@@ -244,9 +290,7 @@ func (t *appTable) prune(m *metrics) {
 func (t *appTable) loads() []AppLoad {
 	var out []AppLoad
 	for _, a := range *t.apps.Load() {
-		a.mu.Lock()
-		out = append(out, AppLoad{Application: a.name, InFlight: a.inFlight, Queued: len(a.queue), Limit: t.limit(a)})
-		a.mu.Unlock()
+		out = append(out, AppLoad{Application: a.name, InFlight: int(a.inFlight.Load()), Queued: int(a.waiting.Load()), Limit: t.limit(a)})
 	}
 	return out
 }

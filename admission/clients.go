@@ -9,41 +9,59 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// clientShards spreads the client table's lock: every request and every
-// connection of a client takes its shard's lock twice.
-const clientShards = 64
+// clientShards spreads the client table's map: a request reads its
+// address's shard under a read lock, so requests of different addresses
+// share no lock, and requests of one address share only a read lock.
+const clientShards = 256
 
 // clientTable counts, per client address, the connections it holds, its
 // requests in flight and, with a rate, its token bucket. An address's entry
 // lives while it holds anything or its bucket is not full again, so the
 // table is bounded by the connection budget plus the addresses seen within a
 // bucket's refill time, and never past maxEntries.
+//
+// The shares are work-conserving: an address past its share is refused only
+// while the box is contended (the caller says so); otherwise it is counted
+// and served like any other.
 type clientTable struct {
 	shards     [clientShards]clientShard
 	entries    atomic.Int64
 	maxEntries int64
-	conns      int32
-	requests   int32
+	conns      uint32
+	requests   uint32
 	rate       rate.Limit
 	burst      int
 	now        func() time.Time
 }
 
 type clientShard struct {
-	mu sync.Mutex
+	mu sync.RWMutex
 	m  map[netip.Addr]*clientEntry
+	_  [64 - 32]byte // its own cache line
 }
 
+// An entry's counts are one word, changed by compare-and-swap: the
+// connections in the high half, the requests in flight in the low 31 bits,
+// and a bit that says the entry left the table (a count taken on it would
+// be lost: take it on the entry that replaced it).
+const (
+	connUnit    = 1 << 32
+	requestUnit = 1
+	requestMask = 1<<31 - 1
+	deadBit     = 1 << 31
+)
+
 type clientEntry struct {
-	key      netip.Addr
-	conns    int32 // under the shard's lock
-	requests int32
-	limiter  *rate.Limiter // nil without a rate
+	key     netip.Addr
+	word    atomic.Uint64
+	limiter *rate.Limiter // nil without a rate
 }
+
+func (e *clientEntry) conns() int { return int(e.word.Load() >> 32) }
 
 func (t *clientTable) init(l Limits, now func() time.Time) {
 	t.now = now
-	t.conns, t.requests = int32(l.ConnsPerClient), int32(l.RequestsPerClient)
+	t.conns, t.requests = uint32(l.ConnsPerClient), uint32(l.RequestsPerClient)
 	t.maxEntries = max(int64(4*l.MaxConns), 1024)
 	if l.ClientRate > 0 {
 		t.rate, t.burst = rate.Limit(l.ClientRate), l.ClientBurst
@@ -68,20 +86,29 @@ func (t *clientTable) shard(key netip.Addr) *clientShard {
 	return &t.shards[h%clientShards]
 }
 
-// entry returns key's entry, creating it; s.mu is held. A full table makes
-// room by forgetting an address that holds nothing (its bucket, if any,
-// starts full again): addresses that hold connections or requests are at
-// most the budget's worth, far under maxEntries, so an attacker spraying
-// addresses cannot fill the table and have new addresses go uncounted. Nil
-// only if every entry holds something.
-func (t *clientTable) entry(s *clientShard, key netip.Addr) *clientEntry {
+// entry returns key's entry, creating it. A full table makes room by
+// forgetting an address that holds nothing (its bucket, if any, starts full
+// again): addresses that hold connections or requests are at most the
+// budget's worth, far under maxEntries, so an attacker spraying addresses
+// cannot fill the table and have new addresses go uncounted. Nil only if
+// every entry holds something.
+func (t *clientTable) entry(key netip.Addr) *clientEntry {
+	s := t.shard(key)
+	s.mu.RLock()
+	e := s.m[key]
+	s.mu.RUnlock()
+	if e != nil {
+		return e
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if e := s.m[key]; e != nil {
 		return e
 	}
 	if t.entries.Load() >= t.maxEntries && !t.evictOne(s) {
 		return nil
 	}
-	e := &clientEntry{key: key}
+	e = &clientEntry{key: key}
 	if t.rate > 0 {
 		e.limiter = rate.NewLimiter(t.rate, t.burst)
 	}
@@ -93,7 +120,7 @@ func (t *clientTable) entry(s *clientShard, key netip.Addr) *clientEntry {
 // evictOne forgets one address that holds nothing, from s (whose lock is
 // held) or, failing that, from another shard whose lock is free.
 func (t *clientTable) evictOne(s *clientShard) bool {
-	if evictUnused(s, t) {
+	if t.evictUnused(s) {
 		return true
 	}
 	for i := range t.shards {
@@ -101,7 +128,7 @@ func (t *clientTable) evictOne(s *clientShard) bool {
 		if o == s || !o.mu.TryLock() {
 			continue
 		}
-		ok := evictUnused(o, t)
+		ok := t.evictUnused(o)
 		o.mu.Unlock()
 		if ok {
 			return true
@@ -111,75 +138,100 @@ func (t *clientTable) evictOne(s *clientShard) bool {
 }
 
 // evictUnused deletes an entry of s that holds nothing; s.mu is held.
-func evictUnused(s *clientShard, t *clientTable) bool {
-	for k, e := range s.m {
-		if e.conns == 0 && e.requests == 0 {
-			delete(s.m, k)
-			t.entries.Add(-1)
+func (t *clientTable) evictUnused(s *clientShard) bool {
+	for _, e := range s.m {
+		if t.retire(s, e) {
 			return true
 		}
 	}
 	return false
 }
 
-// dropIfUnused removes e once it holds nothing and its bucket is full;
-// s.mu is held.
-func (t *clientTable) dropIfUnused(s *clientShard, e *clientEntry, now time.Time) {
-	if e.conns > 0 || e.requests > 0 {
+// retire takes e out of the table if it holds nothing; s.mu is held.
+func (t *clientTable) retire(s *clientShard, e *clientEntry) bool {
+	if !e.word.CompareAndSwap(0, deadBit) {
+		return false
+	}
+	delete(s.m, e.key)
+	t.entries.Add(-1)
+	return true
+}
+
+// dropIfUnused takes e out of the table once it holds nothing and its
+// bucket is full.
+func (t *clientTable) dropIfUnused(e *clientEntry, now time.Time) {
+	if e.word.Load() != 0 {
 		return
 	}
 	if e.limiter != nil && e.limiter.TokensAt(now) < float64(t.burst) {
 		return
 	}
-	delete(s.m, e.key)
-	t.entries.Add(-1)
-}
-
-// addConn counts a connection of key's, or reports false when key holds its
-// share. A full table counts nothing and refuses nothing (ok, nil entry).
-func (t *clientTable) addConn(key netip.Addr) (*clientEntry, bool) {
-	s := t.shard(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := t.entry(s, key)
-	if e == nil {
-		return nil, true
-	}
-	if e.conns >= t.conns {
-		t.dropIfUnused(s, e, t.now())
-		return nil, false
-	}
-	e.conns++
-	return e, true
-}
-
-func (t *clientTable) releaseConn(e *clientEntry) {
 	s := t.shard(e.key)
 	s.mu.Lock()
-	e.conns--
-	t.dropIfUnused(s, e, t.now())
+	if s.m[e.key] == e {
+		t.retire(s, e)
+	}
 	s.mu.Unlock()
 }
 
-// addRequest counts a request of key's in flight, or names the limit it
-// would pass.
-func (t *clientTable) addRequest(key netip.Addr, now time.Time) (*clientEntry, Refusal) {
-	s := t.shard(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := t.entry(s, key)
-	if e == nil {
-		return nil, Admitted
+// take counts one unit (connUnit or requestUnit) on key's entry, or
+// reports false when the box is contended and key already holds limit of
+// them. A full table counts nothing and refuses nothing (ok, nil entry).
+func (t *clientTable) take(key netip.Addr, unit uint64, limit uint32, contended bool) (*clientEntry, bool) {
+	for {
+		e := t.entry(key)
+		if e == nil {
+			return nil, true
+		}
+		for {
+			w := e.word.Load()
+			if w&deadBit != 0 {
+				break // it left the table: take it on its successor
+			}
+			n := uint32(w >> 32)
+			if unit == requestUnit {
+				n = uint32(w & requestMask)
+			}
+			if contended && n >= limit {
+				return nil, false
+			}
+			if e.word.CompareAndSwap(w, w+unit) {
+				return e, true
+			}
+		}
 	}
-	if e.requests >= t.requests {
-		t.dropIfUnused(s, e, now)
+}
+
+// addConn counts a connection of key's, or reports false when the box is
+// contended and key holds its share.
+func (t *clientTable) addConn(key netip.Addr, contended bool) (*clientEntry, bool) {
+	return t.take(key, connUnit, t.conns, contended)
+}
+
+func (t *clientTable) releaseConn(e *clientEntry) {
+	if e.word.Add(^uint64(connUnit-1)) == 0 {
+		t.dropIfUnused(e, t.now())
+	}
+}
+
+// overShare is how many connections e holds past its share; 0 when it
+// holds its share or less.
+func (t *clientTable) overShare(e *clientEntry) int {
+	return max(0, e.conns()-int(t.conns))
+}
+
+// addRequest counts a request of key's in flight, or names the limit it
+// would pass: its share of requests in flight while the box is contended,
+// its rate at any time.
+func (t *clientTable) addRequest(key netip.Addr, now time.Time, contended bool) (*clientEntry, Refusal) {
+	e, ok := t.take(key, requestUnit, t.requests, contended)
+	if !ok {
 		return nil, RefusedClientRequests
 	}
-	if e.limiter != nil && !e.limiter.AllowN(now, 1) {
-		t.dropIfUnused(s, e, now)
+	if e != nil && e.limiter != nil && !e.limiter.AllowN(now, 1) {
+		e.word.Add(^uint64(requestUnit - 1))
 		return nil, RefusedClientRate
 	}
-	e.requests++
 	return e, Admitted
 }
 
@@ -188,13 +240,9 @@ func (t *clientTable) addRequest(key netip.Addr, now time.Time) (*clientEntry, R
 // proxy holds no connection entry, and dropping it here would allocate it
 // anew for its every request.
 func (t *clientTable) releaseRequest(e *clientEntry) {
-	s := t.shard(e.key)
-	s.mu.Lock()
-	e.requests--
-	if t.entries.Load() > t.maxEntries/2 {
-		t.dropIfUnused(s, e, t.now())
+	if e.word.Add(^uint64(requestUnit-1)) == 0 && t.entries.Load() > t.maxEntries/2 {
+		t.dropIfUnused(e, t.now())
 	}
-	s.mu.Unlock()
 }
 
 // sweep drops the entries that hold nothing and whose buckets are full.
@@ -204,7 +252,9 @@ func (t *clientTable) sweep() {
 		s := &t.shards[i]
 		s.mu.Lock()
 		for _, e := range s.m {
-			t.dropIfUnused(s, e, now)
+			if e.word.Load() == 0 && (e.limiter == nil || e.limiter.TokensAt(now) >= float64(t.burst)) {
+				t.retire(s, e)
+			}
 		}
 		s.mu.Unlock()
 	}

@@ -113,7 +113,7 @@ func TestARequestIsCountedByTheAddressAfterTheLastProxy(t *testing.T) {
 	}
 }
 
-func TestAClientAddressPastItsShareOfRequestsIsRefused429(t *testing.T) {
+func TestAClientAddressPastItsShareOfRequestsIsRefused429UnderPressure(t *testing.T) {
 	l := testLimits(100)
 	l.RequestsPerClient = 3
 	c := newController(t, Options{Limits: l, Proxies: testProxies, TrustedProxies: testProxies})
@@ -130,6 +130,13 @@ func TestAClientAddressPastItsShareOfRequestsIsRefused429(t *testing.T) {
 		}
 		held = append(held, k)
 	}
+	// On an idle box the share binds nobody.
+	k, why := c.Admit(request("192.0.2.7:999"), "app")
+	if why != Admitted {
+		t.Fatalf("a fourth request of the address on an idle box = %v, want admitted", why)
+	}
+	k.Release()
+	holdUpstreams(t, c.Controller, 90) // past the high-water mark
 	cases := []struct {
 		name   string
 		remote string
@@ -159,7 +166,7 @@ func TestAClientAddressPastItsShareOfRequestsIsRefused429(t *testing.T) {
 
 	held[0].Release()
 	held = held[1:]
-	k, why := c.Admit(request("192.0.2.7:1"), "app")
+	k, why = c.Admit(request("192.0.2.7:1"), "app")
 	if why != Admitted {
 		t.Fatalf("Admit after one of the address's requests ended = %v, want admitted", why)
 	}
@@ -170,6 +177,7 @@ func TestAnIPv6ClientsShareOfRequestsIsItsSlash64s(t *testing.T) {
 	l := testLimits(100)
 	l.RequestsPerClient = 1
 	c := newController(t, Options{Limits: l})
+	holdUpstreams(t, c.Controller, 90) // the shares bind
 	k, why := c.Admit(request("[2001:db8:1:2::1]:1000"), "app")
 	if why != Admitted {
 		t.Fatalf("first request = %v, want admitted", why)

@@ -1,7 +1,6 @@
 package admission
 
 import (
-	"crypto/tls"
 	"net"
 	"net/http"
 	"net/netip"
@@ -14,8 +13,9 @@ import (
 var errListenerClosed = net.ErrClosed
 
 // Listener returns l counted against the budget: Accept waits (leaving
-// connections in the kernel's backlog) while the budget is spent, and
-// closes at once a connection from a client address that holds its share.
+// connections in the kernel's backlog) while the budget is spent, and,
+// while the box is under pressure, closes at once a connection from a
+// client address that holds its share.
 // Wrap the raw listener, below the PROXY protocol and TLS: the peer it
 // counts is the one that connected. Set the servers' ConnState to
 // c.ConnState so that idle connections can be shed.
@@ -44,7 +44,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		var client *clientEntry
 		if key, ok := l.c.clientOfPeer(conn.RemoteAddr()); ok {
-			if client, ok = l.c.clients.addConn(key); !ok {
+			if client, ok = l.c.clients.addConn(key, l.c.contended.Load()); !ok {
 				conn.Close()
 				l.c.m.refused(refusedClientConns)
 				l.c.logRefusal(refusedClientConns)
@@ -53,7 +53,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		l.c.clientConns.Add(1)
 		l.c.opened()
-		return &trackedConn{Conn: conn, c: l.c, client: client}, nil
+		return &trackedConn{Conn: conn, c: l.c, client: client, shardIdx: uint8(l.c.connSeq.Add(1) % connShards)}, nil
 	}
 }
 
@@ -122,20 +122,24 @@ type trackedConn struct {
 	upstream bool
 	closed   atomic.Bool
 
-	// Guarded by c.idle.mu.
-	outer     net.Conn // the server's connection over this one (a *tls.Conn, say)
-	state     connState
-	since     time.Time // when it became idle (or was accepted)
-	goingAway bool      // sent a GOAWAY: close once idle
-	prev      *trackedConn
-	next      *trackedConn
-	listed    bool
+	// Where it stands, as its server reported: written by its own
+	// requests only, so that a request takes no lock another connection
+	// takes. Shedding reads them when it looks for idle connections.
+	state     atomic.Uint32 // a connState
+	since     atomic.Int64  // when it became idle (or was accepted), Unix ns of c.clock
+	goingAway atomic.Bool   // sent a GOAWAY: close once idle
+	draining  atomic.Bool   // sent a GOAWAY, not closed yet
+	arriving  atomic.Bool   // received bytes since it was last idle
+
+	// Guarded by its registry shard's lock; shardIdx is set at accept.
+	shardIdx   uint8
+	outer      net.Conn // the server's connection over this one (a *tls.Conn, say)
+	listed     bool
+	prev, next *trackedConn
 
 	// goAwayMu is held while a GOAWAY is written to the connection, and
 	// waited on before it turns active (see goAway).
 	goAwayMu sync.Mutex
-	draining atomic.Bool // sent a GOAWAY, not closed yet
-	arriving atomic.Bool // received bytes since it was listed idle
 }
 
 // NetConn returns the connection underneath, as tls.Conn's does.
@@ -164,7 +168,8 @@ func (c *Controller) connClosed(t *trackedConn) {
 	if t.upstream {
 		c.upstreamConns.Add(-1)
 	} else {
-		c.idle.remove(t, stateGone)
+		t.state.Store(uint32(stateGone))
+		c.conns.remove(t)
 		c.undrain(t)
 		c.clientConns.Add(-1)
 		if t.client != nil {
@@ -199,9 +204,10 @@ type trackedSyscallConn struct {
 
 func (t *trackedSyscallConn) SyscallConn() (syscall.RawConn, error) { return t.sc.SyscallConn() }
 
-// ConnState is the hook for http.Server.ConnState: it keeps the list of idle
-// connections, oldest first, that pressure sheds. A connection not from
-// c.Listener is ignored.
+// ConnState is the hook for http.Server.ConnState: it notes where each
+// connection stands, for shedding to find the idle ones. A connection not
+// from c.Listener is ignored. A keep-alive request's two calls touch its
+// connection's own fields only.
 func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 	if c == nil {
 		return
@@ -216,24 +222,56 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		// or one that never sends anything, is as cheap to shed as an idle
 		// keep-alive one (minIdleAge spares those whose request is on its
 		// way).
-		c.idle.push(t, conn, stateNew, c.clock.Now())
+		t.since.Store(c.clock.Now().UnixNano())
+		c.conns.add(t, conn)
 	case http.StateIdle:
-		if c.idle.push(t, conn, stateIdle, c.clock.Now()) {
+		t.arriving.Store(false)
+		t.since.Store(c.clock.Now().UnixNano())
+		if !t.setState(stateIdle) {
+			return
+		}
+		if t.goingAway.Load() {
 			// Told to go away, the client opens no stream on it again.
 			// Its last stream's final frames may still be on their way
 			// out of the server's buffer: close it a little later.
 			c.closeIfIdleAfter(t, goAwayGrace)
 		}
 	case http.StateActive:
-		if c.idle.remove(t, stateActive) {
-			// A GOAWAY may be on its way out: the stream's first
-			// frame waits for it.
-			t.waitGoAwayWritten()
+		t.setState(stateActive)
+		if t.goingAway.Load() {
+			// A GOAWAY may be on its way out: the stream's first frame
+			// waits for it.
+			t.awaitGoAway()
 		}
 	case http.StateHijacked, http.StateClosed:
-		c.idle.remove(t, stateGone)
+		t.state.Store(uint32(stateGone))
+		c.conns.remove(t)
 	}
 }
+
+// awaitGoAway waits until a GOAWAY being written to t is out: goAway holds
+// goAwayMu while it writes. A barrier: the lock guards nothing.
+func (t *trackedConn) awaitGoAway() {
+	t.goAwayMu.Lock()
+	//lint:ignore SA2001 a barrier: locked only to wait for goAway's write
+	t.goAwayMu.Unlock()
+}
+
+// setState moves t to st unless it is gone, and reports whether it did.
+func (t *trackedConn) setState(st connState) bool {
+	for {
+		cur := t.state.Load()
+		if connState(cur) == stateGone {
+			return false
+		}
+		if t.state.CompareAndSwap(cur, uint32(st)) {
+			return true
+		}
+	}
+}
+
+// isIdle reports whether t is idle now.
+func (t *trackedConn) isIdle() bool { return connState(t.state.Load()) == stateIdle }
 
 // trackedOf finds the tracked connection under conn (a *tls.Conn's, or one
 // wrapped by the PROXY protocol or a gate); nil when there is none.
@@ -260,34 +298,19 @@ func (t *trackedConn) closeRaw() {
 	t.Close()
 }
 
-// shedOldest closes the connection idle the longest, if it has been idle at
-// least age, and reports whether it shed one. An HTTP/2 connection is sent
-// a GOAWAY instead and closed after goAwayGrace if still idle; until then
-// it counts in c.draining.
-func (c *Controller) shedOldest(now time.Time, age time.Duration) bool {
-	t, outer, h2 := c.idle.popOldest(now, age)
-	if t == nil {
-		return false
-	}
+// shed closes t, an idle connection shedding chose; h2 says it speaks
+// HTTP/2, and is sent a GOAWAY instead and closed after goAwayGrace if
+// still idle; until then it counts in c.draining.
+func (c *Controller) shed(t *trackedConn, outer net.Conn, h2 bool) {
 	c.m.shed.WithLabelValues(shedIdle).Inc()
 	c.shedIdle.Add(1)
 	if !h2 {
 		t.closeRaw()
-		return true
+		return
 	}
 	t.draining.Store(true)
 	c.draining.Add(1)
 	go c.goAway(t, outer)
-	return true
-}
-
-// waitGoAwayWritten returns once no GOAWAY is being written to t. It is a
-// barrier, not a critical section: taking goAwayMu waits out a goAway that
-// holds it, and there is nothing to guard once it is ours.
-func (t *trackedConn) waitGoAwayWritten() {
-	t.goAwayMu.Lock()
-	//lint:ignore SA2001 an empty critical section is the barrier itself
-	t.goAwayMu.Unlock()
 }
 
 // goAway writes a GOAWAY to an idle HTTP/2 connection, then closes it after
@@ -301,7 +324,7 @@ func (t *trackedConn) waitGoAwayWritten() {
 // opened meanwhile can be split around it.
 func (c *Controller) goAway(t *trackedConn, outer net.Conn) {
 	t.goAwayMu.Lock()
-	idle := c.idle.isIdle(t)
+	idle := t.isIdle()
 	var err error
 	if idle {
 		_, err = outer.Write(goAwayFrame[:])
@@ -311,7 +334,7 @@ func (c *Controller) goAway(t *trackedConn, outer net.Conn) {
 	case !idle:
 		// A stream started first: it is left alone, and the connection
 		// is listed again when idle.
-		c.idle.cancelGoAway(t)
+		t.goingAway.Store(false)
 		c.undrain(t)
 	case err != nil:
 		t.closeRaw()
@@ -323,7 +346,7 @@ func (c *Controller) goAway(t *trackedConn, outer net.Conn) {
 // closeIfIdleAfter closes t after d unless a stream made it active.
 func (c *Controller) closeIfIdleAfter(t *trackedConn, d time.Duration) {
 	time.AfterFunc(d, func() {
-		if c.idle.isIdle(t) {
+		if t.isIdle() {
 			t.closeRaw()
 		}
 	})
@@ -346,116 +369,4 @@ var goAwayFrame = [17]byte{
 	0, 0, 0, 0, // stream 0
 	0x7f, 0xff, 0xff, 0xff, // last stream identifier
 	0, 0, 0, 0, // NO_ERROR
-}
-
-// idleList holds the idle client connections, oldest first.
-type idleList struct {
-	mu         sync.Mutex
-	head, tail *trackedConn
-	n          int
-}
-
-func (l *idleList) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.n
-}
-
-// push appends t as idle since now (moving it to the back if listed) and
-// reports whether it was told to go away.
-func (l *idleList) push(t *trackedConn, outer net.Conn, st connState, now time.Time) (goingAway bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if t.state == stateGone {
-		return false
-	}
-	t.outer, t.state, t.since = outer, st, now
-	t.arriving.Store(false)
-	if t.goingAway {
-		return true
-	}
-	if t.listed {
-		l.unlink(t)
-	}
-	t.prev, t.next, t.listed = l.tail, nil, true
-	if l.tail != nil {
-		l.tail.next = t
-	} else {
-		l.head = t
-	}
-	l.tail = t
-	l.n++
-	return false
-}
-
-// remove unlists t, now in state st, and reports whether it was told to go
-// away.
-func (l *idleList) remove(t *trackedConn, st connState) (goingAway bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if t.state != stateGone {
-		t.state = st
-	}
-	if t.listed {
-		l.unlink(t)
-	}
-	return t.goingAway
-}
-
-// cancelGoAway forgets that t was to be told to go away: it turned active
-// before the GOAWAY was written.
-func (l *idleList) cancelGoAway(t *trackedConn) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	t.goingAway = false
-}
-
-func (l *idleList) isIdle(t *trackedConn) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return t.state == stateIdle
-}
-
-func (l *idleList) unlink(t *trackedConn) {
-	if t.prev != nil {
-		t.prev.next = t.next
-	} else {
-		l.head = t.next
-	}
-	if t.next != nil {
-		t.next.prev = t.prev
-	} else {
-		l.tail = t.prev
-	}
-	t.prev, t.next, t.listed = nil, nil, false
-	l.n--
-}
-
-// popOldest unlists the connection idle the longest if it has been idle at
-// least age; h2 reports that it speaks HTTP/2 (and is to be sent a GOAWAY,
-// so it is marked going away).
-func (l *idleList) popOldest(now time.Time, age time.Duration) (t *trackedConn, outer net.Conn, h2 bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for {
-		t = l.head
-		if t == nil || now.Sub(t.since) < age {
-			return nil, nil, false
-		}
-		l.unlink(t)
-		outer = t.outer
-		// Only a connection past its handshake can be asked its protocol
-		// without waiting on the handshake's lock.
-		if tc, ok := outer.(*tls.Conn); ok && t.state == stateIdle && tc.ConnectionState().NegotiatedProtocol == "h2" {
-			// A GOAWAY is graceful whatever arrives meanwhile (a PING,
-			// a stream its client opened first).
-			t.goingAway = true
-			return t, outer, true
-		}
-		if !t.arriving.Load() {
-			return t, outer, false
-		}
-		// A handshake or a request is on its way: not idle, and not
-		// listed again until its server says it is.
-	}
 }

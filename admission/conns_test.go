@@ -2,10 +2,12 @@ package admission
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,24 +20,36 @@ func remoteIP(c net.Conn) string {
 	return c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap().String()
 }
 
-func TestAClientAddressPastItsShareOfConnectionsIsClosedAtOnce(t *testing.T) {
+func TestAClientAddressPastItsShareOfConnectionsIsClosedAtOnceOnlyUnderPressure(t *testing.T) {
 	t.Parallel()
-	l := testLimits(100)
+	l := testLimits(20) // pressure from 18 connections, over under 16
 	l.ConnsPerClient = 2
 	c := newController(t, Options{Limits: l})
+	c.run(t)
 	ln := listen(t)
 	conns := acceptLoop(t, c.Listener(ln))
 	addr := ln.Addr().String()
 
-	dialFrom(t, "127.0.0.1", addr)
-	first := accepted(t, conns, "first connection of 127.0.0.1")
-	dialFrom(t, "127.0.0.1", addr)
-	accepted(t, conns, "second connection of 127.0.0.1")
+	// On an idle box a share binds nobody: a NAT's address may hold more.
+	var nat []net.Conn
+	for i := range 4 {
+		dialFrom(t, "127.0.0.1", addr)
+		nat = append(nat, accepted(t, conns, fmt.Sprintf("connection %d of 127.0.0.1 on an idle box", i+1)))
+	}
+	if got := c.shed(t, "client_conns"); got != 0 {
+		t.Errorf("scafo_edge_shed_total{reason=client_conns} = %v on an idle box, want 0", got)
+	}
 
+	// Under pressure the address past its share is refused new
+	// connections; one within its share is not.
+	release := holdUpstreams(t, c.Controller, 14)
+	if s := c.Snapshot(); !s.SharesBind {
+		t.Fatalf("Snapshot at %d of %d connections: shares do not bind", s.ClientConns+s.UpstreamConns, l.MaxConns)
+	}
 	for i := range 2 {
 		extra := dialFrom(t, "127.0.0.1", addr)
 		if err := closedByPeer(extra); err != nil {
-			t.Fatalf("connection %d of 127.0.0.1 past its share of 2: %v", i+3, err)
+			t.Fatalf("connection %d of 127.0.0.1, past its share of 2 under pressure: %v", i+5, err)
 		}
 	}
 	dialFrom(t, "127.0.0.2", addr)
@@ -48,15 +62,45 @@ func TestAClientAddressPastItsShareOfConnectionsIsClosedAtOnce(t *testing.T) {
 	if n := len(c.log.LogEntries("holds its share of connections")); n != 1 {
 		t.Errorf("closed connections logged %d times, want once a minute:\n%s", n, c.log.String())
 	}
-	if s := c.Snapshot(); s.ClientConns != 3 || s.Clients != 2 {
-		t.Errorf("Snapshot = %d connections of %d addresses, want 3 of 2", s.ClientConns, s.Clients)
+	if s := c.Snapshot(); s.ClientConns != 5 || s.Clients != 2 {
+		t.Errorf("Snapshot = %d connections of %d addresses, want 5 of 2", s.ClientConns, s.Clients)
 	}
 
-	first.Close()
+	// Down to its share, it is still refused while the pressure lasts.
+	nat[0].Close()
+	nat[1].Close()
+	if err := closedByPeer(dialFrom(t, "127.0.0.1", addr)); err != nil {
+		t.Fatalf("a connection of 127.0.0.1 at its share, under pressure: %v", err)
+	}
+	// Once the pressure is over, it may pass its share again.
+	release()
+	testsupport.WaitFor(t, 10*time.Second, "the shares to stop binding", func() bool { return !c.Snapshot().SharesBind })
 	dialFrom(t, "127.0.0.1", addr)
-	if got := accepted(t, conns, "a connection of 127.0.0.1 once one of its two closed"); remoteIP(got) != "127.0.0.1" {
+	if got := accepted(t, conns, "a connection of 127.0.0.1 past its share once the pressure is over"); remoteIP(got) != "127.0.0.1" {
 		t.Fatalf("accepted a connection from %s, want 127.0.0.1", remoteIP(got))
 	}
+}
+
+// holdUpstreams counts n connections to an upstream (pipes) against c's
+// budget until release is called or the test ends: a test's way to put the
+// box under pressure.
+func holdUpstreams(t testing.TB, c *Controller, n int) (release func()) {
+	t.Helper()
+	var held []net.Conn
+	for range n {
+		a, b := net.Pipe()
+		held = append(held, c.TrackUpstream(a), b)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			for _, conn := range held {
+				conn.Close()
+			}
+		})
+	}
+	t.Cleanup(release)
+	return release
 }
 
 func TestAProxysConnectionsCountAgainstTheBudgetButNotAsOneClients(t *testing.T) {

@@ -101,16 +101,24 @@ type Controller struct {
 	waiting atomic.Int32
 	paused  atomic.Bool // an Accept waits for room now
 
-	idle    idleList
+	conns   connRegistry
+	connSeq atomic.Uint32 // spreads connections over the registry's shards
 	clients clientTable
 	apps    appTable
 
 	memHigh atomic.Bool
-	wake    chan struct{}
+	// contended is set when connections pass the high-water mark, memory
+	// its own, or Accept waits for room, and cleared once the connections
+	// are back under the low-water mark, memory under its own and Accept
+	// not waiting: while it is set, a client address past its share is
+	// refused new connections and requests.
+	contended atomic.Bool
+	wake      chan struct{}
 
-	// shedMu serialises shedding; closeIdleUpstreams is
+	// shedMu serialises shedding and guards plan; closeIdleUpstreams is
 	// Options.CloseIdleUpstreams.
 	shedMu             sync.Mutex
+	plan               shedPlan
 	closeIdleUpstreams func()
 
 	// episode is the monitor's; Snapshot reads it under episodeMu.
@@ -173,10 +181,13 @@ func (c *Controller) poke() {
 	}
 }
 
-// opened notes a new connection; past the high-water mark it wakes the
-// monitor to shed idle ones.
+// opened notes a new connection; past the high-water mark the box is
+// contended, and it wakes the monitor to shed idle ones.
 func (c *Controller) opened() {
-	if float64(c.inUse()) >= highWater*float64(c.limits.MaxConns) {
+	if float64(c.inUse()+c.quicConns.Load()) >= highWater*float64(c.limits.MaxConns) {
+		if !c.contended.Load() {
+			c.contended.Store(true)
+		}
 		c.poke()
 	}
 }
@@ -223,6 +234,7 @@ func (c *Controller) awaitRoom(done <-chan struct{}) error {
 		if c.paused.CompareAndSwap(false, true) {
 			c.m.acceptPauses.Inc()
 		}
+		c.contended.Store(true)
 		c.poke()
 		select {
 		case <-room:
@@ -250,7 +262,7 @@ func (c *Controller) makeRoom() bool {
 	if c.inUse() < max {
 		return true
 	}
-	if !c.shedOldest(c.clock.Now(), minIdleAge) && c.closeIdleUpstreams != nil {
+	if !c.shedNext(c.clock.Now(), minIdleAge) && c.closeIdleUpstreams != nil {
 		c.closeIdleUpstreams()
 	}
 	return c.inUse() < max
@@ -291,16 +303,27 @@ func (c *Controller) sampleMemory() {
 	switch {
 	case !c.memHigh.Load() && use >= memHighWater*float64(limit):
 		c.memHigh.Store(true)
+		c.contended.Store(true)
 	case c.memHigh.Load() && use < memLowWater*float64(limit):
 		c.memHigh.Store(false)
 	}
 }
 
 // step starts or ends an episode of pressure and, during one, closes idle
-// connections: oldest first down to the low-water mark, and every one idle
-// past the short idle timeout.
+// connections: those of the client addresses furthest past their share
+// first, down to their share, then the others oldest first, down to the
+// low-water mark; and, while the pressure lasts, every one idle past the
+// short idle timeout.
 func (c *Controller) step() {
 	max := float64(c.limits.MaxConns)
+	// Those sent a GOAWAY are as good as closed: shedding them again would
+	// close more than needed.
+	pressed := func() bool {
+		return float64(c.inUse()-c.draining.Load()) >= lowWater*max || c.memHigh.Load() || c.paused.Load()
+	}
+	if c.contended.Load() && !pressed() && float64(c.inUse()+c.quicConns.Load()-c.draining.Load()) < lowWater*max {
+		c.contended.Store(false)
+	}
 	used := c.inUse()
 	now := c.clock.Now()
 	c.episodeMu.Lock()
@@ -322,35 +345,37 @@ func (c *Controller) step() {
 		ep = episode{active: true, started: now, reason: reason, peak: used, shedAtStart: c.shedIdle.Load()}
 		c.m.pressure.Set(1)
 		c.m.episodes.Inc()
-		msg := "overload: closing idle connections oldest first, idle timeout " + pressureIdleTimeout.String() + " until it is over"
+		msg := "overload: closing idle connections (client addresses furthest past their share first, then oldest first), idle timeout " +
+			pressureIdleTimeout.String() + ", client addresses held to their share until it is over"
 		if c.memHigh.Load() {
 			msg += "; new requests get 503 while memory is past its high-water mark"
 		}
 		c.log.Warn().Str("reason", reason).Int64("conns", used).Int("max_conns", c.limits.MaxConns).
-			Bool("memory_high", c.memHigh.Load()).Int("idle_conns", c.idle.len()).Msg(msg)
-	}
-	// Those sent a GOAWAY are as good as closed: shedding them again would
-	// close more than needed.
-	pressed := func() bool {
-		return float64(c.inUse()-c.draining.Load()) >= lowWater*max || c.memHigh.Load() || c.paused.Load()
+			Bool("memory_high", c.memHigh.Load()).Int("idle_conns", c.conns.idleLen()).Msg(msg)
 	}
 	// One shedder at a time (Accept and Admit make room too), or two
 	// would close a connection more than needed.
 	c.shedMu.Lock()
-	if pressed() && c.closeIdleUpstreams != nil {
-		// Idle upstream connections cost the least to give up: the next
-		// request dials again, and no client notices.
-		c.closeIdleUpstreams()
+	if pressed() {
+		if c.closeIdleUpstreams != nil {
+			// Idle upstream connections cost the least to give up: the
+			// next request dials again, and no client notices.
+			c.closeIdleUpstreams()
+		}
+		c.makePlan(now)
 	}
 	for float64(c.inUse()-c.draining.Load()) >= lowWater*max {
-		if !c.shedOldest(now, minIdleAge) {
+		if !c.shedNext(now, minIdleAge) {
 			break
 		}
 	}
-	// The short idle timeout holds while the pressure does, not while the
-	// episode waits out calmFor: by then every connection idle since the
-	// start would be past it.
-	for pressed() && c.shedOldest(now, pressureIdleTimeout) {
+	// While the pressure lasts, the addresses past their share lose their
+	// idle connections down to it, and the short idle timeout holds for
+	// everyone; not while the episode waits out calmFor: by then every
+	// connection idle since the start would be past it.
+	if pressed() {
+		c.shedOver(now)
+		c.shedIdleLongerThan(now, pressureIdleTimeout)
 	}
 	c.shedMu.Unlock()
 	used = c.inUse()
@@ -363,7 +388,7 @@ func (c *Controller) step() {
 	case now.Sub(ep.calm) >= calmFor:
 		c.m.pressure.Set(0)
 		c.log.Info().Dur("lasted", now.Sub(ep.started)).Int64("idle_closed", c.shedIdle.Load()-ep.shedAtStart).Int64("peak_conns", ep.peak).
-			Int64("conns", used).Msg("overload over: idle timeout back to normal")
+			Int64("conns", used).Msg("overload over: idle timeout back to normal, client shares no longer bind")
 		ep = episode{}
 	}
 	c.episodeMu.Lock()
@@ -384,6 +409,7 @@ type Status struct {
 	PressureReason    string    `json:"pressure_reason,omitempty"`
 	PressureSince     time.Time `json:"pressure_since,omitzero"`
 	AcceptPaused      bool      `json:"accept_paused"`
+	SharesBind        bool      `json:"shares_bind"` // client addresses are held to their shares now
 	MemoryHigh        bool      `json:"memory_high"`
 	ClientConns       int64     `json:"client_conns"`
 	HTTP3Conns        int64     `json:"http3_conns"`
@@ -418,8 +444,8 @@ func (c *Controller) Snapshot() Status {
 	c.episodeMu.Unlock()
 	return Status{
 		Pressure: ep.active, PressureReason: ep.reason, PressureSince: ep.started,
-		AcceptPaused: c.paused.Load(), MemoryHigh: c.memHigh.Load(),
-		ClientConns: c.clientConns.Load(), HTTP3Conns: c.quicConns.Load(), UpstreamConns: c.upstreamConns.Load(), IdleConns: c.idle.len(),
+		AcceptPaused: c.paused.Load(), SharesBind: c.contended.Load(), MemoryHigh: c.memHigh.Load(),
+		ClientConns: c.clientConns.Load(), HTTP3Conns: c.quicConns.Load(), UpstreamConns: c.upstreamConns.Load(), IdleConns: c.conns.idleLen(),
 		MaxConns: c.limits.MaxConns, ConnsPerClient: c.limits.ConnsPerClient, RequestsPerClient: c.limits.RequestsPerClient,
 		AppShare: c.limits.AppShare, ClientRate: c.limits.ClientRate, MemoryLimit: c.limits.MemoryLimit,
 		Clients: c.clients.len(), Apps: c.apps.loads(),

@@ -8,21 +8,26 @@
 // process runs under (Derive); a Controller enforces it:
 //
 //   - on every listener (Listener, QUICListener): connections are counted
-//     globally and per client address; past a client address's share a new
-//     connection is closed at once; at the global limit the edge first
-//     closes the oldest idle connection, and with none stops accepting, the
-//     kernel keeping new connections in its backlog. HTTP/3 connections,
-//     which hold no descriptor, take only what TCP leaves;
+//     globally and per client address; while the box is under pressure, a
+//     new connection of a client address past its share is closed at once
+//     (a share binds only when someone else is short); at the global limit
+//     the edge first closes an idle connection (in the order below), and
+//     with none stops accepting, the kernel keeping new connections in its
+//     backlog. HTTP/3 connections, which hold no descriptor, take only what
+//     TCP leaves;
 //   - under pressure (connections or memory past their high-water marks),
-//     idle pooled upstream connections are closed, then idle client ones,
-//     oldest first (HTTP/2 ones after a GOAWAY), and idle connections get a
-//     short idle timeout, until the count is back under the low-water mark;
+//     idle pooled upstream connections are closed, then idle client ones:
+//     those of the client addresses furthest past their share first, down
+//     to it, then the others oldest first (HTTP/2 ones after a GOAWAY), and
+//     idle connections get a short idle timeout, until the count is back
+//     under the low-water mark;
 //   - on every request about to be forwarded (Admit): past the memory
 //     high-water mark, or with the budget and its overdraft spent, new
 //     requests are refused (503); past a client address's share of
-//     requests in flight, or its optional rate, 429; past an application's
-//     share of requests in flight to its upstreams, requests wait in a
-//     short bounded queue, then 503.
+//     requests in flight while the box is under pressure or the request's
+//     application is contended, or past its optional rate, 429; past an
+//     application's share of requests in flight to its upstreams, requests
+//     wait in a short bounded queue, then 503.
 //
 // A request already in flight is never cut for pressure.
 //

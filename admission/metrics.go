@@ -79,7 +79,7 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		gauge("scafo_edge_conns_limit", "The connection budget: client and upstream connections the edge holds at most (--max-conns).", nil,
 			func() float64 { return float64(c.limits.MaxConns) }),
 		gauge("scafo_edge_idle_conns", "Client connections idle now, the first to be closed under pressure.", nil,
-			func() float64 { return float64(c.idle.len()) }),
+			func() float64 { return float64(c.conns.idleLen()) }),
 		gauge("scafo_edge_memory_limit_bytes", "The memory limit the edge keeps under (cgroup, GOMEMLIMIT or flag); 0: none known.", nil,
 			func() float64 { return float64(c.limits.MemoryLimit) }),
 		gauge("scafo_edge_client_addresses", "Client addresses the edge keeps counts for now.", nil,

@@ -47,7 +47,7 @@ func (l *quicListener) Accept(ctx context.Context) (*quic.Conn, error) {
 		}
 		var client *clientEntry
 		if key, ok := l.c.clientOfPeer(conn.RemoteAddr()); ok {
-			if client, ok = l.c.clients.addConn(key); !ok {
+			if client, ok = l.c.clients.addConn(key, l.c.contended.Load()); !ok {
 				conn.CloseWithError(h3ExcessiveLoad, "")
 				l.c.m.refused(refusedClientConns)
 				l.c.logRefusal(refusedClientConns)
@@ -55,6 +55,7 @@ func (l *quicListener) Accept(ctx context.Context) (*quic.Conn, error) {
 			}
 		}
 		l.c.quicConns.Add(1)
+		l.c.opened()
 		context.AfterFunc(conn.Context(), func() {
 			l.c.quicConns.Add(-1)
 			if client != nil {

@@ -54,7 +54,7 @@ func (tc *testController) waitCalm(t *testing.T, clk *clock.Fake) {
 
 // Log lines of an episode.
 const (
-	episodeStart = "closing idle connections oldest first"
+	episodeStart = "overload: closing idle connections"
 	episodeEnd   = "overload over"
 )
 
@@ -586,9 +586,9 @@ func TestAConnectionWhoseRequestIsArrivingIsNotShed(t *testing.T) {
 		t.Fatal(err)
 	}
 	testsupport.WaitFor(t, 10*time.Second, "the edge to read the first bytes of the oldest's request", func() bool {
-		c.idle.mu.Lock()
-		defer c.idle.mu.Unlock()
-		return c.idle.head != nil && c.idle.head.arriving.Load()
+		arriving := false
+		c.conns.each(func(t *trackedConn, _ net.Conn) { arriving = arriving || t.arriving.Load() })
+		return arriving
 	})
 	c.waitPressure(t)
 	clk.Advance(time.Second)

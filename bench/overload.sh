@@ -29,11 +29,22 @@ Usage: bench/overload.sh [flags]
                          h2:N       N held requests as HTTP/2 streams, 100
                                     to a connection, over TLS (scafo-edge,
                                     Caddy and Traefik only)
+                         h3:N       the same as HTTP/3 streams over QUIC
+                                    (scafo-edge and Caddy, which serve it by
+                                    default)
+                         nat:N      N keep-alive connections to fast.test,
+                                    each asking once a second until the
+                                    end: browsers behind one NAT, on an
+                                    otherwise idle proxy
+                         slow:N     N connections trickling their request
+                                    headers, a byte a second (slowloris),
+                                    reopened when the proxy ends one
                        @A: from A client addresses, 127.0.0.2 onwards
                        (default one, 127.0.0.1). Default:
                        held:2000,held:9900,held:12500,held:12500@8,
-                       held:30000@8,idle:19000,idle:50000@8
-                       "all" adds h2:2000,h2:12500,h2:30000
+                       held:30000@8,idle:19000,idle:50000@8,nat:4000,
+                       slow:19000@16
+                       "all" adds h2:2000,h2:12500,h2:30000,h3:30000
   --edge-bin FILE      measure this scafo-edge binary instead of building one
   --edge-args "ARGS"   extra flags for scafo-edge serve (word-split), e.g.
                        "--max-conns 8000"; the table names them
@@ -70,8 +81,8 @@ WINDOW=8s
 RECOVERY=30s
 RAMP=60s
 PROXIES=scafo-edge,caddy,traefik,nginx,haproxy,haproxy-queue
-ROWS=held:2000,held:9900,held:12500,held:12500@8,held:30000@8,idle:19000,idle:50000@8
-H2_ROWS=h2:2000,h2:12500,h2:30000
+ROWS=held:2000,held:9900,held:12500,held:12500@8,held:30000@8,idle:19000,idle:50000@8,nat:4000,slow:19000@16
+H2_ROWS=h2:2000,h2:12500,h2:30000,h3:30000
 JSON=0
 JSON_FILE=
 INSTALL=1
@@ -112,7 +123,7 @@ while (($#)); do
 	esac
 	shift
 done
-[[ $ROWS == all ]] && ROWS=held:2000,held:9900,held:12500,held:12500@8,held:30000@8,idle:19000,idle:50000@8,$H2_ROWS
+[[ $ROWS == all ]] && ROWS=held:2000,held:9900,held:12500,held:12500@8,held:30000@8,idle:19000,idle:50000@8,nat:4000,slow:19000@16,$H2_ROWS
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -321,6 +332,14 @@ run_row() {
 			return ;;
 		esac
 	fi
+	if [[ $kind == h3 ]]; then
+		case $proxy in
+		scafo-edge | caddy) tls=1 ;;
+		*)
+			row "$proxy" "$spec" n/a "the h3 rows are run for scafo-edge and Caddy only (the others do not serve HTTP/3 by default)"
+			return ;;
+		esac
+	fi
 	log "$proxy $spec"
 	if ! start_apps; then
 		row "$proxy" "$spec" failed "the applications did not start: $(tail -1 "$WORK/app-0.log")"
@@ -375,7 +394,7 @@ for p in scafo-edge caddy traefik nginx haproxy haproxy-queue; do
 done
 IFS=, read -r -a row_list <<<"$ROWS"
 for spec in "${row_list[@]}"; do
-	[[ $spec =~ ^(held|idle|h2):[0-9]+k?(@[0-9]+)?$ ]] || die "row $spec: want held:N, idle:N or h2:N, optionally @ADDRESSES"
+	[[ $spec =~ ^(held|idle|h2|h3|nat|slow):[0-9]+k?(@[0-9]+)?$ ]] || die "row $spec: want held:N, idle:N, h2:N, h3:N, nat:N or slow:N, optionally @ADDRESSES"
 done
 
 for spec in "${row_list[@]}"; do

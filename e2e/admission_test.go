@@ -468,29 +468,64 @@ func TestAdmissionApplicationPastItsShareGets503WhileAnotherIsServed(t *testing.
 		share, refused, full, timedOut, bServed, bSent, upstreamHeld, admConns(t, e, "upstream"))
 }
 
-// TestAdmissionClientAddressPastItsConnectionShareHasNewConnectionsClosed:
-// past --max-conns-per-client, a client address's new connections are
-// closed at once, counted, and logged once; another address is served, and
-// a connection given back makes room again.
-func TestAdmissionClientAddressPastItsConnectionShareHasNewConnectionsClosed(t *testing.T) {
-	up := newAdmUpstream(t, "A")
-	routes := admRoutes(t, "a.example", up.addr())
-	e := admStartEdge(t, "--routes-file", routes, "--tls", "off", "--max-conns", "200", "--max-conns-per-client", "5")
-	waitEdgeReady(t, e)
-	const greedy, other, perClient, extra = "127.0.0.21", "127.0.0.22", 5, 10
-
+// admHold opens n connections from ip, each with a request the upstream
+// holds until it is released; it waits for them to arrive (want in all at
+// the upstream). With roots, over HTTPS (HTTP/1.1), for an edge with TLS
+// on, which redirects plain HTTP.
+func admHold(t *testing.T, e *runningEdge, up *admUpstream, ip string, n int, want int64, roots *x509.CertPool) []*admRaw {
+	t.Helper()
 	var held []*admRaw
-	for i := range perClient {
-		c, err := admDialRaw(t, greedy, e.HTTPAddr)
+	for i := range n {
+		var c *admRaw
+		var err error
+		if roots == nil {
+			c, err = admDialRaw(t, ip, e.HTTPAddr)
+		} else {
+			var tc *tls.Conn
+			tc, err = tls.DialWithDialer(admDialer(ip), "tcp", e.HTTPSAddr,
+				&tls.Config{RootCAs: roots, ServerName: "a.example", NextProtos: []string{"http/1.1"}})
+			if err == nil {
+				t.Cleanup(func() { tc.Close() })
+				c = &admRaw{Conn: tc, br: bufio.NewReader(tc)}
+			}
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		mustNil(t, c.send("a.example", "/held"))
-		if code, body, err := c.read(10 * time.Second); err != nil || code != 200 {
-			t.Fatalf("connection %d within the share: %d %q %v", i, code, body, err)
-		}
+		mustNil(t, c.send("a.example", fmt.Sprintf("/hold/%s/%d", ip, i)))
 		held = append(held, c)
 	}
+	testsupport.WaitFor(t, 10*time.Second, fmt.Sprintf("%d held requests at the upstream", want), func() bool { return up.arrived.Load() >= want })
+	return held
+}
+
+// TestAdmissionClientAddressPastItsConnectionShareIsServedUntilThePressure:
+// on an idle edge an address past --max-conns-per-client is served (a NAT);
+// once the edge is under pressure its new connections are closed at once,
+// counted and logged once, while another address is served; once the
+// pressure is over it may pass its share again.
+func TestAdmissionClientAddressPastItsConnectionShareIsServedUntilThePressure(t *testing.T) {
+	up := newAdmUpstream(t, "A")
+	routes := admRoutes(t, "a.example", up.addr())
+	// A budget of 40: pressure from 36, a held request holding two (its
+	// client's and its upstream's connection).
+	e := admStartEdge(t, "--routes-file", routes, "--tls", "off", "--max-conns", "40", "--max-conns-per-client", "5",
+		"--max-requests-per-client", "100", "--app-share", "100")
+	waitEdgeReady(t, e)
+	const greedy, other, perClient, past, extra = "127.0.0.21", "127.0.0.22", 5, 8, 10
+
+	// On an idle edge: 8 connections of one address, past its share of 5,
+	// all served (16 in use).
+	greedyHeld := admHold(t, e, up, greedy, past, past, nil)
+	if v := admShed(t, e, "client_conns"); v != 0 {
+		t.Errorf("shed client_conns = %v on an idle edge, want 0", v)
+	}
+	// Two addresses within their share bring the edge to its high-water
+	// mark: 36 in use.
+	admHold(t, e, up, "127.0.0.23", 5, past+5, nil)
+	admHold(t, e, up, "127.0.0.24", 5, past+10, nil)
+	admWaitMetric(t, e, "scafo_edge_pressure", nil, "= 1", func(v float64) bool { return v == 1 })
+
 	var slowest time.Duration
 	for i := range extra {
 		c, err := admDialRaw(t, greedy, e.HTTPAddr)
@@ -504,7 +539,7 @@ func TestAdmissionClientAddressPastItsConnectionShareHasNewConnectionsClosed(t *
 		slowest = max(slowest, took)
 		switch {
 		case werr == nil && rerr == nil:
-			t.Errorf("connection %d past the share was answered %d, want it closed", i, code)
+			t.Errorf("connection %d past the share under pressure was answered %d, want it closed", i, code)
 		case admTimeout(rerr):
 			t.Errorf("connection %d past the share was left open (%v), want it closed at once", i, rerr)
 		case !admClosed(werr) && !admClosed(rerr):
@@ -520,21 +555,22 @@ func TestAdmissionClientAddressPastItsConnectionShareHasNewConnectionsClosed(t *
 	if v := admShed(t, e, "client_conns"); v != extra {
 		t.Errorf("shed client_conns = %v, want %d", v, extra)
 	}
-
 	oc, _ := admClient(t, other, 10*time.Second)
 	if o := admFetch(oc, "http://"+e.HTTPAddr+"/other", "a.example"); o.err != nil || o.code != 200 {
-		t.Errorf("another address: %v, want 200", o)
-	}
-	mustNil(t, held[0].send("a.example", "/again"))
-	if code, body, err := held[0].read(10 * time.Second); err != nil || code != 200 {
-		t.Errorf("a connection within the share, again: %d %q %v", code, body, err)
+		t.Errorf("another address under pressure: %v, want 200", o)
 	}
 	testsupport.WaitFor(t, 10*time.Second, "the refusal logged", func() bool { return e.countLogs(admMsgClientConns) >= 1 })
 
-	// One connection given back: the address may open one again.
-	held[perClient-1].Close()
+	// The held requests end: the pressure is over, and the address may
+	// pass its share again.
+	up.release()
+	for i, c := range greedyHeld {
+		if code, body, err := c.read(10 * time.Second); err != nil || code != 200 {
+			t.Errorf("held request %d of the address past its share: %d %q %v", i, code, body, err)
+		}
+	}
 	tries := 0
-	testsupport.WaitForNil(t, 10*time.Second, "a new connection from the address once one closed", func() error {
+	testsupport.WaitForNil(t, 15*time.Second, "a connection past the share once the pressure is over", func() error {
 		tries++
 		c, err := admDialRaw(t, greedy, e.HTTPAddr)
 		if err != nil {
@@ -556,20 +592,24 @@ func TestAdmissionClientAddressPastItsConnectionShareHasNewConnectionsClosed(t *
 	if st := admStatus(t, e); st.ConnsPerClient != perClient {
 		t.Errorf("status.json conns_per_client %d, want %d", st.ConnsPerClient, perClient)
 	}
-	t.Logf("figures: %d connections past the share of %d closed, the slowest after %v; a freed slot took %d tries", extra, perClient, slowest, tries)
+	t.Logf("figures: %d connections past the share of %d closed under pressure, the slowest after %v; served again after %d tries", extra, perClient, slowest, tries)
 }
 
 // TestAdmissionHTTP2StreamsPastTheClientRequestShareGet429: one client
 // address opens more streams on one HTTP/2 connection than
-// --max-requests-per-client: the excess get 429 with Retry-After at once,
-// the admitted ones complete, and another address is unaffected.
+// --max-requests-per-client: while nobody else is short they are all
+// served; once its application's slots are contended (another address's
+// requests wait for one), its further streams get 429 with Retry-After at
+// once, while an address within its share waits its turn and is served.
 func TestAdmissionHTTP2StreamsPastTheClientRequestShareGet429(t *testing.T) {
 	up := newAdmUpstream(t, "A")
 	routes := admRoutes(t, "a.example", up.addr())
-	e := admStartEdge(t, "--routes-file", routes, "--tls", "internal", "--max-conns", "200", "--max-requests-per-client", "5")
+	// A request budget of 100, of which the application may hold 10.
+	e := admStartEdge(t, "--routes-file", routes, "--tls", "internal", "--max-conns", "200", "--max-requests-per-client", "5",
+		"--app-share", "10", "--app-queue-timeout", "20s")
 	waitEdgeReady(t, e)
 	roots := admRoots(t, e)
-	const perClient, streams = 5, 12
+	const perClient, first, filler, more = 5, 8, 4, 4
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer up.release()
@@ -578,45 +618,62 @@ func TestAdmissionHTTP2StreamsPastTheClientRequestShareGet429(t *testing.T) {
 	if o := admFetch(greedy, "https://a.example/first", ""); o.err != nil || o.code != 200 || o.proto != 2 {
 		t.Fatalf("first request: %v, want 200 over HTTP/2", o)
 	}
-	results := make(chan admOutcome, streams)
-	for i := range streams {
+	fetch := func(c *http.Client, path string, out chan<- admOutcome) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results <- admFetch(greedy, "https://a.example/hold/"+strconv.Itoa(i), "")
+			out <- admFetch(c, "https://a.example"+path, "")
 		}()
 	}
-	testsupport.WaitFor(t, 10*time.Second, "the admitted streams at the upstream", func() bool { return up.arrived.Load() >= perClient })
-	for _, o := range admCollect(t, results, streams-perClient, 10*time.Second, "the streams past the share") {
+	// Nobody else short: 8 streams, past the share of 5, all reach the
+	// upstream.
+	results := make(chan admOutcome, first+more)
+	for i := range first {
+		fetch(greedy, "/hold/greedy/"+strconv.Itoa(i), results)
+	}
+	testsupport.WaitFor(t, 10*time.Second, "the first streams at the upstream", func() bool { return up.arrived.Load() >= first })
+	if v := admShed(t, e, "client_requests"); v != 0 {
+		t.Errorf("shed client_requests = %v with nobody else short, want 0", v)
+	}
+	// Another address takes the application's last 2 slots and queues 2.
+	other, _ := admH2Client(t, "127.0.0.32", e.HTTPSAddr, roots)
+	otherResults := make(chan admOutcome, filler+1)
+	for i := range filler {
+		fetch(other, "/hold/other/"+strconv.Itoa(i), otherResults)
+	}
+	admWaitMetric(t, e, "scafo_edge_app_queued", testsupport.Labels{"application": "app-a"}, "= 2", func(v float64) bool { return v == 2 })
+
+	// Now the address past its share is refused at once.
+	refused := make(chan admOutcome, more)
+	for i := range more {
+		fetch(greedy, "/hold/more/"+strconv.Itoa(i), refused)
+	}
+	for _, o := range admCollect(t, refused, more, 10*time.Second, "the streams past the share") {
 		if o.err != nil || o.code != 429 || o.retryAfter == "" || o.proto != 2 || !strings.Contains(o.body, "in flight from your address") {
-			t.Errorf("a stream past the share: %v, want 429 with Retry-After over HTTP/2", o)
+			t.Errorf("a stream past the share, its application contended: %v, want 429 with Retry-After over HTTP/2", o)
 		}
 		if o.took > 5*time.Second {
 			t.Errorf("a stream past the share took %v to be refused", o.took)
 		}
 	}
-	if got := up.arrived.Load(); got != perClient {
-		t.Errorf("%d streams reached the upstream, want %d", got, perClient)
+	if v := admShed(t, e, "client_requests"); v != more {
+		t.Errorf("shed client_requests = %v, want %d", v, more)
 	}
-	if v := admShed(t, e, "client_requests"); v != streams-perClient {
-		t.Errorf("shed client_requests = %v, want %d", v, streams-perClient)
-	}
-
-	other, _ := admH2Client(t, "127.0.0.32", e.HTTPSAddr, roots)
-	otherResults := make(chan admOutcome, perClient)
-	for i := range perClient {
-		go func() { otherResults <- admFetch(other, "https://a.example/other/"+strconv.Itoa(i), "") }()
-	}
-	for _, o := range admCollect(t, otherResults, perClient, 15*time.Second, "another address's requests") {
-		if o.err != nil || o.code != 200 || o.proto != 2 {
-			t.Errorf("another address while the first holds its share: %v, want 200 over HTTP/2", o)
-		}
-	}
+	// An address within its share waits in the queue rather than being
+	// refused.
+	third, _ := admH2Client(t, "127.0.0.33", e.HTTPSAddr, roots)
+	fetch(third, "/third", otherResults)
+	admWaitMetric(t, e, "scafo_edge_app_queued", testsupport.Labels{"application": "app-a"}, "= 3", func(v float64) bool { return v == 3 })
 
 	up.release()
-	for _, o := range admCollect(t, results, perClient, 15*time.Second, "the admitted streams") {
-		if o.err != nil || o.code != 200 || o.proto != 2 || !strings.HasPrefix(o.body, "A /hold/") {
-			t.Errorf("an admitted stream after release: %v, want 200 over HTTP/2", o)
+	for _, o := range admCollect(t, results, first, 15*time.Second, "the streams served past the share") {
+		if o.err != nil || o.code != 200 || o.proto != 2 || !strings.HasPrefix(o.body, "A /hold/greedy/") {
+			t.Errorf("a stream of the address past its share, after release: %v, want 200 over HTTP/2", o)
+		}
+	}
+	for _, o := range admCollect(t, otherResults, filler+1, 15*time.Second, "the other addresses' requests") {
+		if o.err != nil || o.code != 200 || o.proto != 2 {
+			t.Errorf("another address's request: %v, want 200 over HTTP/2", o)
 		}
 	}
 	if n := dials.Load(); n != 1 {
@@ -960,16 +1017,19 @@ func TestAdmissionFlagsAreValidated(t *testing.T) {
 }
 
 // TestAdmissionHTTP3ConnectionsPastTheClientShareAreClosed: QUIC
-// connections count against --max-conns-per-client like TCP ones; past it
-// a client address's new QUIC connection is closed at once, while TCP from
-// another address is served.
+// connections count against --max-conns-per-client like TCP ones; on an
+// idle edge an address may pass it, and once the edge is under pressure
+// its new QUIC connection is closed at once, while TCP from another
+// address is served.
 func TestAdmissionHTTP3ConnectionsPastTheClientShareAreClosed(t *testing.T) {
 	up := newAdmUpstream(t, "A")
 	routes := admRoutes(t, "a.example", up.addr())
-	e := admStartEdge(t, "--routes-file", routes, "--tls", "internal", "--max-conns", "200", "--max-conns-per-client", "2")
+	// A budget of 40, pressure from 36; a held request holds two.
+	e := admStartEdge(t, "--routes-file", routes, "--tls", "internal", "--max-conns", "40", "--max-conns-per-client", "2",
+		"--max-requests-per-client", "100", "--app-share", "100")
 	waitEdgeReady(t, e)
 	roots := admRoots(t, e)
-	const perClient = 2
+	const perClient, past = 2, 3
 
 	raddr, err := net.ResolveUDPAddr("udp", e.HTTPSAddr)
 	mustNil(t, err)
@@ -995,29 +1055,39 @@ func TestAdmissionHTTP3ConnectionsPastTheClientShareAreClosed(t *testing.T) {
 		return admFetch(&http.Client{Transport: tr, Timeout: 10 * time.Second}, "https://a.example"+path, "")
 	}
 	var within []*http3.Transport
-	for i := range perClient {
+	for i := range past {
 		tr := h3()
 		if o := get(tr, "/h3/"+strconv.Itoa(i)); o.err != nil || o.code != 200 || o.proto != 3 {
-			t.Fatalf("QUIC connection %d within the share: %v, want 200 over HTTP/3", i, o)
+			t.Fatalf("QUIC connection %d on an idle edge: %v, want 200 over HTTP/3", i, o)
 		}
 		within = append(within, tr)
 	}
-	past := get(h3(), "/past")
-	if past.err == nil {
-		t.Errorf("a QUIC connection past the share was answered: %v", past)
-	} else if past.took > 5*time.Second {
-		t.Errorf("a QUIC connection past the share failed after %v, want at once", past.took)
+	if v := admShed(t, e, "client_conns"); v != 0 {
+		t.Errorf("shed client_conns = %v on an idle edge, want 0", v)
 	}
-	t.Logf("the QUIC connection past the share: %v", past)
+	// Nine addresses within their share hold 18 requests: 36 in use, the
+	// high-water mark, and 39 with the QUIC connections.
+	for i := range 9 {
+		admHold(t, e, up, fmt.Sprintf("127.0.0.%d", 80+i), perClient, int64(perClient*(i+1)), roots)
+	}
+	admWaitMetric(t, e, "scafo_edge_pressure", nil, "= 1", func(v float64) bool { return v == 1 })
+	refused := get(h3(), "/past")
+	if refused.err == nil {
+		t.Errorf("a QUIC connection past the share under pressure was answered: %v", refused)
+	} else if refused.took > 5*time.Second {
+		t.Errorf("a QUIC connection past the share failed after %v, want at once", refused.took)
+	}
+	t.Logf("the QUIC connection past the share: %v", refused)
 	admWaitMetric(t, e, "scafo_edge_shed_total", testsupport.Labels{"reason": "client_conns"}, ">= 1", func(v float64) bool { return v >= 1 })
 
 	tcp, _ := admH2Client(t, "127.0.0.71", e.HTTPSAddr, roots)
 	if o := admFetch(tcp, "https://a.example/tcp", ""); o.err != nil || o.code != 200 {
 		t.Errorf("TCP from another address: %v, want 200", o)
 	}
-	// One QUIC connection closed gives its slot back.
+	// Back within its share, it may open one again, under pressure.
 	within[0].Close()
-	testsupport.WaitForNil(t, 10*time.Second, "a QUIC connection once one closed", func() error {
+	within[1].Close()
+	testsupport.WaitForNil(t, 10*time.Second, "a QUIC connection once two closed", func() error {
 		tr := h3()
 		defer tr.Close()
 		if o := get(tr, "/again"); o.err != nil || o.code != 200 {

@@ -38,6 +38,13 @@ import (
 //	      and silent until the release (a keep-alive visitor gone quiet)
 //	h2    HTTP/2 over TLS: ceil(N/-streams) connections, each carrying
 //	      -streams concurrent held requests
+//	h3    the same over HTTP/3 (QUIC, UDP)
+//	nat   each connection asks for the page every -interval until the
+//	      release, keep-alive, reopened when the proxy closes it: browsers
+//	      behind one NAT
+//	slow  each connection trickles its request headers, a byte every
+//	      -interval, never ending them (slowloris); reopened when the proxy
+//	      ends it
 type connsConfig struct {
 	Mode        string
 	Target      string // the proxy, host:port
@@ -50,6 +57,7 @@ type connsConfig struct {
 	DialTimeout time.Duration
 	Timeout     time.Duration
 	Concurrency int
+	Interval    time.Duration
 }
 
 // ConnsReport is one line a load process prints.
@@ -250,7 +258,7 @@ func (p *loadProc) idleConn(ctx context.Context, i int, sem chan struct{}, attem
 	// Silence: a read that ends when the proxy closes the connection, the
 	// release closes it, or -timeout passes.
 	c.SetDeadline(time.Now().Add(cfg.Timeout))
-	br.ReadByte() // how it ends does not matter: only that it did
+	br.ReadByte() // whatever ends it: the proxy, the release or the timeout
 	p.open.Add(-1)
 	if !p.released.Load() {
 		p.closedEarly.Add(1)
@@ -341,7 +349,7 @@ func connsCmd(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs := flag.NewFlagSet("conns", flag.ContinueOnError)
 	var cfg connsConfig
 	var srcs string
-	fs.StringVar(&cfg.Mode, "mode", "held", "held, idle or h2")
+	fs.StringVar(&cfg.Mode, "mode", "held", "held, idle, h2, h3, nat or slow")
 	fs.StringVar(&cfg.Target, "target", "", "the proxy's address, host:port")
 	fs.StringVar(&cfg.Host, "host", "slow.test", "Host header (h2: also the TLS server name)")
 	fs.StringVar(&cfg.Path, "path", "/hold", "request path")
@@ -352,6 +360,7 @@ func connsCmd(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs.DurationVar(&cfg.DialTimeout, "dial-timeout", 10*time.Second, "connect timeout (idle: also the first answer's)")
 	fs.DurationVar(&cfg.Timeout, "timeout", time.Minute, "the longest any connection lives")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 1000, "connections being opened at once")
+	fs.DurationVar(&cfg.Interval, "interval", time.Second, "nat: time between a connection's requests; slow: between its header bytes")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -388,20 +397,22 @@ func connsCmd(args []string, stdin io.Reader, stdout io.Writer) error {
 	attempted := func() { p.attempted.Add(1); attemptedWG.Done() }
 	sem := make(chan struct{}, max(cfg.Concurrency, 1))
 	switch cfg.Mode {
-	case "held", "idle":
+	case "held", "idle", "nat", "slow":
+		if cfg.Interval <= 0 {
+			return errors.New("-interval must be positive")
+		}
+		run := map[string]func(context.Context, int, chan struct{}, func()){
+			"held": p.held, "idle": p.idleConn, "nat": p.natConn, "slow": p.slowConn,
+		}[cfg.Mode]
 		attemptedWG.Add(cfg.N)
 		doneWG.Add(cfg.N)
 		for i := 0; i < cfg.N; i++ {
 			go func() {
 				defer doneWG.Done()
-				if cfg.Mode == "held" {
-					p.held(ctx, i, sem, attempted)
-				} else {
-					p.idleConn(ctx, i, sem, attempted)
-				}
+				run(ctx, i, sem, attempted)
 			}()
 		}
-	case "h2":
+	case "h2", "h3":
 		if cfg.Streams <= 0 {
 			return errors.New("-streams must be positive")
 		}
@@ -412,11 +423,15 @@ func connsCmd(args []string, stdin io.Reader, stdout io.Writer) error {
 			n := min(cfg.Streams, cfg.N-i*cfg.Streams)
 			go func() {
 				defer doneWG.Done()
-				p.h2Conn(ctx, i, n, sem, attempted)
+				if cfg.Mode == "h2" {
+					p.h2Conn(ctx, i, n, sem, attempted)
+				} else {
+					p.h3Conn(ctx, i, n, sem, attempted)
+				}
 			}()
 		}
 	default:
-		return fmt.Errorf("-mode %q: want held, idle or h2", cfg.Mode)
+		return fmt.Errorf("-mode %q: want held, idle, h2, h3, nat or slow", cfg.Mode)
 	}
 	waitOr := func(wg *sync.WaitGroup) {
 		ch := make(chan struct{})

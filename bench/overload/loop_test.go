@@ -117,6 +117,45 @@ func TestIdleConnections(t *testing.T) {
 	}
 }
 
+// Browsers behind a NAT: every connection asks every -interval until the
+// release, and one the server closes after each answer is opened again;
+// every request is counted, none failed.
+func TestNATConnections(t *testing.T) {
+	a := &apps{released: make(chan struct{}), maxHold: time.Minute}
+	keep := listen(t, http.HandlerFunc(a.serveFast))
+	closing := listen(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		a.serveFast(w, r)
+	}))
+	for _, target := range []string{keep, closing} {
+		_, res := runConns(t, []string{"-mode", "nat", "-target", target, "-host", "fast.test", "-path", "/",
+			"-n", "5", "-interval", "50ms", "-timeout", "20s"}, func(ConnsReport) { time.Sleep(300 * time.Millisecond) })
+		if res.Outcomes["200"] < 10 || res.Outcomes.Total() != res.Outcomes["200"] {
+			t.Errorf("%s: outcomes %v, want only 200s, at least two a connection", target, res.Outcomes)
+		}
+	}
+}
+
+// Slow headers: a server's header timeout ends each connection, counted
+// as it ended, and the load opens another until the release.
+func TestSlowHeaders(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.NotFoundHandler(), ReadHeaderTimeout: 100 * time.Millisecond}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	ready, res := runConns(t, []string{"-mode", "slow", "-target", ln.Addr().String(), "-host", "fast.test",
+		"-n", "3", "-interval", "20ms", "-timeout", "20s"}, func(ConnsReport) { time.Sleep(time.Second) })
+	if ready.Attempted != 3 {
+		t.Errorf("ready: %+v", ready)
+	}
+	if ended := res.Outcomes.Total() - res.Outcomes[OutOpen]; ended < 6 {
+		t.Errorf("outcomes %v: want every connection ended by the header timeout and reopened, at least twice each", res.Outcomes)
+	}
+}
+
 // A port nobody listens on: every connection refused, and said so.
 func TestRefused(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

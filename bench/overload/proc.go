@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -129,4 +130,33 @@ func (p procFS) keyed(rel string, whole bool) map[string]string {
 		m[k] = v
 	}
 	return m
+}
+
+// ListenDrops reads the kernel's counters of connections dropped at a
+// listener, for the whole box (net/netstat's TcpExt, as nstat shows them):
+// ListenOverflows, a full accept queue; ListenDrops, every drop there.
+func (p procFS) ListenDrops() (overflows, drops int64, err error) {
+	b, err := os.ReadFile(filepath.Join(p.Dir, "net", "netstat"))
+	if err != nil {
+		return 0, 0, err
+	}
+	// Pairs of lines: "TcpExt: name name ...", "TcpExt: value value ...".
+	lines := strings.Split(string(b), "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) == 0 || names[0] != "TcpExt:" || len(values) != len(names) || values[0] != "TcpExt:" {
+			continue
+		}
+		for j, n := range names {
+			v, _ := strconv.ParseInt(values[j], 10, 64)
+			switch n {
+			case "ListenOverflows":
+				overflows = v
+			case "ListenDrops":
+				drops = v
+			}
+		}
+		return overflows, drops, nil
+	}
+	return 0, 0, errors.New("no TcpExt counters in net/netstat")
 }

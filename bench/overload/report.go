@@ -149,17 +149,23 @@ func Markdown(rep Report) string {
 			admin = fmt.Sprintf("%d/%d", r.AdminOK, r.AdminTotal)
 		}
 		got := r.Outcomes.String()
-		if early := r.Early.Total(); early > 0 && r.Kind != "idle" {
-			got += fmt.Sprintf(" (%s before the release)", thousands(early))
-		}
-		if r.Kind == "idle" {
+		switch r.Kind {
+		case "idle":
 			got += fmt.Sprintf("; open at release %s", thousands(r.OpenAtRelease))
 			if r.ClosedEarly > 0 {
 				got += fmt.Sprintf(", closed by the proxy %s", thousands(r.ClosedEarly))
 			}
+		case "nat":
+			got = fmt.Sprintf("%s failed of %s: %s", thousands(r.Outcomes.Total()-r.Outcomes["200"]), thousands(r.Outcomes.Total()), got)
+		case "slow":
+			got = "connections ended: " + got
+		default:
+			if early := r.Early.Total(); early > 0 {
+				got += fmt.Sprintf(" (%s before the release)", thousands(early))
+			}
 		}
 		held := "—"
-		if r.Kind != "idle" {
+		if r.Kind == "held" || r.Kind == "h2" || r.Kind == "h3" {
 			held = thousands(int(r.AppHeld))
 		}
 		back := fmt.Sprintf("no (fds %s → %s)", thousands(r.FDBase), thousands(r.FDAfter))
@@ -174,6 +180,22 @@ func Markdown(rep Report) string {
 			failed += " (" + r.FastFailures.String() + ")"
 		}
 		newv := fmt.Sprintf("%d/%d", r.NewOK, r.NewTotal)
+		var nx []string
+		if r.NewMaxMs > 0 {
+			nx = append(nx, "max "+ms(r.NewMaxMs)+" ms")
+		}
+		if r.NewSlow > 0 {
+			nx = append(nx, fmt.Sprintf("%d over 1 s", r.NewSlow))
+		}
+		if r.ListenOverflows+r.ListenDrops > 0 {
+			nx = append(nx, fmt.Sprintf("kernel listen overflows %s, drops %s", thousands(int(r.ListenOverflows)), thousands(int(r.ListenDrops))))
+		}
+		if r.AcceptPauses > 0 {
+			nx = append(nx, fmt.Sprintf("accept pauses %d", r.AcceptPauses))
+		}
+		if len(nx) > 0 {
+			newv += " (" + strings.Join(nx, "; ") + ")"
+		}
 		if r.ProxyExited {
 			ref += " exited"
 		}

@@ -1,19 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,7 +16,7 @@ import (
 // Row is one proxy under one load: a line of the results file.
 type Row struct {
 	Proxy string `json:"proxy"`
-	Row   string `json:"row"` // the spec: held:9900, idle:50000@8
+	Row   string `json:"row"` // the spec: held:9900, idle:50000@8, nat:4000
 	Kind  string `json:"kind"`
 	N     int    `json:"n"`
 	Addrs int    `json:"addrs"`
@@ -73,6 +66,19 @@ type Row struct {
 	NewOK       int    `json:"new_ok"`
 	NewTotal    int    `json:"new_total"`
 	NewFailures Counts `json:"new_failures,omitempty"`
+	// NewP99Ms and NewMaxMs: how long the new visitors answered within
+	// their 1 s took; NewSlow, how many took longer than 1 s in all
+	// (answered late or not at all).
+	NewP99Ms float64 `json:"new_p99_ms"`
+	NewMaxMs float64 `json:"new_max_ms"`
+	NewSlow  int     `json:"new_slow"`
+	// From the ramp's start to the window's end: the box's kernel counters
+	// of connections its accept queues dropped (nstat's TcpExtListenOverflows
+	// and TcpExtListenDrops, for every listener on the box, not the proxy's
+	// alone), and scafo-edge's scafo_edge_accept_pauses_total.
+	ListenOverflows int64 `json:"listen_overflows"`
+	ListenDrops     int64 `json:"listen_drops"`
+	AcceptPauses    int64 `json:"accept_pauses"`
 	// The admin listener's /healthz every 500 ms of the window, answered
 	// 200 within 1 s; AdminTotal 0 where there is none (not scafo-edge).
 	AdminOK    int `json:"admin_ok"`
@@ -118,10 +124,10 @@ func rowCmd(args []string) error {
 	var spec, control string
 	fs.StringVar(&c.results, "results", "", "results file (JSON lines), appended to")
 	fs.StringVar(&c.proxy, "proxy", "", "proxy name, for the table")
-	fs.StringVar(&spec, "spec", "", "the row: held:N[@A], idle:N[@A] or h2:N[@A]")
+	fs.StringVar(&spec, "spec", "", "the row: KIND:N[@A], KIND one of held, idle, h2, h3, nat, slow")
 	fs.IntVar(&c.pid, "pid", 0, "the proxy's process (its whole tree is measured)")
 	fs.StringVar(&c.addr, "addr", "", "the proxy's HTTP address, 127.0.0.1:PORT")
-	fs.StringVar(&c.tlsAddr, "tls-addr", "", "the proxy's HTTPS address (h2 rows)")
+	fs.StringVar(&c.tlsAddr, "tls-addr", "", "the proxy's HTTPS address (h2 rows; h3 rows: its UDP port too)")
 	fs.StringVar(&c.fastHost, "fast-host", "fast.test", "the fast application's host")
 	fs.StringVar(&c.slowHost, "slow-host", "slow.test", "the slow application's host")
 	fs.StringVar(&control, "control", "", "comma list of the upstream processes' control addresses")
@@ -147,8 +153,8 @@ func rowCmd(args []string) error {
 		return errors.New("need -results, -proxy, -pid, -addr and -control")
 	}
 	c.control = strings.Split(control, ",")
-	if c.spec.Kind == "h2" && c.tlsAddr == "" {
-		return errors.New("an h2 row needs -tls-addr")
+	if (c.spec.Kind == "h2" || c.spec.Kind == "h3") && c.tlsAddr == "" {
+		return fmt.Errorf("an %s row needs -tls-addr", c.spec.Kind)
 	}
 	if c.self == "" {
 		if c.self, err = os.Executable(); err != nil {
@@ -258,6 +264,16 @@ func measureRow(c rowConfig) Row {
 	// Every load connection lives at most this long: the ramp, the window
 	// and a margin for the answers after the release.
 	connLife := c.ramp + c.window + 20*time.Second
+	overflows0, drops0, nerr := proc.ListenDrops()
+	if nerr != nil {
+		note("kernel listen counters: %v", nerr)
+	}
+	var pauses0 float64
+	if c.admin != "" {
+		if m, err := scrape(c.admin); err == nil {
+			pauses0 = m["scafo_edge_accept_pauses_total"]
+		}
+	}
 	rampStart := time.Now()
 	load, err := startLoad(c, connLife)
 	if err != nil {
@@ -273,7 +289,7 @@ func measureRow(c rowConfig) Row {
 	if ready.Attempted < c.spec.N {
 		note("the ramp ended (%s) with %s of %s connections attempted", c.ramp, thousands(ready.Attempted), thousands(c.spec.N))
 	}
-	if c.spec.Kind != "idle" {
+	if c.spec.Holds() {
 		// Until the held requests reaching the application stop growing for
 		// a second (or all are there, or the ramp's time is up).
 		var last int64 = -1
@@ -304,8 +320,9 @@ func measureRow(c rowConfig) Row {
 		defer wg.Done()
 		fast = fastLoad(c.fastURL(), c.fastHost, c.fastSrc, c.fastClients, c.window, c.timeout)
 	}()
-	var newOK, newTotal atomic.Int64
+	var newOK, newTotal, newSlow atomic.Int64
 	newFail := Counts{}
+	var newMs []float64
 	var newMu sync.Mutex
 	wg.Add(1)
 	go func() {
@@ -319,12 +336,24 @@ func measureRow(c rowConfig) Row {
 			src := fmt.Sprintf("127.0.1.%d", 1+i%250)
 			go func() {
 				defer probes.Done()
-				if o := newVisitor(c.fastURL(), c.fastHost, src, time.Second); o == "" {
+				// Waited for as long as any request, to see how late
+				// the late ones are; served within 1 s or not.
+				o, took := newVisitor(c.fastURL(), c.fastHost, src, c.timeout)
+				if took > time.Second {
+					newSlow.Add(1)
+				}
+				newMu.Lock()
+				defer newMu.Unlock()
+				switch {
+				case o == "" && took <= time.Second:
 					newOK.Add(1)
-				} else {
-					newMu.Lock()
+				case o == "":
+					newFail["late"]++
+				default:
 					newFail[o]++
-					newMu.Unlock()
+				}
+				if o == "" {
+					newMs = append(newMs, float64(took.Microseconds())/1000)
 				}
 			}()
 			time.Sleep(250 * time.Millisecond)
@@ -349,7 +378,17 @@ func measureRow(c rowConfig) Row {
 	r.FastServed, r.FastFailed, r.FastFailures = fast.served, fast.failed, fast.failures
 	fl := Summarise(fast.ms)
 	r.FastP50Ms, r.FastP99Ms, r.FastMaxMs = fl.P50, fl.P99, fl.Max
-	r.NewOK, r.NewTotal, r.NewFailures = int(newOK.Load()), int(newTotal.Load()), newFail
+	r.NewOK, r.NewTotal, r.NewFailures, r.NewSlow = int(newOK.Load()), int(newTotal.Load()), newFail, int(newSlow.Load())
+	nl := Summarise(newMs)
+	r.NewP99Ms, r.NewMaxMs = nl.P99, nl.Max
+	if overflows, drops, err := proc.ListenDrops(); err == nil && nerr == nil {
+		r.ListenOverflows, r.ListenDrops = overflows-overflows0, drops-drops0
+	}
+	if c.admin != "" {
+		if m, err := scrape(c.admin); err == nil {
+			r.AcceptPauses = int64(m["scafo_edge_accept_pauses_total"] - pauses0)
+		}
+	}
 
 	// 4. The release: the slow application answers what it holds (and
 	// anything after at once); idle connections close.
@@ -419,329 +458,3 @@ func measureRow(c rowConfig) Row {
 	}
 	return r
 }
-
-// ------------------------------------------------------------ the load
-
-type loadProcs struct {
-	procs   []*exec.Cmd
-	stdins  []io.WriteCloser
-	ready   chan ConnsReport
-	results chan ConnsReport
-	exited  chan struct{}
-}
-
-// startLoad runs the row's load as `overload conns` processes, each at
-// most perProc connections, so that none nears the descriptor limit.
-func startLoad(c rowConfig, life time.Duration) (*loadProcs, error) {
-	mode, target, host, path := "held", c.addr, c.slowHost, "/hold"
-	per := c.perProc
-	switch c.spec.Kind {
-	case "idle":
-		mode, host, path = "idle", c.fastHost, "/"
-	case "h2":
-		// One process opens every connection (the scenario: one client);
-		// its descriptors are the connections, N/100.
-		mode, target, per = "h2", c.tlsAddr, 0
-	}
-	parts := Split(c.spec.N, per)
-	l := &loadProcs{ready: make(chan ConnsReport, len(parts)), results: make(chan ConnsReport, len(parts)),
-		exited: make(chan struct{})}
-	srcs := strings.Join(c.spec.SourceAddrs(), ",")
-	offset := 0
-	var waits sync.WaitGroup
-	for _, n := range parts {
-		cmd := exec.Command(c.self, "conns", "-mode", mode, "-target", target, "-host", host, "-path", path,
-			"-n", strconv.Itoa(n), "-src", srcs, "-offset", strconv.Itoa(offset),
-			"-dial-timeout", c.timeout.String(), "-timeout", life.String(),
-			"-concurrency", strconv.Itoa(c.concurrency))
-		offset += n
-		cmd.Stderr = os.Stderr
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			l.kill()
-			return nil, err
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			l.kill()
-			return nil, err
-		}
-		if err := cmd.Start(); err != nil {
-			l.kill()
-			return nil, err
-		}
-		l.procs = append(l.procs, cmd)
-		l.stdins = append(l.stdins, in)
-		waits.Add(1)
-		go func() {
-			defer waits.Done()
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				var rep ConnsReport
-				if json.Unmarshal(sc.Bytes(), &rep) != nil {
-					continue
-				}
-				switch rep.Event {
-				case "ready":
-					l.ready <- rep
-				case "result":
-					l.results <- rep
-				}
-			}
-			cmd.Wait()
-		}()
-	}
-	go func() { waits.Wait(); close(l.exited) }()
-	return l, nil
-}
-
-// waitReady merges the processes' ready reports until all came or the
-// deadline.
-func (l *loadProcs) waitReady(deadline time.Time) ConnsReport {
-	var sum ConnsReport
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
-	for range l.procs {
-		select {
-		case rep := <-l.ready:
-			sum.Merge(rep)
-		case <-t.C:
-			return sum
-		}
-	}
-	return sum
-}
-
-func (l *loadProcs) release() {
-	for _, in := range l.stdins {
-		io.WriteString(in, "release\n")
-		in.Close()
-	}
-}
-
-// waitResults merges the processes' final reports until all came or the
-// deadline.
-func (l *loadProcs) waitResults(deadline time.Time) ConnsReport {
-	sum := ConnsReport{Outcomes: Counts{}, Early: Counts{}}
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
-	for range l.procs {
-		select {
-		case rep := <-l.results:
-			sum.Merge(rep)
-		case <-t.C:
-			return sum
-		}
-	}
-	return sum
-}
-
-// kill ends every load process still running and waits (bounded) for
-// them to be reaped.
-func (l *loadProcs) kill() {
-	for _, p := range l.procs {
-		if p.Process != nil {
-			p.Process.Kill()
-		}
-	}
-	if l.exited != nil && len(l.procs) > 0 {
-		select {
-		case <-l.exited:
-		case <-time.After(5 * time.Second):
-		}
-	}
-}
-
-// --------------------------------------------------------- fast.test
-
-type fastResult struct {
-	served, failed int
-	failures       Counts
-	ms             []float64
-}
-
-// fastURL is where fast.test is asked: plain HTTP, or in the h2 rows
-// HTTPS (h2 where offered, as a browser would), since a proxy serving TLS
-// may redirect plain HTTP there (scafo-edge does).
-func (c rowConfig) fastURL() string {
-	if c.spec.Kind == "h2" {
-		return "https://" + c.tlsAddr + "/"
-	}
-	return "http://" + c.addr + "/"
-}
-
-// transport is a client of url's scheme from src: over TLS it skips
-// verification (scafo-edge's certificate comes from its internal CA) and
-// names host.
-func transport(url, host, src string, timeout time.Duration) *http.Transport {
-	tr := &http.Transport{
-		DialContext:        sourceDialer(src, timeout).DialContext,
-		DisableCompression: true,
-	}
-	if strings.HasPrefix(url, "https:") {
-		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true, ServerName: host}
-		tr.TLSHandshakeTimeout = timeout
-		tr.ForceAttemptHTTP2 = true
-	}
-	return tr
-}
-
-// fastLoad runs clients keep-alive clients of host at url for d: each its
-// own connection, one request at a time, every request bounded by timeout;
-// after a failure a client waits 50 ms and goes on (on a new connection).
-func fastLoad(url, host, src string, clients int, d, timeout time.Duration) fastResult {
-	var mu sync.Mutex
-	res := fastResult{failures: Counts{}}
-	end := time.Now().Add(d)
-	var wg sync.WaitGroup
-	for i := 0; i < clients; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tr := transport(url, host, src, timeout)
-			tr.MaxIdleConnsPerHost, tr.MaxConnsPerHost = 1, 1
-			defer tr.CloseIdleConnections()
-			client := &http.Client{Transport: tr, Timeout: timeout}
-			var ms []float64
-			served, failed := 0, 0
-			fails := Counts{}
-			for time.Now().Before(end) {
-				req, _ := http.NewRequest(http.MethodGet, url, nil)
-				req.Host = host
-				t0 := time.Now()
-				resp, err := client.Do(req)
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if err == nil && resp.StatusCode != http.StatusOK {
-						err = statusError(resp.StatusCode)
-					}
-				}
-				if err != nil {
-					failed++
-					var se statusError
-					if errors.As(err, &se) {
-						fails[strconv.Itoa(int(se))]++
-					} else {
-						fails[Classify(err)]++
-					}
-					tr.CloseIdleConnections()
-					time.Sleep(50 * time.Millisecond)
-					continue
-				}
-				served++
-				ms = append(ms, float64(time.Since(t0).Microseconds())/1000)
-			}
-			mu.Lock()
-			res.served += served
-			res.failed += failed
-			res.failures.Add(fails)
-			res.ms = append(res.ms, ms...)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	return res
-}
-
-// sourceDialer dials from src (a loopback address; empty: the kernel's
-// choice).
-func sourceDialer(src string, timeout time.Duration) *net.Dialer {
-	d := &net.Dialer{Timeout: timeout}
-	if src != "" {
-		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
-		d.Control = bindNoPort
-	}
-	return d
-}
-
-type statusError int
-
-func (s statusError) Error() string { return "status " + strconv.Itoa(int(s)) }
-
-// newVisitor: one request of host on a new connection; "" if answered 200
-// within limit, else what happened.
-func newVisitor(url, host, src string, limit time.Duration) string {
-	tr := transport(url, host, src, limit)
-	tr.DisableKeepAlives = true
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: limit}
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	req.Host = host
-	resp, err := client.Do(req)
-	if err != nil {
-		return Classify(err)
-	}
-	_, err = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return Classify(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return strconv.Itoa(resp.StatusCode)
-	}
-	return ""
-}
-
-// ------------------------------------------------- admin and upstream
-
-var shortClient = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-
-func healthz(base string) bool {
-	resp, err := shortClient.Get(base + "/healthz")
-	if err != nil {
-		return false
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-func scrape(base string) (map[string]float64, error) {
-	resp, err := shortClient.Get(base + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
-	}
-	m, err := ParseMetrics(resp.Body, "go_goroutines", "process_open_fds")
-	if err == nil && len(m) < 2 {
-		err = errors.New("no go_goroutines or process_open_fds in /metrics")
-	}
-	return m, err
-}
-
-// controlClient: the upstream processes' control listeners are never
-// loaded, but a generous timeout still bounds every call.
-var controlClient = &http.Client{Timeout: 5 * time.Second}
-
-func appCall(control []string, path string) (Stats, error) {
-	var sum Stats
-	var errs []error
-	for _, a := range control {
-		resp, err := controlClient.Get("http://" + a + path)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		var s Stats
-		err = json.NewDecoder(resp.Body).Decode(&s)
-		resp.Body.Close()
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		sum.Held += s.Held
-		sum.PeakHeld += s.PeakHeld
-		sum.Slow += s.Slow
-		sum.Answered += s.Answered
-		sum.Fast += s.Fast
-	}
-	return sum, errors.Join(errs...)
-}
-
-func appStats(control []string) (Stats, error) { return appCall(control, "/stats") }
-
-func appRelease(control []string) error { _, err := appCall(control, "/release"); return err }

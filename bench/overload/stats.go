@@ -19,12 +19,13 @@ import (
 // ---------------------------------------------------------------- rows
 
 // Spec is one row of the table: what load is put on slow.test (held
-// requests, each on its own HTTP/1.1 connection, or HTTP/2 streams, 100 to
-// a connection) or on fast.test (idle keep-alive connections), from how
-// many client addresses.
+// requests, each on its own HTTP/1.1 connection, or HTTP/2 or HTTP/3
+// streams, 100 to a connection) or on fast.test (idle keep-alive
+// connections, browsers behind a NAT asking once a second, connections
+// trickling their headers), from how many client addresses.
 type Spec struct {
-	Kind  string // "held", "idle" or "h2"
-	N     int    // held requests, idle connections or h2 streams
+	Kind  string // "held", "idle", "h2", "h3", "nat" or "slow"
+	N     int    // held requests, idle, NAT or slow connections, h2 or h3 streams
 	Addrs int    // client source addresses: 1 is 127.0.0.1, 8 is 127.0.0.2..9
 }
 
@@ -36,6 +37,10 @@ func (s Spec) String() string {
 	return fmt.Sprintf("%s:%d", s.Kind, s.N)
 }
 
+// Holds reports whether the spec's load is requests held by slow.test
+// (rather than connections to fast.test).
+func (s Spec) Holds() bool { return s.Kind == "held" || s.Kind == "h2" || s.Kind == "h3" }
+
 // ParseSpec reads KIND:N[@ADDRS]; N may be written 30000 or 30k.
 func ParseSpec(s string) (Spec, error) {
 	kind, rest, ok := strings.Cut(s, ":")
@@ -43,9 +48,9 @@ func ParseSpec(s string) (Spec, error) {
 		return Spec{}, fmt.Errorf("row %q: want KIND:N[@ADDRS] (held:9900, idle:50000@8, h2:12500)", s)
 	}
 	switch kind {
-	case "held", "idle", "h2":
+	case "held", "idle", "h2", "h3", "nat", "slow":
 	default:
-		return Spec{}, fmt.Errorf("row %q: kind %q is not held, idle or h2", s, kind)
+		return Spec{}, fmt.Errorf("row %q: kind %q is not held, idle, h2, h3, nat or slow", s, kind)
 	}
 	num, addrs, hasAddrs := strings.Cut(rest, "@")
 	n, err := parseCount(num)
@@ -146,6 +151,7 @@ const (
 	OutClientFDs   = "client-fds"   // EMFILE in the load process (a bench fault)
 	OutError       = "error"        // anything else (see the log)
 	OutNotH2       = "not-h2"       // an h2 row's connection did not negotiate h2
+	OutOpen        = "open"         // slow: still open when the load was released
 )
 
 // Classify names what a failed connection attempt or read saw.
@@ -214,7 +220,7 @@ func (c Counts) Total() int {
 
 // outcomeOrder: statuses first (200, then the rest by number), then the
 // failures below HTTP in a fixed order.
-var outcomeOrder = []string{OutRefused, OutConnTimeout, OutReset, OutClosed, OutTimeout, OutNotH2, OutNoPort, OutClientFDs, OutError}
+var outcomeOrder = []string{OutRefused, OutConnTimeout, OutReset, OutClosed, OutTimeout, OutNotH2, OutOpen, OutNoPort, OutClientFDs, OutError}
 
 // String renders non-zero counts: "200 ×1,990 · 503 ×10 · reset ×5".
 func (c Counts) String() string {

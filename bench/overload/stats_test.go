@@ -22,6 +22,9 @@ func TestParseSpec(t *testing.T) {
 		{"held:30000@8", Spec{"held", 30000, 8}},
 		{"idle:50k@8", Spec{"idle", 50000, 8}},
 		{"h2:12500", Spec{"h2", 12500, 1}},
+		{"h3:30000", Spec{"h3", 30000, 1}},
+		{"nat:4000", Spec{"nat", 4000, 1}},
+		{"slow:19000@16", Spec{"slow", 19000, 16}},
 	} {
 		got, err := ParseSpec(tc.in)
 		if err != nil || got != tc.want {
@@ -31,7 +34,7 @@ func TestParseSpec(t *testing.T) {
 	if s := (Spec{"idle", 50000, 8}).String(); s != "idle:50000@8" {
 		t.Errorf("String = %q", s)
 	}
-	for _, bad := range []string{"", "held", "held:", "held:-3", "held:0", "slow:10", "held:10@0", "held:10@x", "held:10@300"} {
+	for _, bad := range []string{"", "held", "held:", "held:-3", "held:0", "fast:10", "held:10@0", "held:10@x", "held:10@300"} {
 		if _, err := ParseSpec(bad); err == nil {
 			t.Errorf("ParseSpec(%q): no error", bad)
 		}
