@@ -213,11 +213,6 @@ func walkCgroup(sys fs.FS, dir, top, version string) (cgroupLimit, error) {
 			best = cgroupLimit{bytes: n, version: version, file: "/" + file}
 		}
 	}
-	if version == MemoryFromCgroupV1 {
-		file := path.Join(dir, "memory.stat")
-		n, err := readHierarchicalLimit(sys, file)
-		take(file, n, err)
-	}
 	for d := dir; ; d = path.Dir(d) {
 		name := "memory.max"
 		if version == MemoryFromCgroupV1 {
@@ -229,6 +224,12 @@ func walkCgroup(sys fs.FS, dir, top, version string) (cgroupLimit, error) {
 		if d == top || d == "." || d == "/" || !strings.HasPrefix(d, top) {
 			break
 		}
+	}
+	if version == MemoryFromCgroupV1 {
+		// Last: when it says what a limit file above did, the file is named.
+		file := path.Join(dir, "memory.stat")
+		n, err := readHierarchicalLimit(sys, file)
+		take(file, n, err)
 	}
 	return best, errors.Join(errs...)
 }

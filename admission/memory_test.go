@@ -140,6 +140,17 @@ func TestCgroupMemoryLimitFindsTheTightestOfTheProcessCgroupAndItsAncestors(t *t
 			wantBytes: 256 * mib, wantFrom: MemoryFromCgroupV1, wantFile: "/sys/fs/cgroup/memory/scafo-edge/memory.limit_in_bytes",
 		},
 		{
+			name: "v1: memory.stat saying the same as the group's own limit names the limit file",
+			files: map[string]string{
+				"/proc/self/cgroup":    "4:memory:/scafo-edge\n",
+				"/proc/self/mountinfo": mountV1Memory,
+				"/sys/fs/cgroup/memory/scafo-edge/memory.limit_in_bytes": "268435456\n",
+				"/sys/fs/cgroup/memory/scafo-edge/memory.stat":           "cache 0\nhierarchical_memory_limit 268435456\n",
+				"/sys/fs/cgroup/memory/memory.limit_in_bytes":            v1NoLimit,
+			},
+			wantBytes: 256 * mib, wantFrom: MemoryFromCgroupV1, wantFile: "/sys/fs/cgroup/memory/scafo-edge/memory.limit_in_bytes",
+		},
+		{
 			name: "v1: a parent tighter than the group wins",
 			files: map[string]string{
 				"/proc/self/cgroup":    "4:memory:/system.slice/scafo-edge.service\n",
