@@ -426,17 +426,19 @@ func TestStatusPage(t *testing.T) {
 			t.Errorf("GET / from a remote client = %d %q", rec.Code, rec.Body)
 		}
 	})
-	t.Run("shows the load: pressure, connections against the budget, each application's share", func(t *testing.T) {
+	t.Run("shows the load: pressure, connections against the budget, the memory limit and its source, each application's share", func(t *testing.T) {
 		a := *f.admin
 		a.Admission = func() admission.Status {
 			return admission.Status{
 				Pressure: true, PressureReason: "connections past the high-water mark", PressureSince: statusT0,
 				ClientConns: 1700, IdleConns: 120, UpstreamConns: 140, MaxConns: 2000, ConnsPerClient: 125, RequestsPerClient: 125,
+				MemoryLimit: 268435456, MemoryFrom: admission.MemoryFromCgroupV1, MemoryFile: "/sys/fs/cgroup/memory/edge/memory.limit_in_bytes",
 				Apps: []admission.AppLoad{{Application: "slow-app", InFlight: 750, Queued: 62, Limit: 750}, {Application: "fast-app", InFlight: 3, Limit: 180}},
 			}
 		}
 		_, page := fetchPage(t, a.Handler(), "/")
 		for _, want := range []string{"yes: connections past the high-water mark", "1700 client (120 idle) + 140 upstream of 2000",
+			"limit 268435456 bytes, from cgroup v1 <code>/sys/fs/cgroup/memory/edge/memory.limit_in_bytes</code>",
 			"<td>slow-app</td><td>750</td><td><span class=\"bad\">62</span></td><td>750</td>"} {
 			if !strings.Contains(page, want) {
 				t.Errorf("page lacks %q", want)
@@ -448,9 +450,12 @@ func TestStatusPage(t *testing.T) {
 		rec := serveAdmin(a.Handler(), "/status.json", "127.0.0.1:4000", "")
 		var v struct {
 			Load struct {
-				Pressure bool `json:"pressure"`
-				MaxConns int  `json:"max_conns"`
-				Apps     []struct {
+				Pressure    bool   `json:"pressure"`
+				MaxConns    int    `json:"max_conns"`
+				MemoryLimit int64  `json:"memory_limit_bytes"`
+				MemoryFrom  string `json:"memory_limit_from"`
+				MemoryFile  string `json:"memory_limit_file"`
+				Apps        []struct {
 					Application string `json:"application"`
 					Queued      int    `json:"queued"`
 				} `json:"applications"`
@@ -459,7 +464,8 @@ func TestStatusPage(t *testing.T) {
 		if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
 			t.Fatal(err)
 		}
-		if !v.Load.Pressure || v.Load.MaxConns != 2000 || len(v.Load.Apps) != 2 || v.Load.Apps[1].Queued != 62 {
+		if !v.Load.Pressure || v.Load.MaxConns != 2000 || len(v.Load.Apps) != 2 || v.Load.Apps[1].Queued != 62 ||
+			v.Load.MemoryLimit != 268435456 || v.Load.MemoryFrom != "cgroup v1" || v.Load.MemoryFile != "/sys/fs/cgroup/memory/edge/memory.limit_in_bytes" {
 			t.Errorf("status.json load = %+v", v.Load)
 		}
 	})

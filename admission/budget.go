@@ -3,11 +3,9 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
-	"os"
 	"runtime/debug"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 )
@@ -47,6 +45,12 @@ type Limits struct {
 	// is known. Once the live heap and stacks pass 75 % of it new requests
 	// are refused (503) until they are back under 65 %.
 	MemoryLimit int64
+	// MemoryFrom says where MemoryLimit came from (MemoryFromFlag,
+	// MemoryFromCgroupV2, …; "" with none), and MemoryFile the file it was
+	// read from (the cgroup's limit file, /proc/meminfo; "" for a flag or
+	// GOMEMLIMIT): the status page and scafo_edge_memory_limit_bytes say
+	// both. Derive sets them.
+	MemoryFrom, MemoryFile string
 }
 
 // Facts are what Derive read off the process, for the start-up log and the
@@ -60,14 +64,30 @@ type Facts struct {
 	// work: the node poll or routes file, certificate storage, edge.db,
 	// the admin listener and its scrapes, the handover socket.
 	Reserved int
-	// MemorySource says where MemoryLimit came from: "cgroup", "GOMEMLIMIT",
-	// "flag" or "" for none; SetGoLimit reports that the Go memory limit
-	// was set from the cgroup's.
-	MemorySource string
-	SetGoLimit   bool
-	// GoLimit is the Go memory limit set from the connection budget when no
-	// memory limit is known (0: not set here).
+	// MemTotal is the box's memory (/proc/meminfo), 0 when unknown.
+	// Cgroup is the tightest limit of the edge's cgroup and its ancestors
+	// (0: none), CgroupFile the file that set it; CgroupErr reports a
+	// cgroup limit file that could not be read.
+	MemTotal, Cgroup int64
+	CgroupFile       string
+	CgroupErr        error
+	// GoLimit is the Go memory limit Derive set (0: it left the runtime's
+	// alone, as GOMEMLIMIT asks).
 	GoLimit int64
+}
+
+// System is what Derive reads the limits off.
+type System struct {
+	// Getenv reads GOMEMLIMIT.
+	Getenv func(string) string
+	// Files is the root file system: /proc/self/cgroup,
+	// /proc/self/mountinfo, /proc/meminfo and the cgroup mounts are read
+	// from it (os.DirFS("/") on a real box).
+	Files fs.FS
+	// Descriptors returns the descriptor limit and the soft limit it was
+	// raised from (0: not raised). Nil: raise RLIMIT_NOFILE's soft limit to
+	// the hard one, as Go's runtime does at start.
+	Descriptors func() (limit, raisedFrom uint64, err error)
 }
 
 const (
@@ -105,27 +125,40 @@ const (
 
 // Derive fills the zero fields of want from the process's descriptor and
 // memory limits, raising the descriptor soft limit to the hard one first.
-// getenv reads GOMEMLIMIT; cgroupRoot is where the cgroup file system is
-// mounted ("/sys/fs/cgroup"). It errors only for limits that cannot work.
-func Derive(want Limits, getenv func(string) string, cgroupRoot string) (Limits, Facts, error) {
+// It errors only for limits that cannot work.
+//
+// The memory limit is, first that says one: want.MemoryLimit (a flag),
+// GOMEMLIMIT, the tightest limit of the edge's own cgroup and its ancestors
+// (if under the box's memory: a cgroup limit past it limits nothing), a
+// quarter of the box's memory (/proc/meminfo). The connection budget, the
+// memory guard and, unless GOMEMLIMIT is set, the Go memory limit (90 % of
+// it, as automemlimit does) follow it.
+func Derive(want Limits, sys System) (Limits, Facts, error) {
 	var f Facts
 	var err error
-	if f.Descriptors, f.RaisedFrom, err = raiseDescriptorLimit(); err != nil {
+	descriptors := sys.Descriptors
+	if descriptors == nil {
+		descriptors = raiseDescriptorLimit
+	}
+	if f.Descriptors, f.RaisedFrom, err = descriptors(); err != nil {
 		return want, f, err
 	}
 	l := want
-	if l.MemoryLimit > 0 {
-		f.MemorySource = "flag"
-	} else if v := getenv("GOMEMLIMIT"); v != "" && v != "off" {
-		l.MemoryLimit = debug.SetMemoryLimit(-1)
-		f.MemorySource = "GOMEMLIMIT"
-	} else if n := cgroupMemoryLimit(cgroupRoot); n > 0 {
-		l.MemoryLimit = n
-		f.MemorySource = "cgroup"
-		// As automemlimit does: let the collector work harder before the
-		// cgroup's OOM killer ends the process.
-		debug.SetMemoryLimit(n / 10 * 9)
-		f.SetGoLimit = true
+	goMemLimit := sys.Getenv("GOMEMLIMIT")
+	f.MemTotal = memTotal(sys.Files)
+	cg, cgErr := cgroupMemoryLimit(sys.Files)
+	f.Cgroup, f.CgroupFile, f.CgroupErr = cg.bytes, cg.file, cgErr
+	switch {
+	case l.MemoryLimit > 0:
+		l.MemoryFrom, l.MemoryFile = MemoryFromFlag, ""
+	case goMemLimit != "" && goMemLimit != "off":
+		l.MemoryLimit, l.MemoryFrom, l.MemoryFile = debug.SetMemoryLimit(-1), MemoryFromGOMEMLIMIT, ""
+	case cg.bytes > 0 && (f.MemTotal == 0 || cg.bytes < f.MemTotal):
+		l.MemoryLimit, l.MemoryFrom, l.MemoryFile = cg.bytes, cg.version, cg.file
+	case f.MemTotal > 0:
+		l.MemoryLimit, l.MemoryFrom, l.MemoryFile = f.MemTotal/memTotalShare, MemoryFromMemTotal, "/proc/meminfo"
+	default:
+		l.MemoryLimit, l.MemoryFrom, l.MemoryFile = 0, "", ""
 	}
 	f.Reserved = reserveFor(f.Descriptors)
 	if l.Overdraft == 0 {
@@ -138,7 +171,8 @@ func Derive(want Limits, getenv func(string) string, cgroupRoot string) (Limits,
 		}
 	}
 	if l.MaxConns < 16 {
-		return l, f, fmt.Errorf("connection budget %d is too small to serve (descriptor limit %d, %d reserved)", l.MaxConns, f.Descriptors, f.Reserved)
+		return l, f, fmt.Errorf("connection budget %d is too small to serve (descriptor limit %d, %d reserved, memory limit %d from %s)",
+			l.MaxConns, f.Descriptors, f.Reserved, l.MemoryLimit, orNone(l.MemoryFrom))
 	}
 	if uint64(l.MaxConns)+uint64(f.Reserved) > f.Descriptors {
 		return l, f, fmt.Errorf("--max-conns %d and the %d descriptors the edge keeps for its own work exceed the descriptor limit %d", l.MaxConns, f.Reserved, f.Descriptors)
@@ -161,13 +195,31 @@ func Derive(want Limits, getenv func(string) string, cgroupRoot string) (Limits,
 	if err := l.validate(); err != nil {
 		return l, f, err
 	}
-	if l.MemoryLimit == 0 && getenv("GOMEMLIMIT") == "" {
-		// A small --max-conns must not starve the routing table and the
-		// certificate cache: never under minGoLimit.
+	switch {
+	case goMemLimit != "":
+		// GOMEMLIMIT (or GOMEMLIMIT=off) is the operator's word on the Go
+		// memory limit: the runtime has set it.
+	case l.MemoryLimit > 0:
+		// Let the collector work harder before the limit's OOM killer ends
+		// the process, and leave a tenth for what Go does not count
+		// (the binary, thread stacks, the kernel's socket buffers).
+		f.GoLimit = l.MemoryLimit / 10 * 9
+		debug.SetMemoryLimit(f.GoLimit)
+	default:
+		// No memory limit known at all. A small --max-conns must not
+		// starve the routing table and the certificate cache: never under
+		// minGoLimit.
 		f.GoLimit = max(int64(l.MaxConns)*heapPerConn+baseHeap, minGoLimit)
 		debug.SetMemoryLimit(f.GoLimit)
 	}
 	return l, f, nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 func (l Limits) validate() error {
@@ -210,27 +262,4 @@ func raiseDescriptorLimit() (limit, raisedFrom uint64, err error) {
 		return before, 0, nil // keep the soft limit; the budget follows it
 	}
 	return r.Max, before, nil
-}
-
-// cgroupMemoryLimit reads the memory limit of the process's cgroup, v2
-// (memory.max) or v1 (memory/memory.limit_in_bytes), 0 for none. It reads
-// the mount's root, which is the process's own cgroup inside a container.
-func cgroupMemoryLimit(root string) int64 {
-	for _, p := range []string{root + "/memory.max", root + "/memory/memory.limit_in_bytes"} {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		s := strings.TrimSpace(string(b))
-		if s == "max" {
-			return 0
-		}
-		n, err := strconv.ParseInt(s, 10, 64)
-		// v1 says "no limit" with a huge page-rounded number.
-		if err != nil || n <= 0 || n >= 1<<60 {
-			return 0
-		}
-		return n
-	}
-	return 0
 }

@@ -2,10 +2,10 @@ package admission
 
 import (
 	"math"
-	"os"
-	"path/filepath"
+	"net/http/httptest"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -21,23 +21,6 @@ func keepGoMemoryLimit(t *testing.T) int64 {
 	prev := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
 	return prev
-}
-
-// cgroupRoot returns a fake cgroup mount holding files (path relative to
-// the mount: content).
-func cgroupRoot(t *testing.T, files map[string]string) string {
-	t.Helper()
-	root := t.TempDir()
-	for p, content := range files {
-		full := filepath.Join(root, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return root
 }
 
 func env(kv ...string) func(string) string {
@@ -62,65 +45,118 @@ func softDescriptorLimit(t *testing.T) uint64 {
 
 const mib = 1 << 20
 
-func TestDeriveSetsTheBudgetFromTheDescriptorAndMemoryLimits(t *testing.T) {
-	const v1 = "memory/memory.limit_in_bytes"
+// fixedDescriptors is a descriptor limit for System.Descriptors: the budget
+// comes out the same on every machine.
+func fixedDescriptors(n uint64) func() (uint64, uint64, error) {
+	return func() (uint64, uint64, error) { return n, 0, nil }
+}
+
+// testSystem is a box with 20,000 descriptors (a budget of 19,000 before
+// memory), the environment getenv and the files.
+func testSystem(getenv func(string) string, files map[string]string) System {
+	return System{Getenv: getenv, Files: box(files), Descriptors: fixedDescriptors(20000)}
+}
+
+const (
+	meminfo24GiB = "MemTotal:       25165824 kB\nMemFree:        23566372 kB\n"
+)
+
+// inCgroupV2 is a box with 24 GiB whose edge runs in the cgroup v2
+// system.slice/scafo-edge.service, its memory.max set to max.
+func inCgroupV2(max string) map[string]string {
+	return map[string]string{
+		"/proc/meminfo":        meminfo24GiB,
+		"/proc/self/cgroup":    "0::/system.slice/scafo-edge.service\n",
+		"/proc/self/mountinfo": mountV2,
+		"/sys/fs/cgroup/system.slice/scafo-edge.service/memory.max": max,
+	}
+}
+
+func TestDeriveTakesTheMemoryLimitFromTheFirstSourceThatGivesOne(t *testing.T) {
+	const serviceMax = "/sys/fs/cgroup/system.slice/scafo-edge.service/memory.max"
 	cases := []struct {
 		name    string
 		getenv  func(string) string
 		goLimit int64 // the Go memory limit the runtime set at start from GOMEMLIMIT; 0: leave it
-		cgroup  map[string]string
+		files   map[string]string
 		want    Limits // overrides, as flags give them
 
 		wantMemory int64
-		wantSource string
-		wantSetGo  bool // the Go memory limit was set to 90% of the cgroup's
-		// The Go memory limit was set from the connection budget: no memory
-		// limit is known and GOMEMLIMIT says nothing.
-		wantBudgetGo bool
+		wantFrom   string
+		wantFile   string
+		// How the Go memory limit was set: "limit" to 90 % of the memory
+		// limit, "budget" from the connection budget (no memory limit
+		// known), "" left as the runtime had it.
+		wantGo    string
+		wantCgErr bool
 	}{
-		{name: "no memory limit anywhere: the descriptors alone decide, and the Go limit follows the budget", getenv: env(), wantBudgetGo: true},
 		{
-			name: "a cgroup v2 memory.max caps the budget and sets the Go memory limit", getenv: env(),
-			cgroup:     map[string]string{"memory.max": "536870912\n"},
-			wantMemory: 512 * mib, wantSource: "cgroup", wantSetGo: true,
+			name: "nothing but the box's memory: a quarter of MemTotal", getenv: env(),
+			files:      map[string]string{"/proc/meminfo": meminfo24GiB},
+			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "limit",
 		},
 		{
-			name: "a cgroup v1 memory.limit_in_bytes caps the budget", getenv: env(),
-			cgroup:     map[string]string{v1: "536870912\n"},
-			wantMemory: 512 * mib, wantSource: "cgroup", wantSetGo: true,
+			name: "no memory known at all: the descriptors alone decide, and the Go limit follows the budget", getenv: env(),
+			wantGo: "budget",
 		},
 		{
-			name: "cgroup v2 max is no limit", getenv: env(),
-			cgroup: map[string]string{"memory.max": "max\n"}, wantBudgetGo: true,
+			name: "a cgroup v2 memory.max of the edge's own cgroup", getenv: env(),
+			files:      inCgroupV2("536870912\n"),
+			wantMemory: 512 * mib, wantFrom: MemoryFromCgroupV2, wantFile: serviceMax, wantGo: "limit",
 		},
 		{
-			name: "cgroup v1's huge page-rounded number is no limit", getenv: env(),
-			cgroup: map[string]string{v1: "9223372036854771712\n"}, wantBudgetGo: true,
+			name: "a cgroup v1 memory.limit_in_bytes of the edge's own cgroup", getenv: env(),
+			files: map[string]string{
+				"/proc/meminfo":        meminfo24GiB,
+				"/proc/self/cgroup":    "4:memory:/scafo-edge\n0::/\n",
+				"/proc/self/mountinfo": mountV1Memory + mountUnified,
+				"/sys/fs/cgroup/memory/scafo-edge/memory.limit_in_bytes": "536870912\n",
+			},
+			wantMemory: 512 * mib, wantFrom: MemoryFromCgroupV1, wantFile: "/sys/fs/cgroup/memory/scafo-edge/memory.limit_in_bytes", wantGo: "limit",
 		},
 		{
-			name: "an unreadable cgroup limit is no limit", getenv: env(),
-			cgroup: map[string]string{"memory.max": "lots\n"}, wantBudgetGo: true,
+			name: "a cgroup at max: a quarter of MemTotal", getenv: env(),
+			files:      inCgroupV2("max\n"),
+			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "limit",
+		},
+		{
+			name: "a cgroup limit past the box's memory limits nothing: a quarter of MemTotal", getenv: env(),
+			files:      inCgroupV2("34359738368\n"),
+			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "limit",
+		},
+		{
+			name: "an unreadable cgroup limit is reported and no limit", getenv: env(),
+			files:      inCgroupV2("lots\n"),
+			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "limit", wantCgErr: true,
 		},
 		{
 			name:   "GOMEMLIMIT wins over the cgroup and leaves the Go memory limit as the runtime set it",
 			getenv: env("GOMEMLIMIT", "768MiB"), goLimit: 768 * mib,
-			cgroup:     map[string]string{"memory.max": "536870912"},
-			wantMemory: 768 * mib, wantSource: "GOMEMLIMIT",
+			files:      inCgroupV2("536870912"),
+			wantMemory: 768 * mib, wantFrom: MemoryFromGOMEMLIMIT,
 		},
 		{
-			name: "GOMEMLIMIT=off falls through to the cgroup", getenv: env("GOMEMLIMIT", "off"),
-			cgroup:     map[string]string{"memory.max": "536870912"},
-			wantMemory: 512 * mib, wantSource: "cgroup", wantSetGo: true,
+			name: "GOMEMLIMIT=off: the cgroup's limit, and no Go memory limit", getenv: env("GOMEMLIMIT", "off"),
+			files:      inCgroupV2("536870912"),
+			wantMemory: 512 * mib, wantFrom: MemoryFromCgroupV2, wantFile: serviceMax,
 		},
 		{
-			name: "GOMEMLIMIT=off with no cgroup limit leaves the Go memory limit alone", getenv: env("GOMEMLIMIT", "off"),
+			name: "GOMEMLIMIT=off and no cgroup limit: a quarter of MemTotal, and no Go memory limit", getenv: env("GOMEMLIMIT", "off"),
+			files:      map[string]string{"/proc/meminfo": meminfo24GiB},
+			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo",
 		},
 		{
-			name:   "a memory limit flag wins over GOMEMLIMIT and the cgroup and leaves the Go limit alone",
+			name:   "the flag wins over GOMEMLIMIT and the cgroup, and leaves the Go limit as GOMEMLIMIT set it",
 			getenv: env("GOMEMLIMIT", "768MiB"), goLimit: 768 * mib,
-			cgroup:     map[string]string{"memory.max": "536870912"},
+			files:      inCgroupV2("536870912"),
 			want:       Limits{MemoryLimit: 256 * mib},
-			wantMemory: 256 * mib, wantSource: "flag",
+			wantMemory: 256 * mib, wantFrom: MemoryFromFlag,
+		},
+		{
+			name: "the flag without GOMEMLIMIT sets the Go memory limit", getenv: env(),
+			files:      inCgroupV2("536870912"),
+			want:       Limits{MemoryLimit: 256 * mib},
+			wantMemory: 256 * mib, wantFrom: MemoryFromFlag, wantGo: "limit",
 		},
 	}
 	for _, tt := range cases {
@@ -130,51 +166,140 @@ func TestDeriveSetsTheBudgetFromTheDescriptorAndMemoryLimits(t *testing.T) {
 				debug.SetMemoryLimit(tt.goLimit)
 				prevGo = tt.goLimit
 			}
-			l, f, err := Derive(tt.want, tt.getenv, cgroupRoot(t, tt.cgroup))
+			l, f, err := Derive(tt.want, testSystem(tt.getenv, tt.files))
 			if err != nil {
 				t.Fatalf("Derive: %v", err)
 			}
-			if l.MemoryLimit != tt.wantMemory || f.MemorySource != tt.wantSource || f.SetGoLimit != tt.wantSetGo {
-				t.Errorf("memory = %d from %q (set Go limit %v), want %d from %q (%v)",
-					l.MemoryLimit, f.MemorySource, f.SetGoLimit, tt.wantMemory, tt.wantSource, tt.wantSetGo)
+			if l.MemoryLimit != tt.wantMemory || l.MemoryFrom != tt.wantFrom || l.MemoryFile != tt.wantFile {
+				t.Errorf("memory = %d from %q %q, want %d from %q %q", l.MemoryLimit, l.MemoryFrom, l.MemoryFile, tt.wantMemory, tt.wantFrom, tt.wantFile)
+			}
+			if (f.CgroupErr != nil) != tt.wantCgErr {
+				t.Errorf("Facts.CgroupErr = %v, want one: %v", f.CgroupErr, tt.wantCgErr)
 			}
 			goLimit := debug.SetMemoryLimit(-1)
 			budgetGo := int64(l.MaxConns)*(24<<10) + 64*mib
-			switch {
-			case tt.wantSetGo && goLimit != tt.wantMemory/10*9:
-				t.Errorf("Go memory limit = %d, want 90%% of the cgroup's %d", goLimit, tt.wantMemory)
-			case tt.wantBudgetGo && (goLimit != budgetGo || f.GoLimit != budgetGo):
-				t.Errorf("Go memory limit = %d (Facts.GoLimit %d), want 24 KiB for each of %d connections and 64 MiB: %d",
-					goLimit, f.GoLimit, l.MaxConns, budgetGo)
-			case !tt.wantSetGo && !tt.wantBudgetGo && goLimit != prevGo:
-				t.Errorf("Go memory limit = %d, want it left at %d", goLimit, prevGo)
+			switch tt.wantGo {
+			case "limit":
+				if goLimit != tt.wantMemory/10*9 || f.GoLimit != goLimit {
+					t.Errorf("Go memory limit = %d (Facts.GoLimit %d), want 90%% of %d", goLimit, f.GoLimit, tt.wantMemory)
+				}
+			case "budget":
+				if goLimit != budgetGo || f.GoLimit != budgetGo {
+					t.Errorf("Go memory limit = %d (Facts.GoLimit %d), want 24 KiB for each of %d connections and 64 MiB: %d",
+						goLimit, f.GoLimit, l.MaxConns, budgetGo)
+				}
+			default:
+				if goLimit != prevGo || f.GoLimit != 0 {
+					t.Errorf("Go memory limit = %d (Facts.GoLimit %d), want it left at %d", goLimit, f.GoLimit, prevGo)
+				}
 			}
-			if !tt.wantBudgetGo && f.GoLimit != 0 {
-				t.Errorf("Facts.GoLimit = %d with a memory limit or GOMEMLIMIT known, want 0", f.GoLimit)
+			if f.Descriptors != 20000 || f.Reserved != 1000 {
+				t.Errorf("Facts = %d descriptors, %d reserved; want 20000 and a twentieth", f.Descriptors, f.Reserved)
 			}
-
-			if soft := softDescriptorLimit(t); f.Descriptors != soft {
-				t.Errorf("Facts.Descriptors = %d, the soft limit is %d", f.Descriptors, soft)
-			}
-			if f.Reserved < 64 || f.Reserved > 1024 || uint64(f.Reserved) != min(max(f.Descriptors/20, 64), 1024) {
-				t.Errorf("Facts.Reserved = %d for %d descriptors, want a twentieth within [64, 1024]", f.Reserved, f.Descriptors)
-			}
-			wantMax := int(min(f.Descriptors, math.MaxInt32)) - f.Reserved
+			wantMax := 19000
 			if tt.wantMemory > 0 {
 				wantMax = min(wantMax, int(tt.wantMemory/2/(32<<10)))
 			}
 			if l.MaxConns != wantMax {
-				t.Errorf("MaxConns = %d, want %d (descriptors %d less %d reserved, memory %d at 32 KiB a connection for half of it)",
-					l.MaxConns, wantMax, f.Descriptors, f.Reserved, tt.wantMemory)
-			}
-			if uint64(l.MaxConns)+uint64(f.Reserved) > f.Descriptors {
-				t.Errorf("MaxConns %d + reserve %d exceed the descriptor limit %d", l.MaxConns, f.Reserved, f.Descriptors)
+				t.Errorf("MaxConns = %d, want %d (19,000 descriptors, or memory %d at 32 KiB a connection for half of it)", l.MaxConns, wantMax, tt.wantMemory)
 			}
 			if want := max(64, l.MaxConns/16); l.ConnsPerClient != want || l.RequestsPerClient != want {
 				t.Errorf("per client = %d connections, %d requests; want max(64, MaxConns/16) = %d for both", l.ConnsPerClient, l.RequestsPerClient, want)
 			}
 			if l.AppShare != DefaultAppShare || l.QueueTimeout != DefaultQueueTimeout || l.ClientRate != 0 || l.ClientBurst != 0 {
 				t.Errorf("share %g, queue timeout %v, rate %g/%d; want the defaults and no rate", l.AppShare, l.QueueTimeout, l.ClientRate, l.ClientBurst)
+			}
+		})
+	}
+}
+
+// On the boxes the edge ships to, systemd's LimitNOFILE=1048576 or Docker's
+// default: the descriptors would allow a million connections, and the box's
+// memory is what must bound them.
+func TestDeriveOnAMillionDescriptorsTheBudgetFollowsMemory(t *testing.T) {
+	const descriptors = 1 << 20
+	cases := []struct {
+		name      string
+		files     map[string]string
+		want      Limits
+		wantFrom  string
+		wantLimit int64
+		wantConns int
+	}{
+		{
+			name:     "a 4 GiB box, no cgroup limit: a quarter of it",
+			files:    map[string]string{"/proc/meminfo": "MemTotal:        4194304 kB\n"},
+			wantFrom: MemoryFromMemTotal, wantLimit: 1 << 30, wantConns: 16384,
+		},
+		{
+			name: "4 GiB of cgroup v2 memory.max (the unit's MemoryMax=4G) on a 64 GiB box",
+			files: map[string]string{
+				"/proc/meminfo":        "MemTotal:       67108864 kB\n",
+				"/proc/self/cgroup":    "0::/system.slice/scafo-edge.service\n",
+				"/proc/self/mountinfo": mountV2,
+				"/sys/fs/cgroup/system.slice/scafo-edge.service/memory.max": "4294967296\n",
+			},
+			wantFrom: MemoryFromCgroupV2, wantLimit: 4 << 30, wantConns: 65536,
+		},
+		{
+			name: "4 GiB of cgroup v1 memory.limit_in_bytes (compose's mem_limit) on a 64 GiB box",
+			files: map[string]string{
+				"/proc/meminfo":                               "MemTotal:       67108864 kB\n",
+				"/proc/self/cgroup":                           "4:memory:/docker/abc\n",
+				"/proc/self/mountinfo":                        "900 800 0:31 /docker/abc /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n",
+				"/sys/fs/cgroup/memory/memory.limit_in_bytes": "4294967296\n",
+			},
+			wantFrom: MemoryFromCgroupV1, wantLimit: 4 << 30, wantConns: 65536,
+		},
+		{
+			name:     "--memory-limit 4GiB",
+			files:    map[string]string{"/proc/meminfo": "MemTotal:       67108864 kB\n"},
+			want:     Limits{MemoryLimit: 4 << 30},
+			wantFrom: MemoryFromFlag, wantLimit: 4 << 30, wantConns: 65536,
+		},
+	}
+	for _, tt := range cases {
+		t.Run(tt.name, func(t *testing.T) {
+			keepGoMemoryLimit(t)
+			sys := System{Getenv: env(), Files: box(tt.files), Descriptors: fixedDescriptors(descriptors)}
+			l, f, err := Derive(tt.want, sys)
+			if err != nil {
+				t.Fatalf("Derive: %v", err)
+			}
+			if f.Reserved != 1024 || descriptors-f.Reserved != 1047552 {
+				t.Fatalf("reserve %d, want 1,024: the descriptors alone would allow 1,047,552 connections", f.Reserved)
+			}
+			if l.MemoryLimit != tt.wantLimit || l.MemoryFrom != tt.wantFrom {
+				t.Errorf("memory limit %d from %q, want %d from %q", l.MemoryLimit, l.MemoryFrom, tt.wantLimit, tt.wantFrom)
+			}
+			// Half the memory at 32 KiB a connection.
+			if l.MaxConns != tt.wantConns || l.ConnsPerClient != tt.wantConns/16 || l.RequestsPerClient != tt.wantConns/16 {
+				t.Errorf("budget %d, %d connections and %d requests per address; want %d and %d",
+					l.MaxConns, l.ConnsPerClient, l.RequestsPerClient, tt.wantConns, tt.wantConns/16)
+			}
+			if g := debug.SetMemoryLimit(-1); g != tt.wantLimit/10*9 {
+				t.Errorf("Go memory limit %d, want 90%% of %d", g, tt.wantLimit)
+			}
+
+			// The memory guard follows the same limit: past three quarters
+			// of it live, new requests are refused.
+			var use atomic.Int64
+			c, err := New(Options{Limits: l, MemoryInUse: use.Load})
+			if err != nil {
+				t.Fatal(err)
+			}
+			use.Store(tt.wantLimit * 74 / 100)
+			c.sampleMemory()
+			if c.Snapshot().MemoryHigh {
+				t.Errorf("memory high at 74 %% of %d", tt.wantLimit)
+			}
+			use.Store(tt.wantLimit * 76 / 100)
+			c.sampleMemory()
+			if !c.Snapshot().MemoryHigh {
+				t.Errorf("memory not high at 76 %% of %d", tt.wantLimit)
+			}
+			if _, why := c.Admit(httptest.NewRequest("GET", "http://app.test/", nil), "app"); why != RefusedMemory {
+				t.Errorf("a request at 76 %% of the memory limit = %v, want %v", why, RefusedMemory)
 			}
 		})
 	}
@@ -244,7 +369,7 @@ func TestDeriveKeepsEveryLimitAFlagSets(t *testing.T) {
 	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
 			keepGoMemoryLimit(t)
-			l, _, err := Derive(tt.want, env(), cgroupRoot(t, map[string]string{"memory.max": "536870912"}))
+			l, _, err := Derive(tt.want, testSystem(env(), inCgroupV2("536870912")))
 			if err != nil {
 				t.Fatalf("Derive: %v", err)
 			}
@@ -254,8 +379,8 @@ func TestDeriveKeepsEveryLimitAFlagSets(t *testing.T) {
 }
 
 func TestDeriveRefusesLimitsThatCannotWork(t *testing.T) {
-	soft := softDescriptorLimit(t)
-	reserve := int(min(max(soft/20, 64), 1024))
+	const soft = 20000
+	const reserve = 1000
 	cases := []struct {
 		name    string
 		want    Limits
@@ -277,7 +402,7 @@ func TestDeriveRefusesLimitsThatCannotWork(t *testing.T) {
 	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
 			keepGoMemoryLimit(t)
-			_, _, err := Derive(tt.want, env(), t.TempDir())
+			_, _, err := Derive(tt.want, testSystem(env(), nil))
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("Derive(%+v) error = %v, want one about %q", tt.want, err, tt.wantErr)
 			}
@@ -300,7 +425,7 @@ func TestDeriveRaisesTheDescriptorSoftLimitToTheHardOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	keepGoMemoryLimit(t)
-	l, f, err := Derive(Limits{}, env(), t.TempDir())
+	l, f, err := Derive(Limits{}, System{Getenv: env(), Files: box(nil)})
 	if err != nil {
 		t.Fatalf("Derive: %v", err)
 	}

@@ -421,6 +421,8 @@ type Status struct {
 	AppShare          float64   `json:"app_share"`
 	ClientRate        float64   `json:"client_rate,omitempty"`
 	MemoryLimit       int64     `json:"memory_limit_bytes,omitempty"`
+	MemoryFrom        string    `json:"memory_limit_from,omitempty"` // Limits.MemoryFrom
+	MemoryFile        string    `json:"memory_limit_file,omitempty"` // Limits.MemoryFile
 	Clients           int       `json:"client_addresses"`
 	Apps              []AppLoad `json:"applications"`
 }
@@ -448,6 +450,7 @@ func (c *Controller) Snapshot() Status {
 		ClientConns: c.clientConns.Load(), HTTP3Conns: c.quicConns.Load(), UpstreamConns: c.upstreamConns.Load(), IdleConns: c.conns.idleLen(),
 		MaxConns: c.limits.MaxConns, ConnsPerClient: c.limits.ConnsPerClient, RequestsPerClient: c.limits.RequestsPerClient,
 		AppShare: c.limits.AppShare, ClientRate: c.limits.ClientRate, MemoryLimit: c.limits.MemoryLimit,
+		MemoryFrom: c.limits.MemoryFrom, MemoryFile: c.limits.MemoryFile,
 		Clients: c.clients.len(), Apps: c.apps.loads(),
 	}
 }

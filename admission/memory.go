@@ -1,6 +1,18 @@
 package admission
 
-import rtmetrics "runtime/metrics"
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+
+	rtmetrics "runtime/metrics"
+)
 
 // goMemoryInUse is the memory the edge's work holds: the heap the last
 // collection found live, and goroutine stacks. Garbage waiting for the next
@@ -16,4 +28,287 @@ func goMemoryInUse() int64 {
 		}
 	}
 	return n
+}
+
+// Where a memory limit came from: Limits.MemoryFrom.
+const (
+	MemoryFromFlag       = "flag"
+	MemoryFromGOMEMLIMIT = "GOMEMLIMIT"
+	MemoryFromCgroupV1   = "cgroup v1"
+	MemoryFromCgroupV2   = "cgroup v2"
+	MemoryFromMemTotal   = "share of MemTotal"
+)
+
+// memTotalShare is the part of the box's memory the edge claims when nothing
+// tells it its limit: a quarter (see README, "Overload and fairness").
+const memTotalShare = 4
+
+// cgroupLimit is the tightest memory limit over the process's own cgroup
+// and its ancestors, and the file that set it.
+type cgroupLimit struct {
+	bytes   int64
+	version string // MemoryFromCgroupV1 or MemoryFromCgroupV2
+	file    string // absolute path
+}
+
+// cgroupMemoryLimit finds the process's own memory cgroup from
+// /proc/self/cgroup, where its hierarchy is mounted from
+// /proc/self/mountinfo, and returns the tightest limit of that cgroup and of
+// every ancestor up to the mount point (a parent's limit binds its children
+// too), as automemlimit does. sys is the root file system ("/" on a real
+// box). The v1 memory controller wins when the process is in one: on a
+// hybrid box the unified hierarchy has no memory controller. A zero bytes
+// means no limit; err reports a limit file that could not be read or
+// parsed, beside whatever limit the others gave.
+func cgroupMemoryLimit(sys fs.FS) (cgroupLimit, error) {
+	groups, err := fs.ReadFile(sys, "proc/self/cgroup")
+	if err != nil {
+		return cgroupLimit{}, nil // no cgroups here: not Linux, or /proc is not mounted
+	}
+	var v1, v2 string
+	hasV1, hasV2 := false, false
+	for _, line := range strings.Split(string(groups), "\n") {
+		// hierarchy-ID:controller-list:cgroup-path (cgroups(7)); the path
+		// may itself hold colons.
+		id, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		controllers, p, ok := strings.Cut(rest, ":")
+		if !ok {
+			continue
+		}
+		switch {
+		case id == "0" && controllers == "":
+			v2, hasV2 = p, true
+		case slices.Contains(strings.Split(controllers, ","), "memory"):
+			v1, hasV1 = p, true
+		}
+	}
+	mounts := cgroupMounts(sys)
+	if hasV1 {
+		if dir, top, ok := resolveCgroup(mounts, v1, func(m mount) bool {
+			return m.fstype == "cgroup" && slices.Contains(strings.Split(m.options, ","), "memory")
+		}, "sys/fs/cgroup/memory"); ok {
+			return walkCgroup(sys, dir, top, MemoryFromCgroupV1)
+		}
+	}
+	if hasV2 {
+		if dir, top, ok := resolveCgroup(mounts, v2, func(m mount) bool { return m.fstype == "cgroup2" }, "sys/fs/cgroup"); ok {
+			return walkCgroup(sys, dir, top, MemoryFromCgroupV2)
+		}
+	}
+	return cgroupLimit{}, nil
+}
+
+// mount is a cgroup file system's line of /proc/self/mountinfo: which
+// directory of the hierarchy (root) is mounted where (point, without its
+// leading slash).
+type mount struct {
+	root, point, fstype, options string
+}
+
+// cgroupMounts reads the cgroup and cgroup2 mounts off /proc/self/mountinfo
+// (proc_pid_mountinfo(5)); nil when it cannot be read.
+func cgroupMounts(sys fs.FS) []mount {
+	b, err := fs.ReadFile(sys, "proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []mount
+	s := bufio.NewScanner(bytes.NewReader(b))
+	for s.Scan() {
+		// 34 30 0:31 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+		before, after, ok := strings.Cut(s.Text(), " - ")
+		if !ok {
+			continue
+		}
+		f, g := strings.Fields(before), strings.Fields(after)
+		if len(f) < 5 || len(g) < 3 || (g[0] != "cgroup" && g[0] != "cgroup2") {
+			continue
+		}
+		out = append(out, mount{root: unescapeMount(f[3]), point: strings.TrimPrefix(path.Clean(unescapeMount(f[4])), "/"), fstype: g[0], options: g[2]})
+	}
+	return out
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// resolveCgroup returns the directory of cgroup p (a path in its hierarchy)
+// under the first mount of that hierarchy whose root holds it, and that
+// mount's point: the walk to the ancestors stops there, above it is not
+// ours to see. A container whose cgroup path lies outside the mount's root
+// (no cgroup namespace, an older runtime) sees its own cgroup at the mount
+// point. With no mount listed, the hierarchy is taken to be mounted whole at
+// fallback, its usual place.
+func resolveCgroup(mounts []mount, p string, match func(mount) bool, fallback string) (dir, top string, ok bool) {
+	var first *mount
+	for i := range mounts {
+		m := &mounts[i]
+		if !match(*m) {
+			continue
+		}
+		if first == nil {
+			first = m
+		}
+		rel, ok := within(m.root, p)
+		if ok {
+			return path.Join(m.point, rel), m.point, true
+		}
+	}
+	if first != nil {
+		return first.point, first.point, true
+	}
+	if len(mounts) > 0 {
+		return "", "", false // mountinfo lists cgroups, but not this hierarchy
+	}
+	rel, _ := within("/", p)
+	return path.Join(fallback, rel), fallback, true
+}
+
+// within returns p relative to root, and whether p is root or below it.
+func within(root, p string) (string, bool) {
+	root, p = path.Clean("/"+root), path.Clean("/"+p)
+	if p == root {
+		return ".", true
+	}
+	if root == "/" {
+		return p[1:], true
+	}
+	if rest, ok := strings.CutPrefix(p, root+"/"); ok {
+		return rest, true
+	}
+	return "", false
+}
+
+// walkCgroup reads the limit of dir and of each ancestor up to top and
+// keeps the tightest. v1 also states, in the group's memory.stat, the
+// tightest limit over all its ancestors, those above the mount point
+// included (hierarchical_memory_limit).
+func walkCgroup(sys fs.FS, dir, top, version string) (cgroupLimit, error) {
+	var best cgroupLimit
+	var errs []error
+	take := func(file string, n int64, err error) {
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case n > 0 && (best.bytes == 0 || n < best.bytes):
+			best = cgroupLimit{bytes: n, version: version, file: "/" + file}
+		}
+	}
+	for d := dir; ; d = path.Dir(d) {
+		name := "memory.max"
+		if version == MemoryFromCgroupV1 {
+			name = "memory.limit_in_bytes"
+		}
+		file := path.Join(d, name)
+		n, err := readLimitFile(sys, file)
+		take(file, n, err)
+		if d == top || d == "." || d == "/" || !strings.HasPrefix(d, top) {
+			break
+		}
+	}
+	if version == MemoryFromCgroupV1 {
+		// Last: when it says what a limit file above did, the file is named.
+		file := path.Join(dir, "memory.stat")
+		n, err := readHierarchicalLimit(sys, file)
+		take(file, n, err)
+	}
+	return best, errors.Join(errs...)
+}
+
+// noLimitV1 and above is cgroup v1's "no limit": the largest int64 rounded
+// down to a page. Anything at or past an exbibyte is treated so.
+const noLimitV1 = 1 << 60
+
+// readLimitFile reads memory.max or memory.limit_in_bytes: 0 for no limit,
+// including a missing file (the root cgroup has none).
+func readLimitFile(sys fs.FS, file string) (int64, error) {
+	b, err := readIfThere(sys, file)
+	if b == nil || err != nil {
+		return 0, err
+	}
+	return parseLimit(file, strings.TrimSpace(string(b)))
+}
+
+// readIfThere reads file; nil and no error when there is none.
+func readIfThere(sys fs.FS, file string) ([]byte, error) {
+	b, err := fs.ReadFile(sys, file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read /%s: %w", file, err)
+	}
+	return b, nil
+}
+
+func parseLimit(file, s string) (int64, error) {
+	if s == "max" || s == "-1" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("read /%s: %q is not a number of bytes", file, s)
+	}
+	if n >= noLimitV1 {
+		return 0, nil
+	}
+	return int64(n), nil
+}
+
+// readHierarchicalLimit reads hierarchical_memory_limit off a v1 memory.stat.
+func readHierarchicalLimit(sys fs.FS, file string) (int64, error) {
+	b, err := readIfThere(sys, file)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "hierarchical_memory_limit "); ok {
+			return parseLimit(file, strings.TrimSpace(v))
+		}
+	}
+	return 0, nil
+}
+
+// memTotal reads the box's memory off /proc/meminfo, 0 when it cannot.
+func memTotal(sys fs.FS) int64 {
+	b, err := fs.ReadFile(sys, "proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// MemTotal:       24683548 kB
+		v, ok := strings.CutPrefix(line, "MemTotal:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0
+		}
+		n, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil || n <= 0 || n > 1<<50 {
+			return 0
+		}
+		return n << 10
+	}
+	return 0
 }

@@ -68,6 +68,11 @@ func TestComposeFile(t *testing.T) {
 			t.Errorf("volume %q is not declared under top-level volumes", v.Source)
 		}
 	})
+	t.Run("the kernel holds the edge to a memory limit it can read, which the operator may change", func(t *testing.T) {
+		if !regexp.MustCompile(`^\$\{SCAFO_EDGE_MEM_LIMIT:-[0-9]+[kmg]\}$`).MatchString(edge.MemLimit) {
+			t.Errorf("mem_limit %q, want ${SCAFO_EDGE_MEM_LIMIT:-<size>}", edge.MemLimit)
+		}
+	})
 	t.Run("the token file is mounted read-only where SCAFO_INGRESS_TOKEN_FILE points", func(t *testing.T) {
 		tokenFile := env["SCAFO_INGRESS_TOKEN_FILE"]
 		if tokenFile == "" {
@@ -145,6 +150,7 @@ type composeService struct {
 	Environment     yaml.Node       `yaml:"environment"`
 	Volumes         []composeVolume `yaml:"volumes"`
 	StopGracePeriod string          `yaml:"stop_grace_period"`
+	MemLimit        string          `yaml:"mem_limit"`
 	Command         string          `yaml:"command"`
 }
 

@@ -83,6 +83,14 @@ func TestSystemdUnit(t *testing.T) {
 			}
 			return ""
 		}},
+		{"the kernel holds the edge to a memory limit it can read", func() string {
+			// A percentage of the box or a size: the edge reads the
+			// result off its cgroup's memory.max.
+			if v := unitValue(svc["MemoryMax"]); !regexp.MustCompile(`^([0-9]+%|[0-9]+[KMGT]?)$`).MatchString(v) {
+				return fmt.Sprintf("MemoryMax=%q, want a percentage or a size: without one the kernel kills the edge only when the box runs out", v)
+			}
+			return ""
+		}},
 		{"every variable it sets is one the binary reads", func() string {
 			for k := range env {
 				if !known[k] {

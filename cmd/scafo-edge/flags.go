@@ -51,6 +51,7 @@ type config struct {
 	idleTimeout       time.Duration
 	maxHeaderBytes    int
 
+	memoryLimit          string
 	maxConns             int
 	maxConnsPerClient    int
 	maxRequestsPerClient int
@@ -172,6 +173,7 @@ func serveFlags(c *config) *flagSet {
 	fs.stringVar(&c.trustedProxies, "trusted-proxies", "SCAFO_EDGE_TRUSTED_PROXIES", "", "comma-separated CIDRs whose X-Forwarded-* headers are kept (default: none)")
 
 	fs.group = "Overload and fairness"
+	fs.stringVar(&c.memoryLimit, "memory-limit", "SCAFO_EDGE_MEMORY_LIMIT", "", "memory the edge keeps under, in bytes or with a unit as GOMEMLIMIT takes (512MiB, 2GiB): the connection budget, the Go memory limit (90 % of it) and the 503s past 75 % live follow it (default: GOMEMLIMIT, else the tightest limit of the edge's cgroup and its parents, else a quarter of the box's memory)")
 	fs.intVar(&c.maxConns, "max-conns", "SCAFO_EDGE_MAX_CONNS", 0, "client and upstream connections the edge holds at most; at it, new connections wait in the kernel's backlog (0: the descriptor limit less a reserve for the edge's own work, and at most half the memory limit at 32 KiB each)")
 	fs.intVar(&c.maxConnsPerClient, "max-conns-per-client", "SCAFO_EDGE_MAX_CONNS_PER_CLIENT", 0, "connections one client address (IPv4, IPv6 /64) may hold; past it new ones are closed at once (0: 1/16 of --max-conns, at least 64)")
 	fs.intVar(&c.maxRequestsPerClient, "max-requests-per-client", "SCAFO_EDGE_MAX_REQUESTS_PER_CLIENT", 0, "requests one client address may have in flight; past it 429 (0: as --max-conns-per-client)")

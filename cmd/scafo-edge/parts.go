@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 
@@ -138,9 +139,16 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 // the overload flags, and says what it came to.
 func newAdmission(s settings, reg prometheus.Registerer, closeIdleUpstreams func(), log zerolog.Logger) (*admission.Controller, error) {
 	alog := log.With().Str("component", "admission").Logger()
-	l, f, err := admission.Derive(s.limits, getenv, "/sys/fs/cgroup")
+	l, f, err := admission.Derive(s.limits, admission.System{Getenv: getenv, Files: os.DirFS("/")})
 	if err != nil {
 		return nil, err
+	}
+	if f.CgroupErr != nil {
+		alog.Warn().Err(f.CgroupErr).Msg("a cgroup memory limit could not be read; the edge goes by the others it found")
+	}
+	if f.Cgroup > 0 && l.MemoryLimit > f.Cgroup {
+		alog.Warn().Int64("memory_limit", l.MemoryLimit).Str("memory_limit_from", l.MemoryFrom).Int64("cgroup_limit", f.Cgroup).Str("cgroup_file", f.CgroupFile).
+			Msg("the memory limit set is past the cgroup's: the kernel kills the edge at the cgroup's before the edge sheds at its own")
 	}
 	ev := alog.Info().Uint64("descriptor_limit", f.Descriptors).Int("reserved", f.Reserved).Int("max_conns", l.MaxConns).
 		Int("max_conns_per_client", l.ConnsPerClient).Int("max_requests_per_client", l.RequestsPerClient).
@@ -148,8 +156,12 @@ func newAdmission(s settings, reg prometheus.Registerer, closeIdleUpstreams func
 	if f.RaisedFrom > 0 {
 		ev = ev.Uint64("descriptor_soft_limit_was", f.RaisedFrom)
 	}
-	if l.MemoryLimit > 0 {
-		ev = ev.Int64("memory_limit", l.MemoryLimit).Str("memory_limit_from", f.MemorySource).Bool("go_memory_limit_set", f.SetGoLimit)
+	ev = ev.Int64("memory_limit", l.MemoryLimit).Str("memory_limit_from", l.MemoryFrom)
+	if l.MemoryFile != "" {
+		ev = ev.Str("memory_limit_file", l.MemoryFile)
+	}
+	if f.MemTotal > 0 {
+		ev = ev.Int64("mem_total", f.MemTotal)
 	}
 	if f.GoLimit > 0 {
 		ev = ev.Int64("go_memory_limit", f.GoLimit)
@@ -157,7 +169,11 @@ func newAdmission(s settings, reg prometheus.Registerer, closeIdleUpstreams func
 	if l.ClientRate > 0 {
 		ev = ev.Float64("client_rate", l.ClientRate).Int("client_burst", l.ClientBurst)
 	}
-	ev.Msg("connection budget: descriptor soft limit raised to the hard limit; the reserve is kept for the edge's own work")
+	msg := "connection budget: from the descriptor limit less a reserve for the edge's own work, and half the memory limit at 32 KiB a connection"
+	if l.MemoryLimit == 0 {
+		msg = "connection budget: from the descriptor limit less a reserve for the edge's own work; no memory limit known, so none sheds for memory"
+	}
+	ev.Msg(msg)
 	return admission.New(admission.Options{
 		Limits:         l,
 		Proxies:        append(slices.Clone(s.trusted), s.proxyFrom...),

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -122,11 +124,39 @@ func admissionLimits(c *config) (admission.Limits, error) {
 	if c.maxConns > 0 && c.maxConnsPerClient > c.maxConns {
 		return l, fmt.Errorf("--max-conns-per-client: %d is more than --max-conns %d", c.maxConnsPerClient, c.maxConns)
 	}
+	memory, err := parseBytes(c.memoryLimit)
+	if err != nil {
+		return l, fmt.Errorf("--memory-limit: %w", err)
+	}
 	return admission.Limits{
-		MaxConns: c.maxConns, ConnsPerClient: c.maxConnsPerClient, RequestsPerClient: c.maxRequestsPerClient,
+		MemoryLimit: memory,
+		MaxConns:    c.maxConns, ConnsPerClient: c.maxConnsPerClient, RequestsPerClient: c.maxRequestsPerClient,
 		AppShare: float64(c.appShare) / 100, QueueTimeout: c.appQueueTimeout,
 		ClientRate: float64(c.clientRate), ClientBurst: c.clientBurst,
 	}, nil
+}
+
+// parseBytes parses a size as GOMEMLIMIT spells one: a whole number of
+// bytes with an optional unit B, KiB, MiB, GiB or TiB. "" and "0" are 0.
+func parseBytes(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	num, mult := s, int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}} {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("%q: want a number of bytes, with a unit B, KiB, MiB, GiB or TiB if any (512MiB)", s)
+	}
+	return n * mult, nil
 }
 
 // parseCIDRs parses a comma-separated list of CIDRs or bare addresses (a

@@ -39,6 +39,11 @@ func TestValidateNamesTheFlagAtFault(t *testing.T) {
 		{"a negative client rate", []string{"--client-rate", "-1"}, nil, "--client-rate: "},
 		{"a burst without a rate", []string{"--client-burst", "10"}, nil, "--client-burst: "},
 		{"a rate with its burst", []string{"--client-rate", "50", "--client-burst", "100", "--app-share", "100"}, nil, ""},
+		{"a memory limit with a unit", []string{"--memory-limit", "512MiB"}, nil, ""},
+		{"a memory limit from the environment", nil, map[string]string{"SCAFO_EDGE_MEMORY_LIMIT": "2GiB"}, ""},
+		{"a memory limit in plain words", []string{"--memory-limit", "lots"}, nil, "--memory-limit: "},
+		{"a negative memory limit", []string{"--memory-limit", "-1GiB"}, nil, "--memory-limit: "},
+		{"a memory limit in decimal units", []string{"--memory-limit", "512MB"}, nil, "--memory-limit: "},
 		{"the overload flags are checked with TLS off", []string{"--tls", "off", "--app-share", "0"}, nil, "--app-share: "},
 		{"TLS flags are not checked with TLS off", []string{"--tls", "off", "--cert-store", "s3", "--dns-provider", "route53"}, nil, ""},
 	}
@@ -56,6 +61,24 @@ func TestValidateNamesTheFlagAtFault(t *testing.T) {
 				t.Errorf("validate(%q) = %v, want an error starting %q", tc.args, err, tc.want)
 			}
 		})
+	}
+}
+
+func TestParseBytes(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"", 0, true}, {"0", 0, true}, {"1073741824", 1 << 30, true}, {"1024B", 1024, true},
+		{"64KiB", 64 << 10, true}, {"512MiB", 512 << 20, true}, {"2GiB", 2 << 30, true}, {"1TiB", 1 << 40, true},
+		{"1.5GiB", 0, false}, {"512MB", 0, false}, {"512mib", 0, false}, {"GiB", 0, false}, {"-1", 0, false},
+		{" 512MiB", 0, false}, {"9223372036854775807TiB", 0, false}, {"max", 0, false},
+	} {
+		got, err := parseBytes(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d, ok %v", tc.in, got, err, tc.want, tc.ok)
+		}
 	}
 }
 
