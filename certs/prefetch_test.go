@@ -7,8 +7,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -380,5 +382,94 @@ func TestPrefetchFailedOrderWaitsOutTheBackOff(t *testing.T) {
 	}
 	if got := pb.OrderCount(); got != orders {
 		t.Errorf("orders = %d, want %d: none during the back-off", got, orders)
+	}
+}
+
+// publicDNS is public DNS and the internet as a reachability check sees
+// them, per name: its A and AAAA records, a family whose query fails
+// (SERVFAIL or a timeout), and where a connection to each address lands.
+// An address it does not place refuses connections.
+type publicDNS struct {
+	records map[string][]netip.Addr
+	fail    map[string]string // name -> the family ("ip4", "ip6") whose query fails
+	at      map[netip.Addr]string
+}
+
+// lookup is prefetch.Options.LookupNetIP as the Go resolver with
+// StrictErrors answers it: a failed family fails "ip" too.
+func (d *publicDNS) lookup(_ context.Context, network, host string) ([]netip.Addr, error) {
+	if f := d.fail[host]; f != "" && (network == f || network == "ip") {
+		return nil, &net.DNSError{Err: "server misbehaving", Name: host, IsTemporary: true}
+	}
+	var out []netip.Addr
+	for _, a := range d.records[host] {
+		if network == "ip" || a.Is4() == (network == "ip4") {
+			out = append(out, a)
+		}
+	}
+	if len(out) == 0 {
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	return out, nil
+}
+
+func (d *publicDNS) dial(ctx context.Context, _, addr string) (net.Conn, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	to, ok := d.at[ap.Addr()]
+	if !ok {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	}
+	return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", to)
+}
+
+// TestPrefetchChecksWhatTheCAValidates: the reachability check looks at
+// the addresses Let's Encrypt validates at (Boulder's bdns.LookupHost), so
+// it holds back no name the CA would certify (issue 30): a private or
+// reserved address beside the fleet's public one is ignored, and a name
+// whose AAAA query fails while its A records reach the fleet is checked
+// over IPv4, as the CA then validates it.
+func TestPrefetchChecksWhatTheCAValidates(t *testing.T) {
+	e := newTestEdge(t)
+	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: e.httpPort, TLSPort: e.httpsPort})
+	fleetAddr := netip.MustParseAddr("93.184.215.14")
+	dns := &publicDNS{
+		records: map[string][]netip.Addr{
+			"mixed.test":  {netip.MustParseAddr("10.20.30.40"), fleetAddr, netip.MustParseAddr("fd00::1")},
+			"a-only.test": {fleetAddr, netip.MustParseAddr("2606:2800:21f:cb07:6820:80da:af6b:8b2c")},
+		},
+		fail: map[string]string{"a-only.test": "ip6"},
+		// 10.20.30.40 is another network's private address: nothing of
+		// the fleet answers there, from here or from the CA.
+		at: map[netip.Addr]string{fleetAddr: e.httpLn.Addr().String()},
+	}
+	names := newNameSet()
+	m := e.start(t, t.TempDir(), prefetchOptions(pb, names, prometheus.NewRegistry(), &prefetch.Options{
+		RetryBase:   time.Hour, // one check each: a name held back is not certified in this test's time
+		LookupNetIP: dns.lookup,
+		DialContext: dns.dial,
+	}))
+	for _, tc := range []struct{ name, what string }{
+		{"mixed.test", "a name with a private address beside the fleet's public one is certified with one order"},
+		{"a-only.test", "a name whose AAAA query fails while its A record reaches the fleet is certified"},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			before := pb.OrderCount()
+			names.set(tc.name, true)
+			m.Prefetch([]string{tc.name})
+			testsupport.WaitForNil(t, 30*time.Second, tc.name+" certified", func() error {
+				if storedCert(m, tc.name) {
+					return nil
+				}
+				en, _ := prefetchEntry(m, tc.name)
+				return fmt.Errorf("not yet: %+v", en)
+			})
+			testsupport.WaitFor(t, 5*time.Second, "the queue to empty", func() bool { return len(m.PrefetchStatus()) == 0 })
+			if got := pb.OrderCount() - before; got != 1 {
+				t.Errorf("orders for %s = %d, want 1", tc.name, got)
+			}
+		})
 	}
 }

@@ -47,18 +47,25 @@
 //     for it would fail validation (Let's Encrypt allows five failed
 //     validations per account, name and hour). Before ordering, the queue
 //     stores a random token and its secret answer in the certificate
-//     storage (the fleet store when there is one), looks up the name's A
-//     and AAAA records and sends
-//     GET http://<name>/.well-known/scafo-edge/reach/<token> to every
-//     address they give, public addresses only (a name leading to a
-//     loopback or private address may reach an edge from here, never a
-//     public CA's validator); only an edge of this fleet, which reads the
-//     token from the same storage (ServeReach), can answer it. Every
-//     address must answer, since the CA may validate at any (Let's
-//     Encrypt prefers IPv6 when an AAAA record exists): an AAAA record
-//     left pointing at the old host keeps the name waiting. A box with no
-//     IPv6 route cannot check an AAAA record; such a name is listed as
-//     NoIPv6, logged once, and not ordered. A name that does not answer
+//     storage (the fleet store when there is one), looks the name up as
+//     a CA's resolver does (Let's Encrypt's, Boulder's bdns.LookupHost)
+//     and sends GET http://<name>/.well-known/scafo-edge/reach/<token> to
+//     every address the CA would validate at; only an edge of this fleet,
+//     which reads the token from the same storage (ServeReach), can answer
+//     it. Those addresses are the public ones among the A and AAAA
+//     records: a loopback, private or reserved address may reach an edge
+//     from here, never a public CA's validator, which drops it from the
+//     answer, so it is ignored beside a public one, and a name with no
+//     public address at all is not ordered. A and AAAA are asked for
+//     apart, and as at the CA a failed query (SERVFAIL, a timeout) for one
+//     family while the other answers is no error: the name is checked,
+//     and validated, over the family that answered. Every address checked
+//     must answer, since the CA may validate at any (Let's Encrypt
+//     prefers IPv6 when an AAAA record exists): an AAAA record that
+//     answers and still points at the old host keeps the name waiting. A
+//     box with no IPv6 route cannot check an AAAA record; such a name is
+//     listed as NoIPv6, logged once, and not ordered. A name that does not
+//     answer
 //     costs no ACME traffic and is checked again after a
 //     growing interval (RetryBase doubling up to RetryMax), listed by
 //     Status and counted in a metric. The back-off is the queue's own: a

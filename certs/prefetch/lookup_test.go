@@ -5,17 +5,18 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
 )
 
-// servfailAAAA is a DNS server that answers A with a public address and
-// AAAA with SERVFAIL (an authoritative server timing out on AAAA, a
-// broken DNSSEC signature on the AAAA RRset...). Let's Encrypt fails the
-// validation on such a name ("DNS problem: SERVFAIL looking up AAAA").
-func servfailAAAA(t *testing.T) string {
+// dnsServer is a DNS server on loopback that answers A and AAAA queries
+// with records[type], or SERVFAIL for the types in servfail (an
+// authoritative server timing out on AAAA, a broken DNSSEC signature on
+// the AAAA RRset...). It returns its address.
+func dnsServer(t *testing.T, records map[dnsmessage.Type][]netip.Addr, servfail ...dnsmessage.Type) string {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +39,7 @@ func servfailAAAA(t *testing.T) string {
 				continue
 			}
 			rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionAvailable: true}
-			if q.Type == dnsmessage.TypeAAAA {
+			if slices.Contains(servfail, q.Type) {
 				rh.RCode = dnsmessage.RCodeServerFailure
 			}
 			b := dnsmessage.NewBuilder(nil, rh)
@@ -46,8 +47,16 @@ func servfailAAAA(t *testing.T) string {
 			b.StartQuestions()
 			b.Question(q)
 			b.StartAnswers()
-			if q.Type == dnsmessage.TypeA {
-				b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: [4]byte{93, 184, 216, 34}})
+			if rh.RCode == dnsmessage.RCodeSuccess {
+				rr := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 60}
+				for _, a := range records[q.Type] {
+					switch q.Type {
+					case dnsmessage.TypeA:
+						b.AResource(rr, dnsmessage.AResource{A: a.As4()})
+					case dnsmessage.TypeAAAA:
+						b.AAAAResource(rr, dnsmessage.AAAAResource{AAAA: a.As16()})
+					}
+				}
 			}
 			out, _ := b.Finish()
 			pc.WriteTo(out, from)
@@ -56,23 +65,52 @@ func servfailAAAA(t *testing.T) string {
 	return pc.LocalAddr().String()
 }
 
-// TestAFailedAAAAQueryIsNotHidden: net.DefaultResolver's
-// StrictErrors is false, so a failed AAAA sub-query is dropped and the A
-// answer returned without an error: the check would test the IPv4 address
-// only and pass a name the CA fails to validate. The checks' resolver,
-// pointed at a server failing AAAA, must fail the look-up.
-func TestAFailedAAAAQueryIsNotHidden(t *testing.T) {
-	srv := servfailAAAA(t)
-	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "udp", srv)
-	}
-	lookup := publicLookup(newPublicResolver(dial))
-	if addrs, err := lookup(context.Background(), "ip", "shop.example.com"); err == nil {
-		t.Errorf("look-up with AAAA failing = %v, nil; want an error: not every address the CA may use is known", addrs)
-	}
-	// The same server's A answer alone is a name with no AAAA record.
-	if addrs, err := lookup(context.Background(), "ip4", "shop.example.com"); err != nil || len(addrs) != 1 || addrs[0] != netip.MustParseAddr("93.184.216.34") {
-		t.Errorf("A look-up = %v, %v; want 93.184.216.34", addrs, err)
+// TestReachLooksUpAsTheCA: the checks' default resolver, against a DNS
+// server, finds the addresses Let's Encrypt's resolver would validate at
+// (Boulder's bdns.LookupHost): every public address; no private or
+// reserved one; a failed query for one family with the other answering is
+// not an error, and validation goes to the family that answered.
+func TestReachLooksUpAsTheCA(t *testing.T) {
+	var (
+		v4      = netip.MustParseAddr("93.184.216.34")
+		v6      = netip.MustParseAddr("2606:2800:21f:cb07:6820:80da:af6b:8b2c")
+		private = netip.MustParseAddr("10.20.30.40")
+		ula     = netip.MustParseAddr("fd00::1")
+	)
+	A, AAAA := dnsmessage.TypeA, dnsmessage.TypeAAAA
+	for _, tc := range []struct {
+		name     string
+		records  map[dnsmessage.Type][]netip.Addr
+		servfail []dnsmessage.Type
+		want     []netip.Addr // nil: an error wrapping ErrUnreachable
+	}{
+		{"A and AAAA: both", map[dnsmessage.Type][]netip.Addr{A: {v4}, AAAA: {v6}}, nil, []netip.Addr{v6, v4}},
+		{"A only (AAAA answers empty): the A address", map[dnsmessage.Type][]netip.Addr{A: {v4}}, nil, []netip.Addr{v4}},
+		{"AAAA query failing, A answering: the A address", map[dnsmessage.Type][]netip.Addr{A: {v4}, AAAA: {v6}}, []dnsmessage.Type{AAAA}, []netip.Addr{v4}},
+		{"A query failing, AAAA answering: the AAAA address", map[dnsmessage.Type][]netip.Addr{A: {v4}, AAAA: {v6}}, []dnsmessage.Type{A}, []netip.Addr{v6}},
+		{"a private address beside a public one: the public one", map[dnsmessage.Type][]netip.Addr{A: {private, v4}, AAAA: {ula}}, nil, []netip.Addr{v4}},
+		{"private addresses only: none", map[dnsmessage.Type][]netip.Addr{A: {private}, AAAA: {ula}}, nil, nil},
+		{"AAAA query failing, private A only: none", map[dnsmessage.Type][]netip.Addr{A: {private}}, []dnsmessage.Type{AAAA}, nil},
+		{"both queries failing: none", map[dnsmessage.Type][]netip.Addr{A: {v4}, AAAA: {v6}}, []dnsmessage.Type{A, AAAA}, nil},
+		{"no records: none", nil, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := dnsServer(t, tc.records, tc.servfail...)
+			dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "udp", srv)
+			}
+			p := newProber(newStorage(t), publicLookup(newPublicResolver(dial)), nil, 5*time.Second)
+			got, err := p.addresses(context.Background(), "shop.example.com")
+			if tc.want == nil {
+				if !errors.Is(err, ErrUnreachable) {
+					t.Fatalf("addresses = %v, %v; want ErrUnreachable", got, err)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Fatalf("addresses = %v, %v; want %v", got, err, tc.want)
+			}
+		})
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -45,8 +44,8 @@ var ErrUnreachable = errors.New("name does not reach this fleet")
 // when an AAAA record exists), and that path could not be checked.
 var ErrNoIPv6 = errors.New("name has an AAAA record and this box cannot reach IPv6 to check it")
 
-// maxAddrs bounds the addresses one check connects to; a name the fleet
-// serves publishes a few.
+// maxAddrs bounds the addresses one check connects to, half of them per
+// family; a name the fleet serves publishes a few.
 const maxAddrs = 8
 
 // reachRecord is what storage holds for a token: the name it was made
@@ -102,103 +101,6 @@ func newProber(storage certmagic.Storage, lookup func(ctx context.Context, netwo
 	}
 }
 
-// errNotPublic is why the default resolver refuses a name, or the default
-// dialer an address.
-var errNotPublic = errors.New("not a public address")
-
-// specialUse are the special-use domain names public DNS never delegates
-// (RFC 6761, RFC 6762 .local, RFC 7686 .onion, RFC 8375 home.arpa, and
-// ICANN's .internal): no public CA validates a name under them.
-var specialUse = []string{"test", "example", "invalid", "localhost", "local", "onion", "home.arpa", "internal"}
-
-// isSpecialUse reports whether host is or lies under a special-use name.
-func isSpecialUse(host string) bool {
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	for _, s := range specialUse {
-		if host == s || strings.HasSuffix(host, "."+s) {
-			return true
-		}
-	}
-	return false
-}
-
-// newPublicResolver returns the checks' resolver: the system's DNS
-// servers (or dial's, for tests), through the Go resolver with
-// StrictErrors. net.DefaultResolver drops a failed AAAA query (SERVFAIL, a
-// timeout) and returns the A records alone: the check would then test the
-// IPv4 addresses only and pass a name whose validation the CA fails ("DNS
-// problem: SERVFAIL looking up AAAA"). Strict, the look-up fails, and the
-// name is checked again later. PreferGo, as only the Go resolver honours
-// StrictErrors; the public names checked here need nothing of the C
-// library's resolver.
-func newPublicResolver(dial func(ctx context.Context, network, address string) (net.Conn, error)) *net.Resolver {
-	return &net.Resolver{PreferGo: true, StrictErrors: true, Dial: dial}
-}
-
-// publicLookup returns the checks' default look-up on r, for A and AAAA
-// records, and no look-up at all for a special-use name, which cannot reach
-// the fleet as a public CA sees it (and whose look-up would only leak it to
-// the resolver).
-func publicLookup(r *net.Resolver) func(ctx context.Context, network, host string) ([]netip.Addr, error) {
-	return func(ctx context.Context, network, host string) ([]netip.Addr, error) {
-		if isSpecialUse(host) {
-			return nil, fmt.Errorf("reach: %s is a special-use name: %w", host, errNotPublic)
-		}
-		return r.LookupNetIP(ctx, network, host)
-	}
-}
-
-// publicDial returns the checks' default dial: to public addresses only
-// (publicOnly).
-func publicDial(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return (&net.Dialer{Timeout: timeout, Control: publicOnly}).DialContext
-}
-
-// publicOnly refuses a connection to an address that is not public, as a
-// net.Dialer's Control. A name whose DNS leads to a loopback or private address can reach an edge of
-// this fleet from where the check runs (the edge itself, or its private
-// network), yet a public CA cannot validate it from the internet: the
-// order would fail validation, which is what the check is there to spare.
-func publicOnly(_, address string, _ syscall.RawConn) error {
-	ap, err := netip.ParseAddrPort(address)
-	if err != nil {
-		return fmt.Errorf("reach: dial %s: %w", address, err)
-	}
-	if !isPublic(ap.Addr()) {
-		return fmt.Errorf("reach: %s: %w", ap.Addr(), errNotPublic)
-	}
-	return nil
-}
-
-// nonPublic are the special-purpose ranges (RFC 6890 and its updates) that
-// netip.Addr's methods do not already cover: no public CA validates there.
-var nonPublic = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),       // "this network"
-	netip.MustParsePrefix("100.64.0.0/10"),   // shared address space (carrier-grade NAT)
-	netip.MustParsePrefix("192.0.0.0/24"),    // IETF protocol assignments
-	netip.MustParsePrefix("192.0.2.0/24"),    // documentation
-	netip.MustParsePrefix("198.18.0.0/15"),   // benchmarking
-	netip.MustParsePrefix("198.51.100.0/24"), // documentation
-	netip.MustParsePrefix("203.0.113.0/24"),  // documentation
-	netip.MustParsePrefix("240.0.0.0/4"),     // reserved, and the broadcast address
-	netip.MustParsePrefix("2001:db8::/32"),   // documentation
-}
-
-// isPublic reports whether a is a global unicast address outside the
-// special-purpose ranges.
-func isPublic(a netip.Addr) bool {
-	a = a.Unmap()
-	if !a.IsGlobalUnicast() || a.IsPrivate() {
-		return false
-	}
-	for _, p := range nonPublic {
-		if p.Contains(a) {
-			return false
-		}
-	}
-	return true
-}
-
 func randomHex(n int) string {
 	b := make([]byte, n/2)
 	rand.Read(b)
@@ -206,8 +108,9 @@ func randomHex(n int) string {
 }
 
 // check reports whether http://<name>/ reaches an edge of this fleet at
-// every address the name publishes, A and AAAA, as a CA may validate at any
-// of them: nil, an error wrapping ErrUnreachable (some address leads
+// every address a CA would validate at (addresses: the public A and AAAA
+// records of the families whose queries answered), as it may validate at
+// any of them: nil, an error wrapping ErrUnreachable (some address leads
 // elsewhere or nowhere) or ErrNoIPv6 (every IPv4 address reached the fleet,
 // the IPv6 ones could not be tried from here), or the storage's error when
 // the token could not be stored.
@@ -268,29 +171,6 @@ func (e addrErrors) Error() string {
 }
 
 func (e addrErrors) Unwrap() []error { return e }
-
-// addresses returns the distinct addresses name publishes, at most
-// maxAddrs, or an error wrapping ErrUnreachable when it publishes none.
-func (p *prober) addresses(ctx context.Context, name string) ([]netip.Addr, error) {
-	// Bounded like the requests that follow: a resolver that does not
-	// answer must not hold the check (and its prefetch slot) for good.
-	lctx, cancel := context.WithTimeout(ctx, p.timeout)
-	found, err := p.lookup(lctx, "ip", name)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("%w: look up %s: %w", ErrUnreachable, name, err)
-	}
-	var addrs []netip.Addr
-	for _, a := range found {
-		if a = a.Unmap(); !slices.Contains(addrs, a) && len(addrs) < maxAddrs {
-			addrs = append(addrs, a)
-		}
-	}
-	if len(addrs) == 0 {
-		return nil, fmt.Errorf("%w: %s has no A or AAAA record", ErrUnreachable, name)
-	}
-	return addrs, nil
-}
 
 // ask sends the check for name to addr and reports whether the token's
 // answer came back.

@@ -26,9 +26,17 @@ type fakeNet struct {
 	// noIPv6: this box has no IPv6 route, so connecting to an IPv6
 	// address fails at once, as the kernel fails it (ENETUNREACH).
 	noIPv6 bool
+	// fail makes the look-up of a family ("ip4", "ip6") fail with its
+	// error, as a SERVFAIL or a timeout does.
+	fail map[string]error
 }
 
-func (f *fakeNet) lookup(_ context.Context, _, host string) ([]netip.Addr, error) {
+// lookup answers every family with all of a name's records, as a sloppy
+// injected look-up may: the check keeps each family's own.
+func (f *fakeNet) lookup(_ context.Context, network, host string) ([]netip.Addr, error) {
+	if err := f.fail[network]; err != nil {
+		return nil, err
+	}
 	addrs, ok := f.records[host]
 	if !ok {
 		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
@@ -84,28 +92,45 @@ func TestReachEveryAddress(t *testing.T) {
 		v4      = netip.MustParseAddr("93.184.215.14")
 		v6      = netip.MustParseAddr("2606:2800:21f:cb07:6820:80da:af6b:8b2c")
 		v4Other = netip.MustParseAddr("93.184.215.15")
+		private = netip.MustParseAddr("10.20.30.40")
+		ula     = netip.MustParseAddr("fd00::1")
+		mapped  = netip.MustParseAddr("::ffff:10.20.30.40")
 	)
+	servfail := &net.DNSError{Err: "server misbehaving", Name: "shop.example.com", IsTemporary: true}
+	timeout := &net.DNSError{Err: "i/o timeout", Name: "shop.example.com", IsTimeout: true}
 	const name = "shop.example.com"
 	for _, tc := range []struct {
 		name    string
 		records []netip.Addr
 		at      map[netip.Addr]string
 		noIPv6  bool
+		fail    map[string]error
 		want    error // nil: ready
 	}{
-		{"A only, reaching the fleet: ready", []netip.Addr{v4}, map[netip.Addr]string{v4: fleet}, false, nil},
-		{"A and AAAA both reaching the fleet: ready", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: fleet, v6: fleet}, false, nil},
-		{"A reaching, AAAA elsewhere: not ready", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: fleet, v6: elsewhere}, false, ErrUnreachable},
-		{"A reaching, AAAA leading nowhere: not ready", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: fleet}, false, ErrUnreachable},
-		{"AAAA reaching, A elsewhere: not ready", []netip.Addr{v6, v4}, map[netip.Addr]string{v4: elsewhere, v6: fleet}, false, ErrUnreachable},
-		{"two A records, one elsewhere: not ready", []netip.Addr{v4, v4Other}, map[netip.Addr]string{v4: fleet, v4Other: elsewhere}, false, ErrUnreachable},
-		{"no IPv6 on this box, A reaching and an AAAA record: reported as such", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: fleet, v6: fleet}, true, ErrNoIPv6},
-		{"no IPv6 on this box, A only: ready", []netip.Addr{v4}, map[netip.Addr]string{v4: fleet}, true, nil},
-		{"no IPv6 on this box, A elsewhere and an AAAA record: not ready", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: elsewhere, v6: fleet}, true, ErrUnreachable},
-		{"no records: not ready", nil, nil, false, ErrUnreachable},
+		{"A only, reaching the fleet: ready", []netip.Addr{v4}, map[netip.Addr]string{v4: fleet}, false, nil, nil},
+		{"A and AAAA both reaching the fleet: ready", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: fleet, v6: fleet}, false, nil, nil},
+		{"A reaching, AAAA elsewhere: not ready", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: fleet, v6: elsewhere}, false, nil, ErrUnreachable},
+		{"A reaching, AAAA leading nowhere: not ready", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: fleet}, false, nil, ErrUnreachable},
+		{"AAAA reaching, A elsewhere: not ready", []netip.Addr{v6, v4}, map[netip.Addr]string{v4: elsewhere, v6: fleet}, false, nil, ErrUnreachable},
+		{"two A records, one elsewhere: not ready", []netip.Addr{v4, v4Other}, map[netip.Addr]string{v4: fleet, v4Other: elsewhere}, false, nil, ErrUnreachable},
+		{"no IPv6 on this box, A reaching and an AAAA record: reported as such", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: fleet, v6: fleet}, true, nil, ErrNoIPv6},
+		{"no IPv6 on this box, A only: ready", []netip.Addr{v4}, map[netip.Addr]string{v4: fleet}, true, nil, nil},
+		{"no IPv6 on this box, A elsewhere and an AAAA record: not ready", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: elsewhere, v6: fleet}, true, nil, ErrUnreachable},
+		{"no records: not ready", nil, nil, false, nil, ErrUnreachable},
+		// Issue 30: what the CA validates at, as Boulder's bdns.LookupHost.
+		{"a private A record beside a public one reaching the fleet: ready", []netip.Addr{private, v4}, map[netip.Addr]string{v4: fleet}, false, nil, nil},
+		{"a private AAAA record beside a public A reaching the fleet: ready", []netip.Addr{v4, ula}, map[netip.Addr]string{v4: fleet}, false, nil, nil},
+		{"an IPv4-mapped AAAA record beside a public A reaching the fleet: ready", []netip.Addr{v4, mapped}, map[netip.Addr]string{v4: fleet}, false, nil, nil},
+		{"a private A record beside a public one elsewhere: not ready", []netip.Addr{private, v4}, map[netip.Addr]string{v4: elsewhere, private: fleet}, false, nil, ErrUnreachable},
+		{"private addresses only: not ready, not public", []netip.Addr{private, ula}, map[netip.Addr]string{private: fleet, ula: fleet}, false, nil, errNotPublic},
+		{"AAAA query failing, A reaching: ready", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: fleet, v6: elsewhere}, false, map[string]error{"ip6": servfail}, nil},
+		{"AAAA query timing out, A reaching: ready", []netip.Addr{v4}, map[netip.Addr]string{v4: fleet}, false, map[string]error{"ip6": timeout}, nil},
+		{"A query failing, AAAA reaching: ready", []netip.Addr{v4, v6}, map[netip.Addr]string{v6: fleet}, false, map[string]error{"ip4": servfail}, nil},
+		{"AAAA query failing, A elsewhere: not ready", []netip.Addr{v4}, map[netip.Addr]string{v4: elsewhere}, false, map[string]error{"ip6": servfail}, ErrUnreachable},
+		{"both queries failing: not ready", []netip.Addr{v4, v6}, map[netip.Addr]string{v4: fleet, v6: fleet}, false, map[string]error{"ip4": servfail, "ip6": timeout}, ErrUnreachable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fn := &fakeNet{records: map[string][]netip.Addr{}, at: tc.at, noIPv6: tc.noIPv6}
+			fn := &fakeNet{records: map[string][]netip.Addr{}, at: tc.at, noIPv6: tc.noIPv6, fail: tc.fail}
 			if tc.records != nil {
 				fn.records[name] = tc.records
 			}

@@ -1,0 +1,214 @@
+package prefetch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/scafo/scafo-edge/internal/backoff"
+)
+
+// outcome is what one turn did with a name.
+type outcome struct {
+	result string        // metric label: obtained, held, removed, elsewhere, unreachable, failed, backoff, budget
+	retry  time.Duration // >0: the name stays queued and comes back then
+	err    error
+}
+
+// work takes one turn of name and files its outcome.
+func (q *Queue) work(name string) {
+	defer q.wg.Done()
+	o := q.turn(q.ctx, name)
+	q.mu.Lock()
+	q.running--
+	e := q.queue[name]
+	switch {
+	case e == nil:
+	case q.ctx.Err() != nil:
+		e.State = Waiting
+	case o.retry == 0 || !q.present[name]:
+		delete(q.queue, name)
+	default:
+		now := q.clock.Now()
+		e.Next = now.Add(o.retry)
+		switch o.result {
+		case "elsewhere":
+			e.State = Elsewhere
+		case "unreachable":
+			e.State = Unreachable
+		case "no_ipv6":
+			e.State = NoIPv6
+		case "budget":
+			// Orders recorded by other edges, or before a restart, fill
+			// the registered domain's week.
+			q.holdLocked(e, now, o.retry)
+		default:
+			e.State = Failed
+		}
+		if o.err != nil {
+			e.Error = o.err.Error()
+		}
+	}
+	q.mu.Unlock()
+	if q.ctx.Err() == nil {
+		q.metrics.result(o.result)
+	}
+	q.Kick()
+}
+
+// turn checks name and orders its certificate if it still needs one. The
+// name holds a share of the budget, spent only by an order.
+func (q *Queue) turn(ctx context.Context, name string) outcome {
+	spent := false
+	defer func() {
+		if !spent {
+			q.budget.giveBack(name)
+		}
+	}()
+	if !q.wanted(name) {
+		return outcome{result: "removed"}
+	}
+	if o, ok := q.heldBack(name); ok {
+		return o
+	}
+	if q.certs.Held(ctx, name) {
+		return outcome{result: "held"}
+	}
+	if q.locker != nil {
+		lock := "prefetch_" + name
+		ok, err := q.locker.TryLock(ctx, lock)
+		if err != nil {
+			return q.failed(name, "failed", fmt.Errorf("try lock: %w", err))
+		}
+		if !ok {
+			return outcome{result: "elsewhere", retry: q.busyRetry(name)}
+		}
+		defer func() {
+			if err := q.certs.Storage.Unlock(context.WithoutCancel(ctx), lock); err != nil {
+				q.log.Warn().Err(err).Str("name", name).Msg("certificate prefetch: unlock")
+			}
+		}()
+		// The holder before us may have stored it.
+		if q.certs.Held(ctx, name) {
+			return outcome{result: "held"}
+		}
+	}
+	if err := q.prober.check(ctx, name); err != nil {
+		if ctx.Err() != nil {
+			return outcome{result: "removed"}
+		}
+		res := "unreachable"
+		switch {
+		case errors.Is(err, ErrNoIPv6):
+			res = "no_ipv6"
+		case !errors.Is(err, ErrUnreachable):
+			res = "failed"
+		}
+		return q.failed(name, res, err)
+	}
+	// The check took a while: the name may have left the document, or a
+	// visitor's failed issuance may hold it back.
+	if !q.wanted(name) {
+		return outcome{result: "removed"}
+	}
+	if o, ok := q.heldBack(name); ok {
+		return o
+	}
+	start := q.clock.Now()
+	recorded, err := recordedOrders(ctx, q.certs.Storage, name, start)
+	if err != nil {
+		if ctx.Err() != nil {
+			return outcome{result: "removed"}
+		}
+		return q.failed(name, "failed", err)
+	}
+	if d := q.budget.admit(name, recorded, start); d > 0 {
+		return outcome{result: "budget", retry: d}
+	}
+	q.budget.spend(name, start)
+	spent = true
+	if err := recordOrder(ctx, q.certs.Storage, name, start); err != nil {
+		// The order is within this edge's budget; only the fleet's view
+		// and the next restart's miss it.
+		q.log.Warn().Err(err).Str("name", name).Msg("certificate prefetch: order not recorded")
+	}
+	if err := q.certs.Obtain(ctx, name); err != nil {
+		if ctx.Err() != nil {
+			return outcome{result: "removed"}
+		}
+		return q.failed(name, "failed", fmt.Errorf("obtain: %w", err))
+	}
+	q.log.Info().Str("name", name).Dur("took", q.clock.Now().Sub(start)).Msg("certificate prefetched")
+	return outcome{result: "obtained"}
+}
+
+// wanted reports whether name is still in the document and certifiable.
+func (q *Queue) wanted(name string) bool {
+	q.mu.Lock()
+	present := q.present[name]
+	q.mu.Unlock()
+	return present && q.certs.Certifiable(name)
+}
+
+// heldBack returns the outcome of a turn that finds on-demand issuance
+// holding name back after a failed issuance: the name stays queued until
+// the back-off ends, since an order before then is one on-demand issuance
+// would refuse.
+func (q *Queue) heldBack(name string) (outcome, bool) {
+	d := q.heldBackFor(name)
+	if d <= 0 {
+		return outcome{}, false
+	}
+	return outcome{result: "backoff", retry: d, err: fmt.Errorf("on-demand issuance holds the name back for %v after a failed issuance", d.Round(time.Second))}, true
+}
+
+// heldBackFor returns how long on-demand issuance still holds name back.
+func (q *Queue) heldBackFor(name string) time.Duration {
+	if q.certs.HeldBack == nil {
+		return 0
+	}
+	until := q.certs.HeldBack(name)
+	if until.IsZero() {
+		return 0
+	}
+	return until.Sub(q.clock.Now())
+}
+
+// failed counts a failure for name and returns its back-off: RetryBase,
+// doubled for each failure in a row, at most RetryMax, and no shorter than
+// on-demand issuance's back-off for it (a failed order starts one).
+func (q *Queue) failed(name, result string, err error) outcome {
+	q.mu.Lock()
+	n, tell := 1, false
+	if e := q.queue[name]; e != nil {
+		e.Failures++
+		e.busy = 0
+		n = e.Failures
+		if result == "no_ipv6" && !e.noIPv6Told {
+			e.noIPv6Told, tell = true, true
+		}
+	}
+	q.mu.Unlock()
+	d := max(backoff.Doubling(q.base, q.max, n), q.heldBackFor(name))
+	if tell {
+		// Once per name: the operator's remedy (IPv6 for the box, or the
+		// AAAA record removed) does not change from one retry to the next.
+		q.log.Warn().Err(err).Str("name", name).Msg("certificate prefetch: the name has an AAAA record and this box has no IPv6 route to check it; no order until it can be checked (a visitor still gets a certificate on demand)")
+	}
+	q.log.Info().Err(err).Str("name", name).Dur("retry_in", d).Msg("certificate prefetch: " + result)
+	return outcome{result: result, retry: d, err: err}
+}
+
+// busyRetry returns when to look again at a name another edge holds:
+// BusyRetry, doubling with each look in a row, at most RetryMax.
+func (q *Queue) busyRetry(name string) time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 1
+	if e := q.queue[name]; e != nil {
+		e.busy++
+		n = e.busy
+	}
+	return backoff.Doubling(q.busy, q.max, n)
+}
