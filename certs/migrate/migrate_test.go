@@ -1,0 +1,274 @@
+package migrate
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/scafo/scafo-edge/certs"
+)
+
+var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+
+// issued is a test certificate: PEM chain (leaf, then its CA) and key.
+type issued struct{ cert, key []byte }
+
+// issue makes a certificate for names signed by a throwaway CA, valid
+// from notBefore to notAfter, with an ECDSA key (rsaKey: RSA, PKCS #1).
+func issue(t *testing.T, notBefore, notAfter time.Time, rsaKey bool, names ...string) issued {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: notBefore, NotAfter: notAfter.Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	var pub any
+	var keyPEM []byte
+	if rsaKey {
+		k, _ := rsa.GenerateKey(rand.Reader, 2048)
+		pub, keyPEM = k.Public(), pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(k)})
+	} else {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		der, _ := x509.MarshalECPrivateKey(k)
+		pub, keyPEM = k.Public(), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{SerialNumber: serial, DNSNames: names, NotBefore: notBefore, NotAfter: notAfter}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, pub, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})...)
+	return issued{cert: chain, key: keyPEM}
+}
+
+func valid(t *testing.T, names ...string) issued {
+	return issue(t, now.Add(-24*time.Hour), now.Add(60*24*time.Hour), false, names...)
+}
+
+func TestCheck(t *testing.T) {
+	good := valid(t, "Shop.Example", "www.shop.example")
+	other := valid(t, "other.example")
+	rsaCert := issue(t, now.Add(-time.Hour), now.Add(time.Hour), true, "rsa.example")
+	expired := issue(t, now.Add(-48*time.Hour), now.Add(-time.Hour), false, "old.example")
+	noNames := issue(t, now.Add(-time.Hour), now.Add(time.Hour), false)
+	pkcs8 := func(in issued) issued {
+		b, _ := pem.Decode(in.key)
+		k, _ := x509.ParseECPrivateKey(b.Bytes)
+		der, _ := x509.MarshalPKCS8PrivateKey(k)
+		return issued{cert: in.cert, key: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})}
+	}(good)
+	cases := []struct {
+		name      string
+		c         Candidate
+		want      error
+		wantNames []string
+	}{
+		{"a certificate with SANs is imported under every name, lower-cased", Candidate{CertPEM: good.cert, KeyPEM: good.key}, nil, []string{"shop.example", "www.shop.example"}},
+		{"an RSA key in PKCS #1 is read", Candidate{CertPEM: rsaCert.cert, KeyPEM: rsaCert.key}, nil, []string{"rsa.example"}},
+		{"a key in PKCS #8 is read", Candidate{CertPEM: pkcs8.cert, KeyPEM: pkcs8.key}, nil, []string{"shop.example", "www.shop.example"}},
+		{"another certificate's key is refused", Candidate{CertPEM: good.cert, KeyPEM: other.key}, ErrKeyMismatch, nil},
+		{"an expired certificate is refused", Candidate{CertPEM: expired.cert, KeyPEM: expired.key}, ErrExpired, nil},
+		{"garbage for a certificate is refused", Candidate{CertPEM: []byte("not pem"), KeyPEM: good.key}, ErrUnparsable, nil},
+		{"a CERTIFICATE block that is not DER is refused", Candidate{CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte{1, 2}}), KeyPEM: good.key}, ErrUnparsable, nil},
+		{"a bad chain certificate is refused", Candidate{CertPEM: append(slices.Clone(good.cert), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte{1}})...), KeyPEM: good.key}, ErrUnparsable, nil},
+		{"a missing key is refused", Candidate{CertPEM: good.cert}, ErrUnparsable, nil},
+		{"a key block that is no key is refused", Candidate{CertPEM: good.cert, KeyPEM: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: []byte{1}})}, ErrUnparsable, nil},
+		{"a certificate naming no DNS name is refused", Candidate{CertPEM: noNames.cert, KeyPEM: noNames.key}, ErrNoNames, nil},
+		{"a source entry that could not be read is refused with its reason", Candidate{Err: ErrUnparsable}, ErrUnparsable, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Check(tc.c, now)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Check() error = %v, want %v", err, tc.want)
+			}
+			if err == nil && !slices.Equal(got.Names, tc.wantNames) {
+				t.Errorf("Check() names = %v, want %v", got.Names, tc.wantNames)
+			}
+		})
+	}
+}
+
+func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+func TestReadTraefik(t *testing.T) {
+	a, b := valid(t, "a.example"), valid(t, "b.example")
+	v3 := map[string]any{
+		"le": map[string]any{
+			"Account": map[string]any{"Email": "ops@example.com"},
+			"Certificates": []any{
+				map[string]any{"domain": map[string]any{"main": "a.example"}, "certificate": b64(a.cert), "key": b64(a.key), "Store": "default"},
+				map[string]any{"domain": map[string]any{"main": "bad.example"}, "certificate": "%%%", "key": b64(a.key)},
+			},
+		},
+		"dns":   map[string]any{"Certificates": []any{map[string]any{"domain": map[string]any{"main": "b.example", "sans": []string{"www.b.example"}}, "certificate": b64(b.cert), "key": b64(b.key)}}},
+		"empty": nil,
+	}
+	data, _ := json.Marshal(v3)
+	got, err := ReadTraefik(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("ReadTraefik() = %d candidates, want 3", len(got))
+	}
+	if got[0].Source != "resolver dns #1" || !slices.Equal(got[0].Names, []string{"b.example", "www.b.example"}) || got[0].Err != nil {
+		t.Errorf("first candidate = %s %v %v, want resolver dns #1 with its SANs", got[0].Source, got[0].Names, got[0].Err)
+	}
+	if _, err := Check(got[1], now); err != nil {
+		t.Errorf("Check(a.example) = %v", err)
+	}
+	if !errors.Is(got[2].Err, ErrUnparsable) {
+		t.Errorf("bad base64 entry: Err = %v, want ErrUnparsable", got[2].Err)
+	}
+
+	v1, _ := json.Marshal(map[string]any{
+		"Account":      map[string]any{"Email": "ops@example.com"},
+		"Certificates": []any{map[string]any{"Domain": map[string]any{"Main": "a.example", "SANs": nil}, "Certificate": b64(a.cert), "Key": b64(a.key)}},
+	})
+	got, err = ReadTraefik(v1)
+	if err != nil || len(got) != 1 || got[0].Names[0] != "a.example" {
+		t.Fatalf("ReadTraefik(v1) = %v, %v; want one candidate for a.example", got, err)
+	}
+
+	for _, bad := range []string{``, `[]`, `{"le": []}`, `{"le": {"Certificates": {}}}`, `not json`} {
+		if _, err := ReadTraefik([]byte(bad)); err == nil {
+			t.Errorf("ReadTraefik(%q) = nil error, want one", bad)
+		}
+	}
+}
+
+func TestReadCaddy(t *testing.T) {
+	dir := t.TempDir()
+	a, w := valid(t, "a.example"), valid(t, "*.apps.example")
+	put := func(rel string, b []byte) {
+		p := filepath.Join(dir, rel)
+		os.MkdirAll(filepath.Dir(p), 0o700)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	iss := "acme-v02.api.letsencrypt.org-directory"
+	put("certificates/"+iss+"/a.example/a.example.crt", a.cert)
+	put("certificates/"+iss+"/a.example/a.example.key", a.key)
+	put("certificates/"+iss+"/a.example/a.example.json", []byte(`{}`))
+	put("certificates/"+iss+"/wildcard_.apps.example/wildcard_.apps.example.crt", w.cert)
+	put("certificates/"+iss+"/wildcard_.apps.example/wildcard_.apps.example.key", w.key)
+	put("certificates/"+iss+"/nokey.example/nokey.example.crt", a.cert)
+	put("certificates/"+iss+"/stray.crt", a.cert)
+	put("acme/"+iss+"/users/ops/ops.key", a.key)
+
+	for _, root := range []string{dir, filepath.Join(dir, "certificates")} {
+		got, err := ReadCaddy(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, c := range got {
+			names = append(names, c.Names[0])
+		}
+		if want := []string{"a.example", "nokey.example", "*.apps.example"}; !slices.Equal(names, want) {
+			t.Fatalf("ReadCaddy(%s) names = %v, want %v", root, names, want)
+		}
+		if !errors.Is(got[1].Err, ErrUnparsable) {
+			t.Errorf("certificate without its key: Err = %v, want ErrUnparsable", got[1].Err)
+		}
+		if c, err := Check(got[2], now); err != nil || c.Names[0] != "*.apps.example" {
+			t.Errorf("Check(wildcard) = %v, %v", c.Names, err)
+		}
+	}
+	if _, err := ReadCaddy(t.TempDir()); err == nil {
+		t.Error("ReadCaddy(empty dir) = nil error, want one")
+	}
+}
+
+// TestWriteIsWhatCertmagicLoads writes into the edge's bbolt store and has
+// certmagic, configured as the edge configures it for the same CA, load
+// the certificate from there: no order needed.
+func TestWriteIsWhatCertmagicLoads(t *testing.T) {
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "edge.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	st, err := certs.NewBoltStorage(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const ca = "https://127.0.0.1:14000/dir"
+	c, err := Check(Candidate{CertPEM: valid(t, "shop.example", "www.shop.example").cert}, now)
+	if err == nil {
+		t.Fatal("Check without a key passed")
+	}
+	in := valid(t, "shop.example", "www.shop.example")
+	if c, err = Check(Candidate{CertPEM: in.cert, KeyPEM: in.key}, now); err != nil {
+		t.Fatal(err)
+	}
+	out, err := Write(ctx, st, IssuerKey(ca), c)
+	if err != nil || !slices.Equal(out.Written, c.Names) {
+		t.Fatalf("Write() = %+v, %v; want both names written", out, err)
+	}
+
+	cache := certmagic.NewCache(certmagic.CacheOptions{GetConfigForCert: func(certmagic.Certificate) (*certmagic.Config, error) { return nil, nil }})
+	t.Cleanup(cache.Stop)
+	cfg := certmagic.New(cache, certmagic.Config{Storage: st})
+	cfg.Issuers = []certmagic.Issuer{certmagic.NewACMEIssuer(cfg, certmagic.ACMEIssuer{CA: ca})}
+	for _, name := range c.Names {
+		got, err := cfg.CacheManagedCertificate(ctx, name)
+		if err != nil {
+			t.Fatalf("certmagic load %s: %v", name, err)
+		}
+		if got.Leaf.SerialNumber.Cmp(c.Leaf.SerialNumber) != 0 {
+			t.Errorf("certmagic loaded serial %v for %s, want %v", got.Leaf.SerialNumber, name, c.Leaf.SerialNumber)
+		}
+	}
+
+	again, err := Write(ctx, st, IssuerKey(ca), c)
+	if err != nil || len(again.Written) != 0 || !slices.Equal(again.Unchanged, c.Names) {
+		t.Errorf("second Write() = %+v, %v; want every name unchanged", again, err)
+	}
+
+	// A later certificate in the store (the edge renewed it) is kept; an
+	// earlier one is replaced.
+	later := issue(t, now.Add(-time.Hour), now.Add(80*24*time.Hour), false, "shop.example", "www.shop.example")
+	lc, _ := Check(Candidate{CertPEM: later.cert, KeyPEM: later.key}, now)
+	if out, err := Write(ctx, st, IssuerKey(ca), lc); err != nil || !slices.Equal(out.Written, lc.Names) {
+		t.Fatalf("Write(later) = %+v, %v", out, err)
+	}
+	if out, err := Write(ctx, st, IssuerKey(ca), c); err != nil || !slices.Equal(out.Kept, c.Names) || len(out.Written) != 0 {
+		t.Errorf("Write(earlier over later) = %+v, %v; want every name kept", out, err)
+	}
+}
+
+func TestIssuerKey(t *testing.T) {
+	for ca, want := range map[string]string{
+		"https://acme-v02.api.letsencrypt.org/directory": "acme-v02.api.letsencrypt.org-directory",
+		"https://127.0.0.1:14000/dir":                    "127.0.0.1:14000-dir",
+	} {
+		if got := IssuerKey(ca); got != want {
+			t.Errorf("IssuerKey(%q) = %q, want %q", ca, got, want)
+		}
+	}
+}
