@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -14,10 +15,12 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"gopkg.in/yaml.v3"
 
 	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
@@ -233,4 +236,153 @@ func TestAdminListenerByClientAddress(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPrometheusScrapesWithTheExampleConfig runs a real Prometheus on
+// deploy/prometheus/prometheus.yml, its targets moved to the edge in the
+// namespace: the plain job scrapes the edge's private address, the job with
+// the token its public-looking one, and a copy of that job without the
+// token is refused, so both scrapes the README shows are held as written.
+func TestPrometheusScrapesWithTheExampleConfig(t *testing.T) {
+	tools := needNetns(t)
+	prom, err := exec.LookPath("prometheus")
+	if err != nil {
+		t.Fatal("prometheus not installed (Debian: apt-get install prometheus; .ci/run installs it)")
+	}
+	e := startNetnsEdge(t, tools)
+
+	raw, err := os.ReadFile("../deploy/prometheus/prometheus.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf map[string]any
+	if err := yaml.Unmarshal(raw, &conf); err != nil {
+		t.Fatalf("prometheus.yml: %v", err)
+	}
+	delete(conf, "rule_files") // promtool checks them; this test scrapes
+	conf["global"] = map[string]any{"scrape_interval": "1s", "scrape_timeout": "1s"}
+	jobs, _ := conf["scrape_configs"].([]any)
+	targets := map[string]string{"scafo-edge": "10.0.0.9", "scafo-edge-remote": "11.0.0.9"}
+	var remote map[string]any
+	for _, j := range jobs {
+		job, _ := j.(map[string]any)
+		name, _ := job["job_name"].(string)
+		from, ok := targets[name]
+		if !ok {
+			t.Fatalf("prometheus.yml has a job %q this test does not know", name)
+		}
+		delete(targets, name)
+		job["static_configs"] = []any{map[string]any{"targets": []any{net.JoinHostPort(from, e.port)}}}
+		if name == "scafo-edge-remote" {
+			if _, ok := job["authorization"]; !ok {
+				t.Fatal("prometheus.yml: the scafo-edge-remote job sends no authorization")
+			}
+			remote = job
+		}
+	}
+	if len(targets) > 0 || remote == nil {
+		t.Fatalf("prometheus.yml lacks the jobs %v", targets)
+	}
+	bare := map[string]any{}
+	for k, v := range remote {
+		bare[k] = v
+	}
+	delete(bare, "authorization")
+	bare["job_name"] = "without-token"
+	delete(bare, "relabel_configs")
+	conf["scrape_configs"] = append(jobs, bare)
+
+	dir := t.TempDir()
+	out, err := yaml.Marshal(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustNil(t, os.WriteFile(filepath.Join(dir, "prometheus.yml"), out, 0o600))
+	mustNil(t, os.WriteFile(filepath.Join(dir, "scafo-ingress-token"), []byte(adminTestToken+"\n"), 0o600))
+
+	// Prometheus runs in the edge's namespace, where its port is its own.
+	cmd := exec.Command(tools["nsenter"], "--net="+e.netns, prom, "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address=127.0.0.1:9090")
+	var log strings.Builder
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+
+	type target struct {
+		ScrapePool string            `json:"scrapePool"`
+		Labels     map[string]string `json:"labels"`
+		Health     string            `json:"health"`
+		LastError  string            `json:"lastError"`
+	}
+	want := map[string]func(target) error{
+		"scafo-edge": func(tg target) error {
+			if tg.Health != "up" {
+				return fmt.Errorf("health %s (%s), want up", tg.Health, tg.LastError)
+			}
+			return nil
+		},
+		"scafo-edge-remote": func(tg target) error {
+			if tg.Health != "up" {
+				return fmt.Errorf("health %s (%s), want up", tg.Health, tg.LastError)
+			}
+			if tg.Labels["job"] != "scafo-edge" {
+				return fmt.Errorf("job label %q, want scafo-edge (the alert rules expect it)", tg.Labels["job"])
+			}
+			return nil
+		},
+		"without-token": func(tg target) error {
+			if tg.Health != "down" || !strings.Contains(tg.LastError, "401") {
+				return fmt.Errorf("health %s (%q), want down with a 401", tg.Health, tg.LastError)
+			}
+			return nil
+		},
+	}
+	testsupport.WaitForNil(t, 60*time.Second, "Prometheus scrapes as the example config says", func() error {
+		select {
+		case <-exited:
+			t.Fatalf("prometheus exited:\n%s", log.String())
+		default:
+		}
+		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dialInNetns(e.netns, netip.MustParseAddr("127.0.0.1")), DisableKeepAlives: true}}
+		resp, err := c.Get("http://127.0.0.1:9090/api/v1/targets?state=active")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Data struct {
+				Active []target `json:"activeTargets"`
+			} `json:"data"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			return fmt.Errorf("targets: %w", err)
+		}
+		seen := map[string]bool{}
+		for _, tg := range body.Data.Active {
+			check, ok := want[tg.ScrapePool]
+			if !ok {
+				continue
+			}
+			if err := check(tg); err != nil {
+				return fmt.Errorf("job %s: %w", tg.ScrapePool, err)
+			}
+			seen[tg.ScrapePool] = true
+		}
+		if len(seen) != len(want) {
+			return fmt.Errorf("targets seen: %v, want %d jobs", seen, len(want))
+		}
+		return nil
+	})
 }
