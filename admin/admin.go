@@ -1,20 +1,20 @@
-// Package admin serves the edge's admin listener: /healthz, /readyz,
-// /metrics, and the status surfaces (the HTML status page, status.json and
-// pprof) that reveal upstream addresses and so answer only loopback clients
-// or a request bearing the ingress token (docs/design.md rule 10). It also lays
-// out status.json as the text table of the routes command.
+// Package admin serves the edge's admin listener: /healthz and /readyz to
+// anyone; /metrics to loopback, the private networks (or the networks the
+// operator allows) and a request bearing the ingress token; and the status
+// surfaces (the HTML status page, status.json and pprof) that reveal upstream
+// addresses, only to loopback clients or a request bearing the token
+// (docs/design.md rule 10). It also lays out status.json as the text table of
+// the routes command.
 //
 // status.json's field names are a contract with scripts: add fields, never
 // rename them.
 package admin
 
 import (
-	"crypto/subtle"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/pprof"
-	"strings"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,9 +39,18 @@ type Server struct {
 	Registry *prometheus.Registry
 	// Proxy reports upstream health; nil: every upstream is "untried".
 	Proxy *backhaul.Proxy
-	// Token is the ingress token that opens the private surfaces to a
-	// client off loopback; empty: loopback only.
+	// Token is the ingress token that opens /metrics and the private
+	// surfaces to any client; empty: no token opens them.
 	Token string
+	// MetricsFrom lists the networks whose clients may read /metrics
+	// without the token, besides loopback (ParseAllow reads the
+	// --admin-allow list); empty: loopback only.
+	MetricsFrom []netip.Prefix
+	// TrustedProxies are the proxies whose X-Forwarded-For the edge
+	// believes (--trusted-proxies): a request one relays is judged by the
+	// client it names, one it sends for itself may read /metrics. Empty:
+	// every request is judged by its TCP peer.
+	TrustedProxies []netip.Prefix
 	// Certificates lists the managed certificates; nil: TLS is off or not
 	// managed by this edge, and the page says so.
 	Certificates func() []certs.CertInfo
@@ -63,9 +72,10 @@ type Server struct {
 	Clock clock.Clock
 }
 
-// Handler returns the admin listener's routes: /healthz, /readyz and
-// /metrics open to any client, the status page, status.json and pprof only
-// to a privileged one.
+// Handler returns the admin listener's routes: /healthz and /readyz open to
+// any client, /metrics to loopback, MetricsFrom, trusted proxies and the
+// token, the status page, status.json and pprof only to a privileged one
+// (access.go).
 func (a *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -73,7 +83,7 @@ func (a *Server) Handler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", a.readyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry}))
+	mux.Handle("GET /metrics", a.scrapers(promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{Registry: a.Registry})))
 	a.registerStatus(mux)
 	return mux
 }
@@ -104,37 +114,6 @@ func (a *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	if st.LastError != "" {
 		fmt.Fprintf(w, "last error: %s (%d consecutive failures)\n", st.LastError, st.ConsecutiveFailures)
 	}
-}
-
-// privileged reports whether r may see upstream addresses: it comes from
-// loopback, or it carries the ingress token.
-func (a *Server) privileged(r *http.Request) bool {
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-			return true
-		}
-	}
-	if a.Token == "" {
-		return false
-	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(a.Token)) == 1
-}
-
-// private serves h only to a privileged request (loopback, or the ingress
-// token): the status surfaces and pprof reveal upstream addresses and
-// internals (docs/design.md rule 10).
-func (a *Server) private(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !a.privileged(r) {
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			w.Header().Set("X-Content-Type-Options", "nosniff")
-			w.WriteHeader(http.StatusForbidden)
-			w.Write([]byte("scafo-edge: forbidden: this page reveals upstream addresses; ask from loopback or send Authorization: Bearer <ingress token>\n"))
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
 }
 
 // registerStatus adds the status page, status.json and pprof to mux, all

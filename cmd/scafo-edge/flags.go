@@ -25,6 +25,7 @@ type config struct {
 	httpAddr          string
 	httpsAddr         string
 	adminAddr         string
+	adminAllow        string
 	stateDir          string
 	tlsMode           string
 	acmeCA            string
@@ -164,6 +165,7 @@ func serveFlags(c *config) *flagSet {
 	fs.stringVar(&c.httpAddr, "http-addr", "SCAFO_EDGE_HTTP_ADDR", ":80", "plain HTTP listener (ACME HTTP-01, redirects, HTTP-only hosts)")
 	fs.stringVar(&c.httpsAddr, "https-addr", "SCAFO_EDGE_HTTPS_ADDR", ":443", "HTTPS listener (unused with --tls off)")
 	fs.stringVar(&c.adminAddr, "admin-addr", "SCAFO_EDGE_ADMIN_ADDR", ":9180", "admin listener: /metrics, /healthz, /readyz, status page")
+	fs.stringVar(&c.adminAllow, "admin-allow", "SCAFO_EDGE_ADMIN_ALLOW", "private", "who reads the admin listener's /metrics without the ingress token as a bearer, besides loopback and --trusted-proxies: comma-separated CIDRs and the words private (RFC 1918, 100.64.0.0/10, IPv6 ULA, link-local), any (everyone) or loopback (no one more); /healthz and /readyz answer everyone, the status page and pprof loopback or the token whatever this says")
 	fs.durationVar(&c.shutdownTimeout, "shutdown-timeout", "SCAFO_EDGE_SHUTDOWN_TIMEOUT", 30*time.Second, "how long in-flight requests may run after SIGTERM")
 	fs.durationVar(&c.readHeaderTimeout, "read-header-timeout", "SCAFO_EDGE_READ_HEADER_TIMEOUT", 10*time.Second, "time a client has to send its request headers (slowloris bound)")
 	fs.durationVar(&c.sendTimeout, "send-timeout", "SCAFO_EDGE_SEND_TIMEOUT", 60*time.Second, "close a client connection, or give up on an upstream, when one write to it makes no progress this long (a peer that stopped reading); streams that keep flowing are not cut (0: never)")

@@ -99,6 +99,7 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	}
 	sv.adminLn = sv.gate.Listener(sv.adminLn)
 	status := &admin.Server{Live: p.live, Source: p.source, Registry: p.reg, Proxy: p.proxy, Token: p.token,
+		MetricsFrom: s.adminAllow, TrustedProxies: s.trusted,
 		Certificates: sv.tls.certificates, Prefetch: sv.tls.prefetch, FailedValidations: sv.tls.failedValidations, Admission: p.admission.Snapshot, Version: version, Started: time.Now()}
 	sv.adminSrv = sv.newServer(c, p, status.Handler(), nil, "admin", log)
 	return sv, nil
@@ -158,7 +159,7 @@ func (sv *servers) logStarted(c *config, s settings, p *parts, log zerolog.Logge
 	if len(s.proxyFrom) > 0 {
 		ev = ev.Str("proxy_protocol_from", c.proxyProtocol)
 	}
-	ev.Bool("token_set", p.token != "").Msg("scafo-edge started")
+	ev.Str("admin_allow", c.adminAllow).Bool("token_set", p.token != "").Msg("scafo-edge started")
 }
 
 // start serves every listener, HTTP/3 once h3Ready is closed (the edge it

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/admin"
 	"github.com/scafo/scafo-edge/admission"
 )
 
@@ -18,6 +19,7 @@ import (
 type settings struct {
 	logLevel        zerolog.Level
 	trusted         []netip.Prefix   // --trusted-proxies
+	adminAllow      []netip.Prefix   // --admin-allow
 	proxyFrom       []netip.Prefix   // --proxy-protocol-from
 	wildcards       []string         // --wildcard-domains
 	cloudflareToken string           // CLOUDFLARE_API_TOKEN, for --dns-provider cloudflare
@@ -46,6 +48,9 @@ func validate(c *config, getenv func(string) string) (settings, error) {
 	}
 	if s.proxyFrom, err = parseCIDRs(c.proxyProtocol); err != nil {
 		return s, fmt.Errorf("--proxy-protocol-from: %w", err)
+	}
+	if s.adminAllow, err = admin.ParseAllow(c.adminAllow); err != nil {
+		return s, fmt.Errorf("--admin-allow: %w", err)
 	}
 	if s.limits, err = admissionLimits(c); err != nil {
 		return s, err
