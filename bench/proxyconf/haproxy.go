@@ -10,8 +10,8 @@ type haproxyVariant int
 
 const (
 	haproxyPlain haproxyVariant = iota // haproxy.cfg: its TLS bind offers http/1.1 only
-	haproxyH2           // haproxy-h2.cfg: its TLS bind offers h2 first
-	haproxyQueue        // haproxy-queue.cfg: haproxyPlain with a per-server maxconn and a queue
+	haproxyH2                          // haproxy-h2.cfg: its TLS bind offers h2 first
+	haproxyQueue                       // haproxy-queue.cfg: haproxyPlain with a per-server maxconn and a queue
 )
 
 // haproxy is HAProxy's configuration: Workers threads, the timeouts and
