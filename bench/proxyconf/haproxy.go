@@ -5,11 +5,13 @@ import (
 	"strings"
 )
 
-// The variants of HAProxy's configuration.
+// haproxyVariant is one of HAProxy's configuration files.
+type haproxyVariant int
+
 const (
-	haproxyPlain = iota // haproxy.cfg: its TLS bind offers http/1.1 only
-	haproxyH2           // haproxy-h2.cfg: its TLS bind offers h2 first
-	haproxyQueue        // haproxy-queue.cfg: haproxyPlain with a per-server maxconn and a queue
+	haproxyPlain haproxyVariant = iota // haproxy.cfg: its TLS bind offers http/1.1 only
+	haproxyH2                          // haproxy-h2.cfg: its TLS bind offers h2 first
+	haproxyQueue                       // haproxy-queue.cfg: haproxyPlain with a per-server maxconn and a queue
 )
 
 // haproxy is HAProxy's configuration: Workers threads, the timeouts and
@@ -21,7 +23,7 @@ const (
 // The queue variant is what HAProxy's operators add for a slow backend:
 // requests beyond HAProxyServerMaxConn at a server wait in its backend's
 // queue, and one that waited HAProxyQueueTimeout gets 503.
-func (s *Setup) haproxy(variant int) string {
+func (s *Setup) haproxy(variant haproxyVariant) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "global\n  nbthread %d\n", s.Workers)
 	if s.HAProxyMaxConn > 0 {

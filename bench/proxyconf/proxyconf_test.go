@@ -5,6 +5,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -27,18 +28,33 @@ var (
 	allProxies = []string{"scafo-edge", "caddy", "traefik", "nginx", "haproxy"}
 )
 
+// TestMain makes the test binary the command itself when the scripts'
+// own write_config runs it (TestTheScriptsPassTheseFlags).
+func TestMain(m *testing.M) {
+	if os.Getenv("PROXYCONF_TEST_AS_COMMAND") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
 // write runs the command's parsing and writing as root would (nginx then
 // names root as its user, as the files in testdata/before were made) into
 // a new directory, and returns each file written, by its path under the
 // directory, with the directory's path replaced by $WORK.
 func write(t *testing.T, flags []string, proxies ...string) map[string]string {
 	t.Helper()
+	return writeAs(t, true, flags, proxies...)
+}
+
+func writeAs(t *testing.T, root bool, flags []string, proxies ...string) map[string]string {
+	t.Helper()
 	dir := t.TempDir()
 	s, names, err := parse(append(append([]string{"-dir", dir}, flags...), proxies...), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Root = true
+	s.Root = root
 	for _, p := range names {
 		if err := s.Write(p); err != nil {
 			t.Fatal(err)
@@ -223,4 +239,62 @@ func TestOnlyTheNamedProxiesAreWritten(t *testing.T) {
 	if !slices.Equal(names, want) {
 		t.Errorf("files = %q, want %q", names, want)
 	}
+}
+
+// TestTheScriptsPassTheseFlags runs the write_config function of
+// bench/run.sh and bench/overload.sh, as they define it, with their
+// default ports and --workers 2: what they write is what runFlags and
+// overloadFlags write, so the test above holds the scripts' configurations.
+func TestTheScriptsPassTheseFlags(t *testing.T) {
+	for _, tc := range []struct {
+		script string
+		vars   []string
+		flags  []string
+	}{
+		{"run.sh", []string{"WORKERS=2", "HOST=localhost", "UP_PORT=18080", "PX_PORT=18082", "PX_TLS_PORT=18083"}, runFlags},
+		{"overload.sh", []string{"WORKERS=2", "FAST_HOST=fast.test", "SLOW_HOST=slow.test", "FAST_PORT=18280",
+			"SLOW_PORT=18281", "PX_PORT=18282", "PX_TLS_PORT=18283", "HAPROXY_SERVER_MAXCONN=1000",
+			"HAPROXY_QUEUE_TIMEOUT=5s", "NGINX_WORKER_CONNECTIONS=4096"}, overloadFlags},
+	} {
+		t.Run(tc.script, func(t *testing.T) {
+			src, err := os.ReadFile(filepath.Join("..", tc.script))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fn := scriptFunction(t, string(src), "write_config")
+			dir := t.TempDir()
+			script := fn + "\ndie() { echo \"$*\" >&2; exit 1; }\nfor p in " + strings.Join(allProxies, " ") + "; do write_config \"$p\"; done\n"
+			cmd := exec.Command("bash", "-euo", "pipefail", "-c", script)
+			cmd.Env = append(os.Environ(), append(tc.vars, "WORK="+dir, "PROXYCONF="+os.Args[0], "PROXYCONF_TEST_AS_COMMAND=1")...)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("%s's write_config: %v\n%s", tc.script, err, out)
+			}
+			got := readTree(t, dir, dir)
+			want := writeAs(t, os.Geteuid() == 0, tc.flags, allProxies...)
+			if len(got) != len(want) {
+				t.Errorf("%s wrote %d files, want %d", tc.script, len(got), len(want))
+			}
+			for f, w := range want {
+				if got[f] != w {
+					t.Errorf("%s wrote %s:\n%s\nwant\n%s", tc.script, f, got[f], w)
+				}
+			}
+		})
+	}
+}
+
+// scriptFunction is the definition of the shell function name in src:
+// from its "name() {" line to the first line that is "}".
+func scriptFunction(t *testing.T, src, name string) string {
+	t.Helper()
+	start := strings.Index(src, "\n"+name+"() {\n")
+	if start < 0 {
+		t.Fatalf("no %s() in the script", name)
+	}
+	body := src[start+1:]
+	end := strings.Index(body, "\n}\n")
+	if end < 0 {
+		t.Fatalf("%s() does not end", name)
+	}
+	return body[:end+2]
 }
