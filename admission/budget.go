@@ -97,7 +97,8 @@ const (
 	// request in flight costs two descriptors and about 60 KiB.
 	connMemory = 32 << 10
 	// heapPerConn and baseHeap size the Go memory limit the edge sets when
-	// it knows no memory limit: what one connection of the budget holds in
+	// the descriptors bind its budget before memory does, or it knows no
+	// memory limit: what one connection of the budget holds in
 	// heap and stack at most, from measurement (about 21 KiB a descriptor
 	// with 7,000 long polls in flight, their upstream connections beside
 	// them), and what the edge holds with no traffic, with room. Without
@@ -130,9 +131,10 @@ const (
 // The memory limit is, first that says one: want.MemoryLimit (a flag),
 // GOMEMLIMIT, the tightest limit of the edge's own cgroup and its ancestors
 // (if under the box's memory: a cgroup limit past it limits nothing), a
-// quarter of the box's memory (/proc/meminfo). The connection budget, the
-// memory guard and, unless GOMEMLIMIT is set, the Go memory limit (90 % of
-// it, as automemlimit does) follow it.
+// quarter of the box's memory (/proc/meminfo). The connection budget and the
+// memory guard follow it, and, unless GOMEMLIMIT is set, the Go memory
+// limit: 90 % of it, as automemlimit does, or, when the descriptors bind the
+// budget before memory does, what the budget can hold if that is less.
 func Derive(want Limits, sys System) (Limits, Facts, error) {
 	var f Facts
 	var err error
@@ -164,10 +166,11 @@ func Derive(want Limits, sys System) (Limits, Facts, error) {
 	if l.Overdraft == 0 {
 		l.Overdraft = f.Reserved / 2
 	}
+	memoryBinds := false // the memory limit, not the descriptors or a flag, sets MaxConns
 	if l.MaxConns == 0 {
 		l.MaxConns = int(min(f.Descriptors, math.MaxInt32)) - f.Reserved
-		if l.MemoryLimit > 0 {
-			l.MaxConns = min(l.MaxConns, int(float64(l.MemoryLimit)*memoryForConns/connMemory))
+		if byMemory := int(float64(l.MemoryLimit) * memoryForConns / connMemory); l.MemoryLimit > 0 && byMemory < l.MaxConns {
+			l.MaxConns, memoryBinds = byMemory, true
 		}
 	}
 	if l.MaxConns < 16 {
@@ -195,21 +198,29 @@ func Derive(want Limits, sys System) (Limits, Facts, error) {
 	if err := l.validate(); err != nil {
 		return l, f, err
 	}
+	// A small --max-conns must not starve the routing table and the
+	// certificate cache: never under minGoLimit.
+	budgetGo := max(int64(l.MaxConns)*heapPerConn+baseHeap, minGoLimit)
 	switch {
 	case goMemLimit != "":
 		// GOMEMLIMIT (or GOMEMLIMIT=off) is the operator's word on the Go
 		// memory limit: the runtime has set it.
-	case l.MemoryLimit > 0:
+	case l.MemoryLimit > 0 && memoryBinds:
 		// Let the collector work harder before the limit's OOM killer ends
 		// the process, and leave a tenth for what Go does not count
 		// (the binary, thread stacks, the kernel's socket buffers).
 		f.GoLimit = l.MemoryLimit / 10 * 9
-		debug.SetMemoryLimit(f.GoLimit)
+	case l.MemoryLimit > 0:
+		// The descriptors (or --max-conns) bind first: what the budget
+		// holds is far under the memory limit, and a Go limit near it
+		// would let garbage grow as large as the live heap. Keep it to
+		// what the budget can hold.
+		f.GoLimit = min(l.MemoryLimit/10*9, budgetGo)
 	default:
-		// No memory limit known at all. A small --max-conns must not
-		// starve the routing table and the certificate cache: never under
-		// minGoLimit.
-		f.GoLimit = max(int64(l.MaxConns)*heapPerConn+baseHeap, minGoLimit)
+		// No memory limit known at all.
+		f.GoLimit = budgetGo
+	}
+	if f.GoLimit > 0 {
 		debug.SetMemoryLimit(f.GoLimit)
 	}
 	return l, f, nil

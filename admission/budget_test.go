@@ -85,19 +85,26 @@ func TestDeriveTakesTheMemoryLimitFromTheFirstSourceThatGivesOne(t *testing.T) {
 		wantFrom   string
 		wantFile   string
 		// How the Go memory limit was set: "limit" to 90 % of the memory
-		// limit, "budget" from the connection budget (no memory limit
-		// known), "" left as the runtime had it.
+		// limit (memory binds the budget), "budget" from the connection
+		// budget (the descriptors bind it, or no memory limit is known),
+		// "" left as the runtime had it.
 		wantGo    string
 		wantCgErr bool
 	}{
 		{
-			name: "nothing but the box's memory: a quarter of MemTotal", getenv: env(),
+			name: "nothing but the box's memory: a quarter of MemTotal, and the Go limit what the budget of descriptors holds", getenv: env(),
 			files:      map[string]string{"/proc/meminfo": meminfo24GiB},
-			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "limit",
+			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "budget",
 		},
 		{
 			name: "no memory known at all: the descriptors alone decide, and the Go limit follows the budget", getenv: env(),
 			wantGo: "budget",
+		},
+		{
+			name: "--max-conns binds before memory: the Go limit is what the budget holds", getenv: env(),
+			files:      inCgroupV2("4294967296"),
+			want:       Limits{MaxConns: 1000},
+			wantMemory: 4 << 30, wantFrom: MemoryFromCgroupV2, wantFile: serviceMax, wantGo: "budget",
 		},
 		{
 			name: "a cgroup v2 memory.max of the edge's own cgroup", getenv: env(),
@@ -117,17 +124,17 @@ func TestDeriveTakesTheMemoryLimitFromTheFirstSourceThatGivesOne(t *testing.T) {
 		{
 			name: "a cgroup at max: a quarter of MemTotal", getenv: env(),
 			files:      inCgroupV2("max\n"),
-			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "limit",
+			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "budget",
 		},
 		{
 			name: "a cgroup limit past the box's memory limits nothing: a quarter of MemTotal", getenv: env(),
 			files:      inCgroupV2("34359738368\n"),
-			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "limit",
+			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "budget",
 		},
 		{
 			name: "an unreadable cgroup limit is reported and no limit", getenv: env(),
 			files:      inCgroupV2("lots\n"),
-			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "limit", wantCgErr: true,
+			wantMemory: 6 << 30, wantFrom: MemoryFromMemTotal, wantFile: "/proc/meminfo", wantGo: "budget", wantCgErr: true,
 		},
 		{
 			name:   "GOMEMLIMIT wins over the cgroup and leaves the Go memory limit as the runtime set it",
@@ -177,7 +184,7 @@ func TestDeriveTakesTheMemoryLimitFromTheFirstSourceThatGivesOne(t *testing.T) {
 				t.Errorf("Facts.CgroupErr = %v, want one: %v", f.CgroupErr, tt.wantCgErr)
 			}
 			goLimit := debug.SetMemoryLimit(-1)
-			budgetGo := int64(l.MaxConns)*(24<<10) + 64*mib
+			budgetGo := max(int64(l.MaxConns)*(24<<10)+64*mib, 256*mib)
 			switch tt.wantGo {
 			case "limit":
 				if goLimit != tt.wantMemory/10*9 || f.GoLimit != goLimit {
@@ -185,7 +192,7 @@ func TestDeriveTakesTheMemoryLimitFromTheFirstSourceThatGivesOne(t *testing.T) {
 				}
 			case "budget":
 				if goLimit != budgetGo || f.GoLimit != budgetGo {
-					t.Errorf("Go memory limit = %d (Facts.GoLimit %d), want 24 KiB for each of %d connections and 64 MiB: %d",
+					t.Errorf("Go memory limit = %d (Facts.GoLimit %d), want 24 KiB for each of %d connections and 64 MiB, at least 256 MiB: %d",
 						goLimit, f.GoLimit, l.MaxConns, budgetGo)
 				}
 			default:
@@ -197,7 +204,9 @@ func TestDeriveTakesTheMemoryLimitFromTheFirstSourceThatGivesOne(t *testing.T) {
 				t.Errorf("Facts = %d descriptors, %d reserved; want 20000 and a twentieth", f.Descriptors, f.Reserved)
 			}
 			wantMax := 19000
-			if tt.wantMemory > 0 {
+			if tt.want.MaxConns > 0 {
+				wantMax = tt.want.MaxConns
+			} else if tt.wantMemory > 0 {
 				wantMax = min(wantMax, int(tt.wantMemory/2/(32<<10)))
 			}
 			if l.MaxConns != wantMax {
