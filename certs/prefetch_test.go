@@ -493,9 +493,8 @@ func TestPrefetchFleetDocumentLags(t *testing.T) {
 	n := nodetest.New(t, nodetest.Options{Token: fleetToken})
 	type lagEdge struct {
 		*fleetEdge
-		live   edge.Live
-		public string // where the names' public address leads, for this edge
-		m      *Manager
+		live edge.Live
+		m    *Manager
 	}
 	edges := make([]*lagEdge, 3)
 	for i := range edges {
@@ -518,16 +517,14 @@ func TestPrefetchFleetDocumentLags(t *testing.T) {
 	}
 	publicAddr := netip.MustParseAddr("93.184.215.20")
 	checked := edges[2]
+	routing := &edge.Handler{Table: &checked.live}
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		checked.cur.Load().HTTPHandler(&edge.Handler{Table: &checked.live}).ServeHTTP(w, r)
+		checked.cur.Load().HTTPHandler(routing).ServeHTTP(w, r)
 	}))
 	t.Cleanup(front.Close)
 	for _, e := range edges {
 		e.live.Store(compile()) // a document, naming none of the names yet
-		dns := &publicDNS{
-			records: map[string][]netip.Addr{},
-			at:      map[netip.Addr]string{publicAddr: front.Listener.Addr().String()},
-		}
+		dns := &publicDNS{at: map[netip.Addr]string{publicAddr: front.Listener.Addr().String()}}
 		if e == checked {
 			dns.at = nil // no hairpin: its own public address refuses it
 		}
@@ -547,7 +544,6 @@ func TestPrefetchFleetDocumentLags(t *testing.T) {
 	}
 
 	added := []string{"a.lag.test", "b.lag.test", "c.lag.test"}
-	doc := added
 	// A swaps the document in now, B within half an interval, C (the
 	// checked edge) between half an interval and a whole one later.
 	offsets := []time.Duration{0, rand.N(poll / 2), poll/2 + rand.N(poll/2+1)}
@@ -557,8 +553,8 @@ func TestPrefetchFleetDocumentLags(t *testing.T) {
 		swaps.Add(1)
 		timer := time.AfterFunc(offsets[i], func() {
 			defer swaps.Done()
-			e.live.Store(compile(doc...))
-			e.m.Prefetch(doc)
+			e.live.Store(compile(added...))
+			e.m.Prefetch(added)
 		})
 		t.Cleanup(func() {
 			if timer.Stop() {
@@ -577,8 +573,7 @@ func TestPrefetchFleetDocumentLags(t *testing.T) {
 		}
 		return true
 	}
-	done := pollBy(start.Add(within), 100*time.Millisecond, certified)
-	if !done {
+	if !pollBy(start.Add(within), 100*time.Millisecond, certified) {
 		t.Fatalf("names not certified within %v of the document; queues: A %+v, B %+v, C %+v", within,
 			edges[0].m.PrefetchStatus(), edges[1].m.PrefetchStatus(), edges[2].m.PrefetchStatus())
 	}
