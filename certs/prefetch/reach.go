@@ -128,11 +128,12 @@ func randomHex(n int) string {
 // check reports whether http://<name>/ reaches an edge of this fleet at
 // every address a CA would validate at (addresses: the public A and AAAA
 // records of the families whose queries answered), as it may validate at
-// any of them: nil, an error wrapping ErrUnreachable (some address leads
-// elsewhere or nowhere; and errNotYet when every address that failed is an
-// edge whose document does not name the host yet) or ErrNoIPv6 (every IPv4 address reached the fleet,
-// the IPv6 ones could not be tried from here), or the storage's error when
-// the token could not be stored.
+// any of them. It returns nil; an error wrapping ErrUnreachable (some
+// address leads elsewhere or nowhere), and errNotYet too when every
+// address that failed is an edge whose document does not name the host
+// yet; ErrNoIPv6 (every IPv4 address reached the fleet, the IPv6 ones
+// could not be tried from here); or the storage's error when the token
+// could not be stored.
 func (p *prober) check(ctx context.Context, name string) error {
 	addrs, err := p.addresses(ctx, name)
 	if err != nil {

@@ -85,7 +85,7 @@ func (q *Queue) logOutcome(name string, o outcome, during string) {
 		if during != "" {
 			ev = ev.Str("during", during).AnErr("check", o.err)
 		}
-		ev.Msg("certificate prefetch: the name left the document; dropped")
+		ev.Msg("certificate prefetch: the name left the document (or needs no prefetch now); dropped")
 	case "propagating", "unreachable", "no_ipv6", "failed":
 		q.log.Info().Err(o.err).Str("name", name).Dur("retry_in", o.retry).Msg("certificate prefetch: " + o.result)
 	}
