@@ -88,16 +88,18 @@ type Options struct {
 	// after about one interval, with jitter, up to maxNotYet times, before
 	// the name's RetryBase back-off. Zero means DefaultPollInterval.
 	PollInterval time.Duration
-	// LookupNetIP resolves a name for its reachability check: every A and
-	// AAAA record ("ip"), as net.Resolver.LookupNetIP. Nil means the system
+	// LookupNetIP resolves a name for its reachability check, as
+	// net.Resolver.LookupNetIP: called once for its A records ("ip4") and
+	// once for its AAAA records ("ip6"), an error failing that family
+	// alone. Only the public addresses of the family asked for count, as
+	// at the CA. Nil means the system's DNS servers through the Go
 	// resolver, and no look-up of a special-use name (such as one under
 	// .test), which no public CA validates.
 	LookupNetIP func(ctx context.Context, network, host string) ([]netip.Addr, error)
 	// DialContext connects a reachability check to "<address>:80", for
-	// each address LookupNetIP returned. Nil means a net.Dialer that
-	// connects to public addresses only: a name leading to a loopback or
-	// private address does not reach the fleet as a public CA sees it.
-	// Tests point both at loopback.
+	// each public address LookupNetIP returned. Nil means a net.Dialer
+	// that connects to public addresses only. Tests map the public-looking
+	// addresses to loopback.
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Clock is the queue's time for turns, back-offs and the budget, and
 	// what it waits on between turns. Nil means the wall clock.
