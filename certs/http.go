@@ -35,9 +35,10 @@ func (m *Manager) HTTPHandler(next http.Handler) http.Handler {
 		// token is in the (shared) storage. Prefetch checks only names its
 		// document names, so no other host's check costs a storage read.
 		// Unlike HTTP-01 (mayHoldChallenge), a check that reaches an edge
-		// whose document does not name the host yet is not answered: that
-		// costs nothing at the CA, only the check's retry a minute later,
-		// by when the edges have the document; so a flood of checks for
+		// whose document does not name the host yet is not answered: the
+		// edge's 404 "no route" tells the checking edge to look again about
+		// one poll interval later, by when every edge has the document, at
+		// no cost at the CA; so a flood of checks for
 		// made-up hosts costs no read at all, and cannot crowd out the
 		// HTTP-01 tokens' reads.
 		if prefetch.LooksLikeReach(r) && m.named(host) && prefetch.ServeReach(w, r, m.cfg.Storage, host) {

@@ -3,6 +3,7 @@ package certs
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -19,7 +20,9 @@ import (
 
 	"github.com/scafo/scafo-edge/certs/certstest"
 	"github.com/scafo/scafo-edge/certs/prefetch"
+	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/internal/testsupport"
+	"github.com/scafo/scafo-edge/node"
 	"github.com/scafo/scafo-edge/node/nodetest"
 )
 
@@ -472,4 +475,124 @@ func TestPrefetchChecksWhatTheCAValidates(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPrefetchFleetDocumentLags: edges poll the routing document on their
+// own clocks, so the edge a new name's DNS leads to may name it up to one
+// poll interval after the edges that check it, and answer their checks
+// with its 404 "no route for this host" (issue 30). Three edges on one
+// fleet store, each answering port 80 through its Manager in front of a
+// real edge.Handler on its own table: the names' DNS leads to edge C,
+// which swaps in the new document last, up to one interval after A; C
+// cannot reach its own public address (a box behind a 1:1 NAT without
+// hairpinning, as the README notes), so A and B must check through it.
+// Every name is certified within 15 s of the document reaching A, where a
+// check that waited out the minute's back-off took more than a minute.
+func TestPrefetchFleetDocumentLags(t *testing.T) {
+	const poll = prefetch.DefaultPollInterval
+	n := nodetest.New(t, nodetest.Options{Token: fleetToken})
+	type lagEdge struct {
+		*fleetEdge
+		live edge.Live
+		m    *Manager
+	}
+	edges := make([]*lagEdge, 3)
+	for i := range edges {
+		edges[i] = &lagEdge{fleetEdge: newFleetEdge(t)}
+	}
+	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: edges[0].httpPort, TLSPort: edges[0].httpsPort})
+	route := func(host string) node.Route {
+		return node.Route{Host: host, Application: "shop", Upstreams: []node.Upstream{{Node: "n", Address: "127.0.0.1:1"}}}
+	}
+	compile := func(hosts ...string) *edge.Table {
+		doc := &node.Document{V: 1}
+		for _, h := range hosts {
+			doc.Routes = append(doc.Routes, route(h))
+		}
+		tbl, drops := edge.Compile(doc)
+		if len(drops) > 0 {
+			t.Fatalf("compile: %v", drops)
+		}
+		return tbl
+	}
+	publicAddr := netip.MustParseAddr("93.184.215.20")
+	checked := edges[2]
+	routing := &edge.Handler{Table: &checked.live}
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		checked.cur.Load().HTTPHandler(routing).ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	for _, e := range edges {
+		e.live.Store(compile()) // a document, naming none of the names yet
+		dns := &publicDNS{at: map[netip.Addr]string{publicAddr: front.Listener.Addr().String()}}
+		if e == checked {
+			dns.at = nil // no hairpin: its own public address refuses it
+		}
+		opts := acmeOptions(pb)
+		opts.Allowed = func(name string) bool { return e.live.Load().Certifiable(name) }
+		opts.Prefetch = &prefetch.Options{
+			PollInterval: poll,
+			LookupNetIP: func(ctx context.Context, network, host string) ([]netip.Addr, error) {
+				if network == "ip6" {
+					return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+				}
+				return []netip.Addr{publicAddr}, nil
+			},
+			DialContext: dns.dial,
+		}
+		e.m = e.start(t, n, opts, FleetOptions{LockPollMax: 200 * time.Millisecond})
+	}
+
+	added := []string{"a.lag.test", "b.lag.test", "c.lag.test"}
+	// A swaps the document in now, B within half an interval, C (the
+	// checked edge) between half an interval and a whole one later.
+	offsets := []time.Duration{0, rand.N(poll / 2), poll/2 + rand.N(poll/2+1)}
+	var swaps sync.WaitGroup
+	start := time.Now()
+	for i, e := range edges {
+		swaps.Add(1)
+		timer := time.AfterFunc(offsets[i], func() {
+			defer swaps.Done()
+			e.live.Store(compile(added...))
+			e.m.Prefetch(added)
+		})
+		t.Cleanup(func() {
+			if timer.Stop() {
+				swaps.Done()
+			}
+			swaps.Wait()
+		})
+	}
+	t.Logf("document swapped in at A +0s, B +%v, C +%v", offsets[1].Round(time.Millisecond), offsets[2].Round(time.Millisecond))
+	const within = 15 * time.Second
+	certified := func() bool {
+		for _, name := range added {
+			if !storedCert(edges[0].m, name) {
+				return false
+			}
+		}
+		return true
+	}
+	if !pollBy(start.Add(within), 100*time.Millisecond, certified) {
+		t.Fatalf("names not certified within %v of the document; queues: A %+v, B %+v, C %+v", within,
+			edges[0].m.PrefetchStatus(), edges[1].m.PrefetchStatus(), edges[2].m.PrefetchStatus())
+	}
+	took := time.Since(start)
+	t.Logf("every name certified %v after the document reached A (%d orders)", took.Round(10*time.Millisecond), pb.OrderCount())
+	pb.WaitOrderCount(t, len(added))
+}
+
+// pollBy checks cond every interval until it holds or deadline passes,
+// and reports whether it held. For a condition too costly to check as
+// often as testsupport.Poll does.
+func pollBy(deadline time.Time, every time.Duration, cond func() bool) bool {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for !cond() {
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		<-tick.C
+	}
+	return true
 }

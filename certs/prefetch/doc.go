@@ -64,11 +64,17 @@
 //     prefers IPv6 when an AAAA record exists): an AAAA record that
 //     answers and still points at the old host keeps the name waiting. A
 //     box with no IPv6 route cannot check an AAAA record; such a name is
-//     listed as NoIPv6, logged once, and not ordered. A name that does not
-//     answer
-//     costs no ACME traffic and is checked again after a
-//     growing interval (RetryBase doubling up to RetryMax), listed by
-//     Status and counted in a metric. The back-off is the queue's own: a
+//     listed as NoIPv6, logged once, and not ordered. Edges poll the
+//     document on their own clocks, so the edge a new name's DNS leads to
+//     may name it up to a poll interval after the edge checking it, and
+//     answer the check as it answers any host it has no route for (404,
+//     "no route for this host"); a check failing only so is tried again
+//     after about one PollInterval, with jitter, a few times (listed as
+//     Propagating) before the back-off below. A name that does not
+//     answer costs no ACME traffic and is checked again after a growing
+//     interval (RetryBase doubling up to RetryMax), listed by Status and
+//     counted in a metric; one that leaves the document meanwhile, its
+//     check in flight or not, is dropped, logged and counted as removed. The back-off is the queue's own: a
 //     real visitor's handshake still triggers on-demand issuance at once.
 //   - The fleet does the work once: with a shared store, every edge gets
 //     the same document at about the same moment. Before working on a

@@ -82,8 +82,9 @@ func (p *prober) family(ctx context.Context, network, name string) ([]netip.Addr
 	}
 }
 
-// errNotPublic is why the default resolver refuses a name, or the default
-// dialer an address.
+// errNotPublic is why a family of a name's addresses does not count (none
+// is public), why the default resolver refuses a special-use name, or the
+// default dialer an address.
 var errNotPublic = errors.New("not a public address")
 
 // specialUse are the special-use domain names public DNS never delegates
@@ -149,7 +150,8 @@ func publicOnly(_, address string, _ syscall.RawConn) error {
 }
 
 // nonPublic are the special-purpose ranges (RFC 6890 and its updates) that
-// netip.Addr's methods do not already cover: no public CA validates there.
+// netip.Addr's methods do not already cover: no public CA validates there
+// (Boulder's bdns drops each from a look-up's answer).
 var nonPublic = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),       // "this network"
 	netip.MustParsePrefix("100.64.0.0/10"),   // shared address space (carrier-grade NAT)
@@ -159,7 +161,13 @@ var nonPublic = []netip.Prefix{
 	netip.MustParsePrefix("198.51.100.0/24"), // documentation
 	netip.MustParsePrefix("203.0.113.0/24"),  // documentation
 	netip.MustParsePrefix("240.0.0.0/4"),     // reserved, and the broadcast address
+	netip.MustParsePrefix("192.88.99.0/24"),  // 6to4 relay anycast (RFC 7526)
+	netip.MustParsePrefix("100::/64"),        // discard (RFC 6666)
+	netip.MustParsePrefix("2001::/23"),       // IETF protocol assignments, Teredo among them
 	netip.MustParsePrefix("2001:db8::/32"),   // documentation
+	// 6to4: Let's Encrypt does not validate there (Boulder's bdns), as
+	// anyone announcing the prefix could answer for the host.
+	netip.MustParsePrefix("2002::/16"),
 }
 
 // isPublic reports whether a is a global unicast address outside the

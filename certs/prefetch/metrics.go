@@ -10,7 +10,7 @@ import (
 
 // results are the outcomes of a name's turn, the label values of
 // scafo_edge_tls_prefetch_turns_total.
-var results = []string{"obtained", "held", "removed", "elsewhere", "unreachable", "no_ipv6", "failed", "backoff", "budget"}
+var results = []string{"obtained", "held", "removed", "elsewhere", "propagating", "unreachable", "no_ipv6", "failed", "backoff", "budget"}
 
 type metrics struct {
 	turns       *prometheus.CounterVec
@@ -23,7 +23,7 @@ func newMetrics(reg prometheus.Registerer, q *Queue) (*metrics, error) {
 	mt := &metrics{
 		turns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scafo_edge_tls_prefetch_turns_total",
-			Help: "Certificate prefetch turns, by result (obtained, held, removed, elsewhere, unreachable, no_ipv6: the name has an AAAA record this box cannot check without IPv6, failed, backoff: on-demand issuance holds the name back after a failed issuance, budget: orders recorded by other edges or before a restart fill the registered domain's week).",
+			Help: "Certificate prefetch turns, by result (obtained, held, removed, elsewhere, propagating: an edge of this fleet at one of the name's addresses does not name it yet, checked again within about a poll interval, unreachable, no_ipv6: the name has an AAAA record this box cannot check without IPv6, failed, backoff: on-demand issuance holds the name back after a failed issuance, budget: orders recorded by other edges or before a restart fill the registered domain's week).",
 		}, []string{"result"}),
 		budgetWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "scafo_edge_tls_prefetch_budget_waits_total",

@@ -28,6 +28,8 @@ const (
 	// holder works.
 	DefaultBusyRetry    = 5 * time.Second
 	DefaultReachTimeout = 10 * time.Second
+	// DefaultPollInterval is the edge's own default (--poll-interval).
+	DefaultPollInterval = 5 * time.Second
 )
 
 // Certs is what the queue asks of certificate management. All are
@@ -79,16 +81,25 @@ type Options struct {
 	// ReachTimeout bounds one reachability check. Zero means
 	// DefaultReachTimeout.
 	ReachTimeout time.Duration
-	// LookupNetIP resolves a name for its reachability check: every A and
-	// AAAA record ("ip"), as net.Resolver.LookupNetIP. Nil means the system
+	// PollInterval is how often the fleet's edges poll the routing
+	// document. An edge polls on its own clock, so the one a name's DNS
+	// leads to may name it up to one interval after the edge checking it:
+	// a check that finds only such edges (Propagating) is tried again
+	// after about one interval, with jitter, up to maxNotYet times, before
+	// the name's RetryBase back-off. Zero means DefaultPollInterval.
+	PollInterval time.Duration
+	// LookupNetIP resolves a name for its reachability check, as
+	// net.Resolver.LookupNetIP: called once for its A records ("ip4") and
+	// once for its AAAA records ("ip6"), an error failing that family
+	// alone. Only the public addresses of the family asked for count, as
+	// at the CA. Nil means the system's DNS servers through the Go
 	// resolver, and no look-up of a special-use name (such as one under
 	// .test), which no public CA validates.
 	LookupNetIP func(ctx context.Context, network, host string) ([]netip.Addr, error)
 	// DialContext connects a reachability check to "<address>:80", for
-	// each address LookupNetIP returned. Nil means a net.Dialer that
-	// connects to public addresses only: a name leading to a loopback or
-	// private address does not reach the fleet as a public CA sees it.
-	// Tests point both at loopback.
+	// each public address LookupNetIP returned. Nil means a net.Dialer
+	// that connects to public addresses only. Tests map the public-looking
+	// addresses to loopback.
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Clock is the queue's time for turns, back-offs and the budget, and
 	// what it waits on between turns. Nil means the wall clock.
@@ -112,6 +123,10 @@ const (
 	// Unreachable: the name did not reach the fleet at one of its addresses;
 	// it is checked again at Next.
 	Unreachable State = "unreachable"
+	// Propagating: at one of the name's addresses an edge of this fleet
+	// answered that its document does not name the host yet; it is
+	// checked again at Next, about one poll interval later.
+	Propagating State = "propagating"
 	// NoIPv6: the name reached the fleet at its IPv4 addresses, but it
 	// publishes an AAAA record and this box has no IPv6 route to check
 	// that the CA's IPv6 validation would reach the fleet too; it is

@@ -24,6 +24,7 @@ type entry struct {
 	Entry
 	gen, seq int // document generation that added it, and position in it
 	busy     int // looks in a row that found another edge working on it
+	notYet   int // checks that found an edge without the name yet
 	// noIPv6Told: the NoIPv6 warning was logged, once for the name.
 	noIPv6Told bool
 }
@@ -40,6 +41,7 @@ type Queue struct {
 	base    time.Duration
 	max     time.Duration
 	busy    time.Duration
+	poll    time.Duration
 	log     zerolog.Logger
 	metrics *metrics
 
@@ -71,6 +73,7 @@ func New(c Certs, opts Options) (*Queue, error) {
 		base:    orDur(opts.RetryBase, DefaultRetryBase),
 		max:     max(orDur(opts.RetryMax, DefaultRetryMax), orDur(opts.RetryBase, DefaultRetryBase)),
 		busy:    orDur(opts.BusyRetry, DefaultBusyRetry),
+		poll:    orDur(opts.PollInterval, DefaultPollInterval),
 		log:     opts.Log,
 		kick:    make(chan struct{}, 1),
 		done:    make(chan struct{}),

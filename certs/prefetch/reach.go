@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -43,6 +44,23 @@ var ErrUnreachable = errors.New("name does not reach this fleet")
 // the fleet, but the CA may validate over IPv6 (Let's Encrypt prefers it
 // when an AAAA record exists), and that path could not be checked.
 var ErrNoIPv6 = errors.New("name has an AAAA record and this box cannot reach IPv6 to check it")
+
+// errNotYet is wrapped, beside ErrUnreachable, by a check that every
+// address it failed at answered as an edge answers a host its document
+// does not name: the document naming the name has not reached that edge
+// yet. Edges poll the document on their own clocks, so this is the
+// normal state of a new name for up to a poll interval.
+var errNotYet = errors.New("an edge of this fleet does not name the host yet")
+
+// errNoRoute is an address's failure when it answered as an edge answers
+// a host its document does not name.
+var errNoRoute = errors.New("answered 404 as an edge of this fleet whose document does not name the host")
+
+// noRouteAnswer is the body an edge answers a host its document does not
+// name with (package edge, its "no_route" answer), after a 404. Anything
+// answering it is taken for an edge of this fleet; one of another fleet
+// costs a few checks more before the name's back-off, never an order.
+const noRouteAnswer = "scafo-edge: no route for this host"
 
 // maxAddrs bounds the addresses one check connects to, half of them per
 // family; a name the fleet serves publishes a few.
@@ -110,10 +128,12 @@ func randomHex(n int) string {
 // check reports whether http://<name>/ reaches an edge of this fleet at
 // every address a CA would validate at (addresses: the public A and AAAA
 // records of the families whose queries answered), as it may validate at
-// any of them: nil, an error wrapping ErrUnreachable (some address leads
-// elsewhere or nowhere) or ErrNoIPv6 (every IPv4 address reached the fleet,
-// the IPv6 ones could not be tried from here), or the storage's error when
-// the token could not be stored.
+// any of them. It returns nil; an error wrapping ErrUnreachable (some
+// address leads elsewhere or nowhere), and errNotYet too when every
+// address that failed is an edge whose document does not name the host
+// yet; ErrNoIPv6 (every IPv4 address reached the fleet, the IPv6 ones
+// could not be tried from here); or the storage's error when the token
+// could not be stored.
 func (p *prober) check(ctx context.Context, name string) error {
 	addrs, err := p.addresses(ctx, name)
 	if err != nil {
@@ -150,6 +170,9 @@ func (p *prober) check(ctx context.Context, name string) error {
 		}
 	}
 	if len(failed) > 0 {
+		if !slices.ContainsFunc(failed, func(err error) bool { return !errors.Is(err, errNoRoute) }) {
+			return fmt.Errorf("%w: %w: %w", ErrUnreachable, errNotYet, failed)
+		}
 		return fmt.Errorf("%w: %w", ErrUnreachable, failed)
 	}
 	if noIPv6 {
@@ -186,6 +209,9 @@ func (p *prober) ask(ctx context.Context, name string, addr netip.Addr, token, a
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	if resp.StatusCode == http.StatusNotFound && strings.TrimSpace(string(body)) == noRouteAnswer {
+		return errNoRoute
+	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("answered %s", resp.Status)
 	}

@@ -174,6 +174,10 @@ func TestIsPublic(t *testing.T) {
 		{"255.255.255.255", false},
 		{"192.0.2.1", false},
 		{"2001:db8::1", false},
+		{"192.88.99.1", false},
+		{"2002:5db8:d70e::1", false},
+		{"2001:0:4136:e378::1", false},
+		{"100::1", false},
 	} {
 		if got := isPublic(netip.MustParseAddr(tc.addr)); got != tc.want {
 			t.Errorf("isPublic(%s) = %v, want %v", tc.addr, got, tc.want)

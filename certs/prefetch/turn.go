@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/scafo/scafo-edge/internal/backoff"
@@ -11,9 +12,12 @@ import (
 
 // outcome is what one turn did with a name.
 type outcome struct {
-	result string        // metric label: obtained, held, removed, elsewhere, unreachable, failed, backoff, budget
+	result string        // metric label: one of results
 	retry  time.Duration // >0: the name stays queued and comes back then
 	err    error
+	// ordered: the turn placed an order, which failed; the CA counted it,
+	// so the turn counts as failed whatever becomes of the name.
+	ordered bool
 }
 
 // work takes one turn of name and files its outcome.
@@ -23,18 +27,30 @@ func (q *Queue) work(name string) {
 	q.mu.Lock()
 	q.running--
 	e := q.queue[name]
+	during := ""
 	switch {
 	case e == nil:
 	case q.ctx.Err() != nil:
 		e.State = Waiting
-	case o.retry == 0 || !q.present[name]:
+	case o.retry == 0:
 		delete(q.queue, name)
+	case !q.present[name]:
+		// The name left the document while its turn was at work (its
+		// check in flight, mostly): it is dropped, and its turn counts as
+		// removed, not as what the check found with a retry nobody waits
+		// for.
+		delete(q.queue, name)
+		if !o.ordered {
+			during, o.result = o.result, "removed"
+		}
 	default:
 		now := q.clock.Now()
 		e.Next = now.Add(o.retry)
 		switch o.result {
 		case "elsewhere":
 			e.State = Elsewhere
+		case "propagating":
+			e.State = Propagating
 		case "unreachable":
 			e.State = Unreachable
 		case "no_ipv6":
@@ -53,8 +69,26 @@ func (q *Queue) work(name string) {
 	q.mu.Unlock()
 	if q.ctx.Err() == nil {
 		q.metrics.result(o.result)
+		q.logOutcome(name, o, during)
 	}
 	q.Kick()
+}
+
+// logOutcome logs what a turn did with name when it is news to the
+// operator: a failure and when it is tried again, or the name's removal.
+// during is what the turn had found when the name left the document while
+// it was at work.
+func (q *Queue) logOutcome(name string, o outcome, during string) {
+	switch o.result {
+	case "removed":
+		ev := q.log.Info().Str("name", name)
+		if during != "" {
+			ev = ev.Str("during", during).AnErr("check", o.err)
+		}
+		ev.Msg("certificate prefetch: the name left the document (or needs no prefetch now); dropped")
+	case "propagating", "unreachable", "no_ipv6", "failed":
+		q.log.Info().Err(o.err).Str("name", name).Dur("retry_in", o.retry).Msg("certificate prefetch: " + o.result)
+	}
 }
 
 // turn checks name and orders its certificate if it still needs one. The
@@ -98,6 +132,11 @@ func (q *Queue) turn(ctx context.Context, name string) outcome {
 		if ctx.Err() != nil {
 			return outcome{result: "removed"}
 		}
+		if errors.Is(err, errNotYet) {
+			if d, ok := q.notYetRetry(name); ok {
+				return outcome{result: "propagating", retry: d, err: err}
+			}
+		}
 		res := "unreachable"
 		switch {
 		case errors.Is(err, ErrNoIPv6):
@@ -137,7 +176,9 @@ func (q *Queue) turn(ctx context.Context, name string) outcome {
 		if ctx.Err() != nil {
 			return outcome{result: "removed"}
 		}
-		return q.failed(name, "failed", fmt.Errorf("obtain: %w", err))
+		o := q.failed(name, "failed", fmt.Errorf("obtain: %w", err))
+		o.ordered = true
+		return o
 	}
 	q.log.Info().Str("name", name).Dur("took", q.clock.Now().Sub(start)).Msg("certificate prefetched")
 	return outcome{result: "obtained"}
@@ -196,8 +237,31 @@ func (q *Queue) failed(name, result string, err error) outcome {
 		// AAAA record removed) does not change from one retry to the next.
 		q.log.Warn().Err(err).Str("name", name).Msg("certificate prefetch: the name has an AAAA record and this box has no IPv6 route to check it; no order until it can be checked (a visitor still gets a certificate on demand)")
 	}
-	q.log.Info().Err(err).Str("name", name).Dur("retry_in", d).Msg("certificate prefetch: " + result)
 	return outcome{result: result, retry: d, err: err}
+}
+
+// maxNotYet bounds the checks of a name, past its first, that run about
+// one poll interval apart because an edge of this fleet did not name it
+// yet. A document reaches every edge within an interval, so the first
+// such re-check usually passes; one still failing after maxNotYet has
+// another cause (an edge that cannot fetch the document, one of another
+// fleet), which the name's RetryBase back-off then waits out.
+const maxNotYet = 3
+
+// notYetRetry returns when to check name again after a check found an
+// edge of this fleet without it: between 1.1 and 1.5 poll intervals, past
+// the poll of an edge up to one interval behind the one checking, jittered
+// so the fleet's edges do not check in step; false once the name has had
+// maxNotYet such re-checks.
+func (q *Queue) notYetRetry(name string) (time.Duration, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	e := q.queue[name]
+	if e == nil || e.notYet >= maxNotYet {
+		return 0, false
+	}
+	e.notYet++
+	return q.poll + q.poll/10 + rand.N(q.poll*2/5), true
 }
 
 // busyRetry returns when to look again at a name another edge holds:

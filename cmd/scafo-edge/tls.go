@@ -55,7 +55,9 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 	}
 	var pf *prefetch.Options
 	if c.certPrefetch && c.tlsMode == "acme" {
-		pf = &prefetch.Options{PerHour: c.prefetchPerHour}
+		// The fleet shares one poll interval: a check that finds an edge
+		// without a new name yet looks again one interval later.
+		pf = &prefetch.Options{PerHour: c.prefetchPerHour, PollInterval: c.pollInterval}
 	}
 	m, err := certs.New(ctx, certs.Options{
 		Mode:            certs.Mode(c.tlsMode),
