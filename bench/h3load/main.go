@@ -67,6 +67,7 @@ func main() {
 	flag.IntVar(&cfg.Conns, "c", 1, "number of QUIC connections")
 	flag.IntVar(&cfg.PerConn, "m", 1, "concurrent requests per connection")
 	flag.DurationVar(&cfg.Duration, "d", 10*time.Second, "measured duration")
+	flag.Uint64Var(&cfg.Requests, "n", 0, "end the measured window once this many requests have completed in it (0: -d alone ends it)")
 	flag.DurationVar(&cfg.Warmup, "warmup", 0, "load applied before the measured duration, not reported")
 	flag.DurationVar(&cfg.Timeout, "timeout", 10*time.Second, "per-request timeout")
 	flag.BoolVar(&cfg.Insecure, "insecure", false, "do not verify the server certificate")
@@ -99,6 +100,7 @@ type config struct {
 	Conns    int
 	PerConn  int
 	Duration time.Duration
+	Requests uint64 // ends the window early once this many completed in it; 0: no limit
 	Warmup   time.Duration
 	Timeout  time.Duration
 	Insecure bool
@@ -192,10 +194,11 @@ func run(ctx context.Context, cfg config) (result, error) {
 	}
 
 	start := time.Now()
-	ph := &phases{measureFrom: start.Add(cfg.Warmup)}
+	ph := &phases{measureFrom: start.Add(cfg.Warmup), limit: cfg.Requests}
 	ph.measureTo = ph.measureFrom.Add(cfg.Duration)
 	loadCtx, cancel := context.WithDeadline(ctx, ph.measureTo)
 	defer cancel()
+	ph.stop = cancel
 	for _, c := range conns {
 		for range cfg.PerConn {
 			wg.Go(func() { c.work(loadCtx, ph) })
@@ -219,6 +222,9 @@ func run(ctx context.Context, cfg config) (result, error) {
 		}
 	}
 	res.Seconds = cfg.Duration.Seconds()
+	if end := ph.endedAt.Load(); end != 0 {
+		res.Seconds = time.Unix(0, end).Sub(ph.measureFrom).Seconds()
+	}
 	res.RPS = float64(res.Requests) / res.Seconds
 	res.P50 = h.quantile(0.50)
 	res.P90 = h.quantile(0.90)
@@ -277,6 +283,23 @@ func isLocalhost(host string) bool {
 // phases tells a worker whether a request belongs to the measured window.
 type phases struct {
 	measureFrom, measureTo time.Time
+
+	// limit, when not 0, ends the window once that many requests completed
+	// in it (stop cancels the load; endedAt is when, in Unix nanoseconds).
+	limit    uint64
+	measured atomic.Uint64
+	stop     context.CancelFunc
+	endedAt  atomic.Int64
+}
+
+// count records one request measured in the window, and ends the window
+// when it was the limit's last.
+func (ph *phases) count(t time.Time) {
+	if ph.limit == 0 || ph.measured.Add(1) != ph.limit {
+		return
+	}
+	ph.endedAt.Store(t.UnixNano())
+	ph.stop()
 }
 
 // conn is one QUIC connection: its own http3.Transport, which holds a single
@@ -348,6 +371,7 @@ func (c *conn) work(ctx context.Context, ph *phases) {
 		if err != nil {
 			c.errors.Add(1)
 			c.firstErr.CompareAndSwap(nil, err.Error())
+			ph.count(t1)
 			continue
 		}
 		c.requests.Add(1)
@@ -356,6 +380,7 @@ func (c *conn) work(ctx context.Context, ph *phases) {
 			c.non2xx.Add(1)
 		}
 		c.hist.record(t1.Sub(t0))
+		ph.count(t1)
 	}
 }
 

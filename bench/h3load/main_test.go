@@ -81,7 +81,9 @@ func TestLoad(t *testing.T) {
 	addr, roots := startServer(t)
 	cfg := config{
 		URL: "https://" + addr + "/", Conns: 2, PerConn: 4,
-		Duration: 300 * time.Millisecond, Warmup: 50 * time.Millisecond,
+		// The window ends at the 20th request, however slow a loaded
+		// machine makes them; the minute is only a bound.
+		Duration: time.Minute, Requests: 20, Warmup: 50 * time.Millisecond,
 		Timeout: 5 * time.Second, roots: roots,
 	}
 	res, err := run(context.Background(), cfg)
@@ -91,6 +93,9 @@ func TestLoad(t *testing.T) {
 	t.Log(res.human(cfg))
 	if res.Requests == 0 || res.Errors != 0 || res.Non2xx != 0 {
 		t.Fatalf("requests %d errors %d non2xx %d (%s), want >0, 0, 0", res.Requests, res.Errors, res.Non2xx, res.firstError)
+	}
+	if res.Requests < cfg.Requests || res.Seconds >= cfg.Duration.Seconds() {
+		t.Errorf("requests %d in %.2fs, want the window to end at the %dth", res.Requests, res.Seconds, cfg.Requests)
 	}
 	if res.Bytes != res.Requests*1024 {
 		t.Errorf("bytes %d, want %d", res.Bytes, res.Requests*1024)
@@ -102,7 +107,7 @@ func TestLoad(t *testing.T) {
 	t.Run("non-2xx are counted apart from errors", func(t *testing.T) {
 		cfg := cfg
 		cfg.URL = "https://" + addr + "/missing"
-		cfg.Duration, cfg.Warmup = 100*time.Millisecond, 0
+		cfg.Requests, cfg.Warmup = 8, 0
 		res, err := run(context.Background(), cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -114,7 +119,7 @@ func TestLoad(t *testing.T) {
 	t.Run("-sni sets the server name and the authority", func(t *testing.T) {
 		cfg := cfg
 		cfg.SNI = "h3load.test"
-		cfg.Duration, cfg.Warmup = 100*time.Millisecond, 0
+		cfg.Requests, cfg.Warmup = 8, 0
 		res, err := run(context.Background(), cfg)
 		if err != nil || res.Requests == 0 || res.Errors != 0 {
 			t.Errorf("%+v, %v", res, err)
