@@ -235,6 +235,7 @@ func (l *loop) succeeded(start time.Time, result string) {
 		l.failingSince = time.Time{}
 		l.failKey = ""
 	}
+	l.m.poll(result) // before the status, as in failed
 	l.mu.Lock()
 	l.st.LastSuccess = start
 	l.st.LastError = ""
@@ -242,7 +243,6 @@ func (l *loop) succeeded(start time.Time, result string) {
 	l.st.Stale = false
 	l.lastGood = start
 	l.mu.Unlock()
-	l.m.poll(result)
 }
 
 func (l *loop) failed(start time.Time, err error, key string) {
@@ -251,11 +251,13 @@ func (l *loop) failed(start time.Time, err error, key string) {
 	if errors.As(err, &pe) {
 		result = pe.result
 	}
+	// Counted before the status shows it: whoever reads the status and
+	// then the metrics sees this poll in both.
+	l.m.poll(result)
 	l.mu.Lock()
 	l.st.LastError = err.Error()
 	l.st.ConsecutiveFailures++
 	l.mu.Unlock()
-	l.m.poll(result)
 
 	if l.failingSince.IsZero() {
 		l.failingSince = start
