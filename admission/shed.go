@@ -265,16 +265,17 @@ func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
 // planned: the addresses past their share, down to it. c.shedMu is held.
 func (c *Controller) shedOver(now time.Time) {
 	p := &c.plan
-	for ; p.next < p.over; p.next++ {
-		c.tryShed(p.list[p.next], now, minIdleAge)
+	for _, cd := range p.list[:p.over] {
+		c.tryShed(cd, now, minIdleAge)
 	}
+	p.next = max(p.next, p.over)
 }
 
 // shedIdleLongerThan closes every connection of the plan idle at least d
-// at now. c.shedMu is held.
+// at now, those tried before included (one whose headers were arriving
+// may be past d). c.shedMu is held.
 func (c *Controller) shedIdleLongerThan(now time.Time, d time.Duration) {
-	p := &c.plan
-	for _, cd := range p.list[p.next:] {
+	for _, cd := range c.plan.list {
 		c.tryShed(cd, now, d)
 	}
 }
@@ -297,8 +298,11 @@ func (c *Controller) tryShed(cd candidate, now time.Time, age time.Duration) boo
 		c.shed(t, cd.outer, true)
 		return true
 	}
-	if t.arriving.Load() {
-		// A handshake or a request is on its way: not idle.
+	if t.arriving.Load() && age < pressureIdleTimeout {
+		// A handshake or a request is on its way: not idle. Unless it has
+		// been on its way for the whole short idle timeout while the box
+		// is under pressure: headers that slow are an attack (slowloris)
+		// more often than a visitor, and --read-header-timeout is long.
 		return false
 	}
 	c.shed(t, cd.outer, false)
