@@ -3,6 +3,9 @@ package admission
 import (
 	"bufio"
 	"fmt"
+	"io"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,5 +152,72 @@ func TestAClientAddressPastItsShareOfRequestsIsRefusedOnceItsApplicationIsConten
 			t.Errorf("a queued request = %v, want admitted", a.why)
 		}
 		held = append(held, a.ticket)
+	}
+}
+
+func TestUnderMemoryPressureAnAddressPastItsShareLosesItsIdleConnectionsDownToIt(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	l := testLimits(100) // connections far from the high-water mark
+	l.ConnsPerClient = 2
+	l.MemoryLimit = 1000
+	var inUse atomic.Int64
+	c := newController(t, Options{Limits: l, Clock: clk, MemoryInUse: inUse.Load})
+	c.run(t)
+	ln := listen(t)
+	serve(t, c.Controller, ln, newGate(t).handler(), nil)
+	addr := ln.Addr().String()
+
+	var a, b []*h1Client
+	for range 2 {
+		b = append(b, idleFrom(t, c, clk, "127.0.0.2", addr))
+	}
+	for range 5 {
+		a = append(a, idleFrom(t, c, clk, "127.0.0.1", addr))
+	}
+	clk.Advance(time.Second)
+	inUse.Store(900) // past 75 % of the limit
+	testsupport.WaitFor(t, 10*time.Second, "the address past its share down to it", func() bool { return c.Snapshot().ClientConns == 4 })
+	for i, h := range a {
+		if i < 3 {
+			if err := closedByPeer(h.conn); err != nil {
+				t.Errorf("connection %d of the address past its share (of the 3 oldest): %v", i+1, err)
+			}
+			continue
+		}
+		if _, err := h.get("/"); err != nil {
+			t.Errorf("connection %d of the address past its share, within it: %v", i+1, err)
+		}
+	}
+	for i, h := range b {
+		if _, err := h.get("/"); err != nil {
+			t.Errorf("connection %d of the address within its share: %v", i+1, err)
+		}
+	}
+}
+
+func TestUnderPressureARequestWhoseHeadersTakeTheShortIdleTimeoutIsClosed(t *testing.T) {
+	t.Parallel()
+	c, clk, conns := silentConnections(t)
+	for i, conn := range conns {
+		if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: app.example\r\nX-Slow: a"); err != nil {
+			t.Fatalf("connection %d: %v", i+1, err)
+		}
+	}
+	testsupport.WaitFor(t, 10*time.Second, "the edge to read every connection's first bytes", func() bool {
+		n := 0
+		c.conns.each(func(t *trackedConn, _ net.Conn) {
+			if t.arriving.Load() {
+				n++
+			}
+		})
+		return n == len(conns)
+	})
+	c.waitPressure(t)
+	clk.Advance(pressureIdleTimeout + time.Second)
+	for i, conn := range conns {
+		if err := closedByPeer(conn); err != nil {
+			t.Errorf("connection %d, its headers arriving for %v under pressure: %v", i+1, pressureIdleTimeout+time.Second, err)
+		}
 	}
 }

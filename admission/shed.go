@@ -114,12 +114,16 @@ type candidate struct {
 // Accept at the budget takes the next one from it.
 type shedPlan struct {
 	list  []candidate
-	next  int       // list[:next] have been tried
-	over  int       // list[:over] are of step 1
-	built time.Time // wall clock: a test's fake clock may stand still
+	next  int           // list[:next] have been tried
+	over  int           // list[:over] are of step 1
+	built time.Time     // wall clock: a test's fake clock may stand still
+	took  time.Duration // how long making it took
 }
 
-// planEvery is how soon a spent plan may be made again.
+// planEvery is how soon a spent plan may be made again: at least this, and
+// twenty times what making the last one took, so that a box with a million
+// connections spends at most a twentieth of a core walking them while its
+// Accept waits for room.
 const planEvery = 20 * time.Millisecond
 
 // makePlan lists the connections idle at least minIdleAge at now, in the
@@ -128,6 +132,7 @@ func (c *Controller) makePlan(now time.Time) {
 	p := &c.plan
 	clear(p.list)
 	p.list, p.next, p.over, p.built = p.list[:0], 0, 0, time.Now()
+	defer func() { p.took = time.Since(p.built) }()
 	cutoff := now.Add(-minIdleAge).UnixNano()
 	c.conns.each(func(t *trackedConn, outer net.Conn) {
 		if cd, ok := idleCandidate(t, outer, cutoff); ok {
@@ -248,7 +253,7 @@ func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
 				return true
 			}
 		}
-		if time.Since(p.built) < planEvery {
+		if time.Since(p.built) < max(planEvery, 20*p.took) {
 			return false
 		}
 		c.makePlan(now)
@@ -260,16 +265,17 @@ func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
 // planned: the addresses past their share, down to it. c.shedMu is held.
 func (c *Controller) shedOver(now time.Time) {
 	p := &c.plan
-	for ; p.next < p.over; p.next++ {
-		c.tryShed(p.list[p.next], now, minIdleAge)
+	for _, cd := range p.list[:p.over] {
+		c.tryShed(cd, now, minIdleAge)
 	}
+	p.next = max(p.next, p.over)
 }
 
 // shedIdleLongerThan closes every connection of the plan idle at least d
-// at now. c.shedMu is held.
+// at now, those tried before included (one whose headers were arriving
+// may be past d). c.shedMu is held.
 func (c *Controller) shedIdleLongerThan(now time.Time, d time.Duration) {
-	p := &c.plan
-	for _, cd := range p.list[p.next:] {
+	for _, cd := range c.plan.list {
 		c.tryShed(cd, now, d)
 	}
 }
@@ -292,8 +298,11 @@ func (c *Controller) tryShed(cd candidate, now time.Time, age time.Duration) boo
 		c.shed(t, cd.outer, true)
 		return true
 	}
-	if t.arriving.Load() {
-		// A handshake or a request is on its way: not idle.
+	if t.arriving.Load() && age < pressureIdleTimeout {
+		// A handshake or a request is on its way: not idle. Unless it has
+		// been on its way for the whole short idle timeout while the box
+		// is under pressure: headers that slow are an attack (slowloris)
+		// more often than a visitor, and --read-header-timeout is long.
 		return false
 	}
 	c.shed(t, cd.outer, false)

@@ -285,10 +285,21 @@ func (p *loadProc) h2Conn(ctx context.Context, i, n int, sem chan struct{}, atte
 		DisableCompression:  true,
 	}
 	defer tr.CloseIdleConnections()
+	p.streams(ctx, n, "https://"+cfg.Target+cfg.Path, tr, 2, sem, attempted)
+}
+
+// streams sends n held requests for url through rt, one connection's
+// streams, each recorded as it ends (OutNotH2 unless answered over HTTP
+// version proto). A request counts as attempted once written, as the
+// transport's trace says, or over HTTP/3, whose transport says nothing,
+// 200 ms after it started. sem's slot is held until every request is
+// written, a failure ended them or two seconds passed, so that
+// connections open a few at a time.
+func (p *loadProc) streams(ctx context.Context, n int, url string, rt http.RoundTripper, proto int, sem chan struct{}, attempted func()) {
+	cfg := p.cfg
 	sem <- struct{}{}
 	var wg, wrote sync.WaitGroup
 	wrote.Add(n)
-	url := "https://" + cfg.Target + cfg.Path
 	for s := 0; s < n; s++ {
 		wg.Add(1)
 		go func() {
@@ -313,8 +324,13 @@ func (p *loadProc) h2Conn(ctx context.Context, i, n int, sem chan struct{}, atte
 			}
 			req.Host = cfg.Host
 			req.Header.Set("User-Agent", "bench-overload")
+			if proto == 3 {
+				// HTTP/3's transport traces no write.
+				placed := time.AfterFunc(200*time.Millisecond, done)
+				defer placed.Stop()
+			}
 			p.open.Add(1)
-			resp, err := tr.RoundTrip(req)
+			resp, err := rt.RoundTrip(req)
 			p.open.Add(-1)
 			if err != nil {
 				p.record(Classify(err))
@@ -322,16 +338,13 @@ func (p *loadProc) h2Conn(ctx context.Context, i, n int, sem chan struct{}, atte
 			}
 			io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()
-			if resp.ProtoMajor != 2 {
+			if resp.ProtoMajor != proto {
 				p.record(OutNotH2)
 				return
 			}
 			p.record(strconv.Itoa(resp.StatusCode))
 		}()
 	}
-	// The dial slot is held until this connection's requests are written
-	// (or a failure ended them) or two seconds pass, so connections open a
-	// few at a time.
 	ch := make(chan struct{})
 	go func() { wrote.Wait(); close(ch) }()
 	t := time.NewTimer(2 * time.Second)

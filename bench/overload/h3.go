@@ -3,12 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"io"
 	"net"
-	"net/http"
-	"strconv"
-	"sync"
-	"time"
 
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
@@ -18,7 +13,6 @@ import (
 // source address) carrying n held requests as HTTP/3 streams.
 func (p *loadProc) h3Conn(ctx context.Context, i, n int, sem chan struct{}, attempted func()) {
 	cfg := p.cfg
-	var wg sync.WaitGroup
 	fail := func(outcome string) {
 		for range n {
 			p.record(outcome)
@@ -50,61 +44,5 @@ func (p *loadProc) h3Conn(ctx context.Context, i, n int, sem chan struct{}, atte
 		},
 	}
 	defer tr.Close()
-	sem <- struct{}{}
-	var wrote sync.WaitGroup
-	wrote.Add(n)
-	url := "https://" + cfg.Host + cfg.Path
-	for s := 0; s < n; s++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var once sync.Once
-			done := func() {
-				once.Do(func() {
-					attempted()
-					wrote.Done()
-				})
-			}
-			defer done()
-			rctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-			defer cancel()
-			req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)
-			if err != nil {
-				p.record(OutError)
-				return
-			}
-			req.Header.Set("User-Agent", "bench-overload")
-			p.open.Add(1)
-			// http3 has no WroteRequest trace: a request counts as
-			// placed once its round trip started and a moment passed,
-			// or when it ends.
-			go func() {
-				select {
-				case <-time.After(200 * time.Millisecond):
-				case <-rctx.Done():
-				}
-				done()
-			}()
-			resp, err := tr.RoundTrip(req)
-			p.open.Add(-1)
-			if err != nil {
-				p.record(Classify(err))
-				return
-			}
-			io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-			resp.Body.Close()
-			p.record(strconv.Itoa(resp.StatusCode))
-		}()
-	}
-	ch := make(chan struct{})
-	go func() { wrote.Wait(); close(ch) }()
-	t := time.NewTimer(2 * time.Second)
-	select {
-	case <-ch:
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	t.Stop()
-	<-sem
-	wg.Wait()
+	p.streams(ctx, n, "https://"+cfg.Host+cfg.Path, tr, 3, sem, attempted)
 }
