@@ -161,6 +161,26 @@ func TestImportCaddyThroughTheBinary(t *testing.T) {
 		}
 		t.Logf("figures: Caddy fleet store (%d keys): 3 certificates served with %d new order(s)", keys, p.OrderCount()-orders)
 	})
+
+	t.Run("import into the fleet store beside a running edge", func(t *testing.T) {
+		n := nodetest.New(t, nodetest.Options{Token: "fleet-token"})
+		n.SetDocument(importDocument(a))
+		e := startEdge(t, "--node", n.URL(), "--ingress-token", "fleet-token", "--tls", "acme",
+			"--acme-ca", p.DirectoryURL, "--acme-ca-root", rootFile, "--cert-prefetch=false")
+		out, _ := runImport(t, "caddy", caddyDir, "--node", n.URL(), "--ingress-token", "fleet-token", "--acme-ca", p.DirectoryURL)
+		if !strings.Contains(out, "5 certificates: 3 imported, 0 unchanged, 0 kept, 2 refused") {
+			t.Errorf("fleet import beside a running edge did not import the three")
+		}
+		orders := p.OrderCount()
+		// Exact names load from the store at their first handshake; a
+		// wildcard is looked for at the next routing change or restart.
+		for _, name := range []string{"single.example", "two.example"} {
+			waitServed(t, e, name, served[name], roots)
+		}
+		if got := p.OrderCount(); got != orders {
+			t.Errorf("Pebble orders = %d, want %d (no new order)", got, orders)
+		}
+	})
 }
 
 // copyTree copies the files under src to dst.
