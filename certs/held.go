@@ -28,10 +28,19 @@ type HeldWildcards struct {
 	// failed remembers keys whose load failed for another reason than
 	// absence, so the failure is logged once.
 	failed map[string]bool
+	// keys are the wildcard keys of the last Load, looked for again every
+	// heldRecheck until the Manager closes.
+	keys []string
 }
 
-// heldLoadTimeout bounds the storage reads of one Load.
-const heldLoadTimeout = 10 * time.Second
+const (
+	// heldLoadTimeout bounds the storage reads of one Load.
+	heldLoadTimeout = 10 * time.Second
+	// heldRecheck is how often the last document's wildcard keys not held
+	// yet are looked for again: a certificate imported into the fleet
+	// store while the edge runs is served within it.
+	heldRecheck = time.Minute
+)
 
 // NewHeldWildcards returns an empty set for m; nil when m obtains
 // certificates from no ACME CA (ModeOff, ModeInternal), where no imported
@@ -40,7 +49,27 @@ func NewHeldWildcards(m *Manager) *HeldWildcards {
 	if m.acme == nil {
 		return nil
 	}
-	return &HeldWildcards{m: m, held: map[string]time.Time{}, failed: map[string]bool{}}
+	h := &HeldWildcards{m: m, held: map[string]time.Time{}, failed: map[string]bool{}}
+	go h.recheck()
+	return h
+}
+
+// recheck runs Load with the last keys every heldRecheck until the
+// Manager closes.
+func (h *HeldWildcards) recheck() {
+	t := time.NewTicker(heldRecheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.m.ctx.Done():
+			return
+		case <-t.C:
+			h.mu.Lock()
+			keys := h.keys
+			h.mu.Unlock()
+			h.Load(keys)
+		}
+	}
 }
 
 // Load looks in storage for a certificate for each "*.<base>" in keys
@@ -56,6 +85,7 @@ func (h *HeldWildcards) Load(keys []string) {
 	defer cancel()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.keys = keys
 	for _, key := range keys {
 		base, ok := strings.CutPrefix(key, "*.")
 		if !ok || h.m.bases[base] {

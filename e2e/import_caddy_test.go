@@ -173,7 +173,7 @@ func TestImportCaddyThroughTheBinary(t *testing.T) {
 		}
 		orders := p.OrderCount()
 		// Exact names load from the store at their first handshake; a
-		// wildcard is looked for at the next routing change or restart.
+		// wildcard is looked for again within a minute (not waited for here).
 		for _, name := range []string{"single.example", "two.example"} {
 			waitServed(t, e, name, served[name], roots)
 		}
