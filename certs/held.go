@@ -78,8 +78,8 @@ func (h *HeldWildcards) recheck() {
 // wildcard keys; a key dropped from the document keeps its certificate
 // in memory until it expires, as any certificate would.
 func (h *HeldWildcards) Load(keys []string) {
-	if h == nil {
-		return
+	if h == nil || h.m.ctx.Err() != nil {
+		return // closed: a load now would only log the cancellation
 	}
 	ctx, cancel := context.WithTimeout(h.m.ctx, heldLoadTimeout)
 	defer cancel()
