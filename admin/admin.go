@@ -54,6 +54,10 @@ type Server struct {
 	// Certificates lists the managed certificates; nil: TLS is off or not
 	// managed by this edge, and the page says so.
 	Certificates func() []certs.CertInfo
+	// NotRenewed reports whether nothing renews the certificate for names
+	// (a wildcard imported without DNS-01): the page says it lapses. Nil:
+	// every certificate is renewed.
+	NotRenewed func(names []string) bool
 	// Prefetch lists the names waiting for a prefetched certificate (and
 	// those not reaching the fleet); nil: prefetch is off.
 	Prefetch func() []prefetch.Entry

@@ -118,6 +118,9 @@ type CertStatus struct {
 	NotAfter  time.Time `json:"not_after"`
 	ExpiresIn string    `json:"expires_in"` // rounded, for humans
 	Expiring  bool      `json:"expiring"`   // within certExpiryWarning
+	// NotRenewed: nothing renews it (a wildcard imported without DNS-01);
+	// it lapses at NotAfter.
+	NotRenewed bool `json:"not_renewed,omitempty"`
 }
 
 // PrefetchStatus is one name waiting for a prefetched certificate.
@@ -226,6 +229,7 @@ func (a *Server) snapshot() *Status {
 			cv := CertStatus{
 				Names: c.Names, Issuer: c.Issuer, NotAfter: c.NotAfter.UTC(),
 				ExpiresIn: roundDuration(left), Expiring: left < certExpiryWarning,
+				NotRenewed: a.NotRenewed != nil && a.NotRenewed(c.Names),
 			}
 			v.Certs = append(v.Certs, cv)
 		}

@@ -154,6 +154,3 @@ func parseKey(b []byte) (*pem.Block, crypto.Signer, error) {
 		return nil, nil, fmt.Errorf("%w: private key (%s) is not PKCS #8, PKCS #1 or SEC 1", ErrUnparsable, block.Type)
 	}
 }
-
-// IsWildcard reports whether name is a "*.<base>" name.
-func IsWildcard(name string) bool { return strings.HasPrefix(name, "*.") }

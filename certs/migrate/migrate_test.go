@@ -12,10 +12,12 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"io/fs"
 	"math/big"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -218,12 +220,9 @@ func TestWriteIsWhatCertmagicLoads(t *testing.T) {
 	}
 	ctx := context.Background()
 	const ca = "https://127.0.0.1:14000/dir"
-	c, err := Check(Candidate{CertPEM: valid(t, "shop.example", "www.shop.example").cert}, now)
-	if err == nil {
-		t.Fatal("Check without a key passed")
-	}
 	in := valid(t, "shop.example", "www.shop.example")
-	if c, err = Check(Candidate{CertPEM: in.cert, KeyPEM: in.key}, now); err != nil {
+	c, err := Check(Candidate{CertPEM: in.cert, KeyPEM: in.key}, now)
+	if err != nil {
 		t.Fatal(err)
 	}
 	out, err := Write(ctx, st, IssuerKey(ca), c)
@@ -270,5 +269,77 @@ func TestIssuerKey(t *testing.T) {
 		if got := IssuerKey(ca); got != want {
 			t.Errorf("IssuerKey(%q) = %q, want %q", ca, got, want)
 		}
+	}
+}
+
+// memStore is a Store in memory that can be told to fail.
+type memStore struct {
+	m    map[string][]byte
+	fail error
+}
+
+func (s *memStore) Load(_ context.Context, key string) ([]byte, error) {
+	if s.fail != nil {
+		return nil, s.fail
+	}
+	if v, ok := s.m[key]; ok {
+		return v, nil
+	}
+	return nil, fs.ErrNotExist
+}
+
+func (s *memStore) Store(_ context.Context, key string, v []byte) error {
+	if s.fail != nil {
+		return s.fail
+	}
+	s.m[key] = v
+	return nil
+}
+
+func TestRun(t *testing.T) {
+	single, wild, other := valid(t, "single.example"), valid(t, "*.apps.example"), valid(t, "other.example")
+	expired := issue(t, now.Add(-48*time.Hour), now.Add(-time.Hour), false, "old.example")
+	cands := []Candidate{
+		{Source: "s1", Names: []string{"single.example"}, CertPEM: single.cert, KeyPEM: single.key},
+		{Source: "s2", Names: []string{"*.apps.example"}, CertPEM: wild.cert, KeyPEM: wild.key},
+		{Source: "s3", Names: []string{"old.example"}, CertPEM: expired.cert, KeyPEM: expired.key},
+		{Source: "s4", Names: []string{"other.example"}, CertPEM: other.cert, KeyPEM: single.key},
+		{Source: "s5", Names: []string{"junk.example"}, CertPEM: []byte("junk"), KeyPEM: []byte("junk")},
+	}
+	st := &memStore{m: map[string][]byte{}}
+	var out strings.Builder
+	sum, err := Run(context.Background(), cands, Options{Store: st, IssuerKey: "ca", Now: now}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Imported != 2 || sum.Refused != 3 || !slices.Equal(sum.Lapsing, []string{"*.apps.example"}) {
+		t.Errorf("Run() = %+v, want 2 imported, 3 refused, *.apps.example lapsing", sum)
+	}
+	for _, want := range []string{
+		"imported   single.example: not after", "imported   *.apps.example:", "warning    *.apps.example: no DNS-01 provider renews it",
+		"refused    old.example: expired on", "refused    other.example: key does not match", "refused    junk.example: unparsable PEM",
+		"5 certificates: 2 imported, 0 unchanged, 0 kept, 3 refused",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("Run() output lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, refused := range []string{"old.example", "other.example", "junk.example"} {
+		for k := range st.m {
+			if strings.Contains(k, refused) {
+				t.Errorf("refused %s was written: %s", refused, k)
+			}
+		}
+	}
+
+	out.Reset()
+	sum, err = Run(context.Background(), cands, Options{Store: st, IssuerKey: "ca", Now: now, Renewed: func(b string) bool { return b == "apps.example" }}, &out)
+	if err != nil || sum.Unchanged != 2 || sum.Imported != 0 || len(sum.Lapsing) != 0 {
+		t.Errorf("second Run() = %+v, %v; want 2 unchanged and no lapse warning with DNS-01 renewing the base", sum, err)
+	}
+
+	st.fail = errors.New("node down")
+	if _, err := Run(context.Background(), cands[:1], Options{Store: st, IssuerKey: "ca", Now: now}, &out); err == nil {
+		t.Error("Run() with a failing store = nil error, want one")
 	}
 }

@@ -43,10 +43,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = healthCommand(ctx, args, stdout, stderr)
 	case "routes":
 		err = routesCommand(ctx, args, stdout, stderr)
+	case "import":
+		err = importCommand(ctx, args, stdout, stderr)
 	case "version":
 		fmt.Fprintf(stdout, "scafo-edge %s\n", version)
 	default:
-		err = fmt.Errorf("unknown command %q (serve, demo, routes, health, version)", cmd)
+		err = fmt.Errorf("unknown command %q (serve, demo, routes, health, import, version)", cmd)
 	}
 	switch {
 	case err == nil:

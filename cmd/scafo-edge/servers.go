@@ -100,7 +100,7 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	sv.adminLn = sv.gate.Listener(sv.adminLn)
 	status := &admin.Server{Live: p.live, Source: p.source, Registry: p.reg, Proxy: p.proxy, Token: p.token,
 		MetricsFrom: s.adminAllow, TrustedProxies: s.trusted,
-		Certificates: sv.tls.certificates, Prefetch: sv.tls.prefetch, FailedValidations: sv.tls.failedValidations, Admission: p.admission.Snapshot, Version: version, Started: time.Now()}
+		Certificates: sv.tls.certificates, NotRenewed: sv.tls.notRenewed, Prefetch: sv.tls.prefetch, FailedValidations: sv.tls.failedValidations, Admission: p.admission.Snapshot, Version: version, Started: time.Now()}
 	sv.adminSrv = sv.newServer(c, p, status.Handler(), nil, "admin", log)
 	return sv, nil
 }

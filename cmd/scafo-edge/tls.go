@@ -32,7 +32,10 @@ type tlsSetup struct {
 	prefetch     func() []prefetch.Entry // for the status page; nil: prefetch off
 	// failedValidations is for the status page; nil: no ACME.
 	failedValidations func() []certs.ValidationCount
-	stop              func()
+	// notRenewed reports whether nothing renews a served certificate (a
+	// wildcard imported without DNS-01), for the status page; nil: none.
+	notRenewed func(names []string) bool
+	stop       func()
 }
 
 func (t tlsSetup) httpHandler(h http.Handler) http.Handler {
@@ -101,14 +104,39 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 	}
 	if c.tlsMode == "acme" {
 		ts.failedValidations = m.FailedValidations
+		// Wildcards imported from Traefik or Caddy (scafo-edge import)
+		// serve their route keys; read off the poller's goroutine.
+		held := certs.NewHeldWildcards(m)
+		ts.notRenewed = held.NotRenewed
+		ts.tableChanged = func(t *edge.Table) { go held.Load(wildcardKeys(t)) }
 	}
 	if pf != nil {
-		ts.tableChanged = func(t *edge.Table) { m.Prefetch(exactNames(t)) }
+		wildcards := ts.tableChanged
+		ts.tableChanged = func(t *edge.Table) {
+			wildcards(t)
+			m.Prefetch(exactNames(t))
+		}
 		ts.prefetch = m.PrefetchStatus
+	}
+	if ts.tableChanged != nil {
 		// The persisted or handed-over document is live already.
 		ts.tableChanged(p.live.Load())
 	}
 	return ts, nil
+}
+
+// wildcardKeys lists the "*.<base>" route keys of t.
+func wildcardKeys(t *edge.Table) []string {
+	if t == nil {
+		return nil
+	}
+	var keys []string
+	for _, r := range t.Routes() {
+		if r.Wildcard() {
+			keys = append(keys, r.Host)
+		}
+	}
+	return keys
 }
 
 // exactNames lists the names t names exactly, route hosts then API hosts,
