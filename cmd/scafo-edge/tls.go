@@ -15,6 +15,7 @@ import (
 	"github.com/scafo/scafo-edge/certs/prefetch"
 	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/node"
+	"github.com/scafo/scafo-edge/tickets"
 )
 
 // internalRootFile is where --tls internal writes its root certificate, for
@@ -32,7 +33,10 @@ type tlsSetup struct {
 	prefetch     func() []prefetch.Entry // for the status page; nil: prefetch off
 	// failedValidations is for the status page; nil: no ACME.
 	failedValidations func() []certs.ValidationCount
-	stop              func()
+	// tickets are the session ticket keys config uses, offered to a
+	// successor on a handover; nil with --tls off.
+	tickets *tickets.Keys
+	stop    func()
 }
 
 func (t tlsSetup) httpHandler(h http.Handler) http.Handler {
@@ -45,7 +49,10 @@ func (t tlsSetup) httpHandler(h http.Handler) http.Handler {
 // setupTLS starts certificate management for --tls acme or internal. The
 // decision is the live table's: a name the document names exactly, never a
 // wildcard key, nothing before the first document (docs/design.md rule 8).
-func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, httpsPort int, log zerolog.Logger) (tlsSetup, error) {
+// Session tickets use the keys inherited from the edge this one replaces
+// (nil: none), shared with the fleet through the fleet store if there is
+// one (package tickets says why that is safe).
+func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, httpsPort int, inheritedKeys []byte, log zerolog.Logger) (tlsSetup, error) {
 	if c.tlsMode == "off" {
 		return tlsSetup{stop: func() {}}, nil
 	}
@@ -78,7 +85,9 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		closeStore()
 		return tlsSetup{}, fmt.Errorf("tls %s: %w", c.tlsMode, err)
 	}
+	keys := tickets.New(ticketOptions(store, inheritedKeys, log))
 	stop := func() {
+		keys.Close()
 		m.Close()
 		closeStore()
 	}
@@ -95,8 +104,10 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		wrapHTTP:     m.HTTPHandler,
 		covers:       m.Covers,
 		certificates: m.Certificates,
+		tickets:      keys,
 		stop:         stop,
 	}
+	keys.Configure(ts.config)
 	if c.tlsMode == "acme" {
 		ts.failedValidations = m.FailedValidations
 	}
@@ -107,6 +118,12 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		ts.tableChanged(p.live.Load())
 	}
 	return ts, nil
+}
+
+// ticketOptions shares the keys through store when it is the fleet's (nil
+// with --cert-store local: this edge and its successors only).
+func ticketOptions(store certmagic.Storage, inherited []byte, log zerolog.Logger) tickets.Options {
+	return tickets.Options{Store: store, Inherited: inherited, Log: log.With().Str("component", "tls-tickets").Logger()}
 }
 
 // exactNames lists the names t names exactly, route hosts then API hosts,
