@@ -34,8 +34,12 @@ const lockName = "session-ticket-keys"
 
 // syncTimeout bounds one read, and rotation, of the store's keys: the
 // lock may be held by an edge that is rotating, which takes a read and a
-// write.
-const syncTimeout = 30 * time.Second
+// write. startTimeout bounds the first, which start-up waits for: an edge
+// whose node is down serves with keys of its own rather than late.
+const (
+	syncTimeout  = 30 * time.Second
+	startTimeout = 5 * time.Second
+)
 
 // Store is where a fleet keeps its keys: a certmagic.Storage (the fleet
 // certificate store) is one. Load returns an error matching fs.ErrNotExist
@@ -97,7 +101,7 @@ type handed struct {
 }
 
 // New starts the keys: the inherited ones if any, then, with a store, the
-// fleet's (read before New returns, within syncTimeout), else keys of its
+// fleet's (read before New returns, within startTimeout), else keys of its
 // own. It rotates them until Close.
 func New(o Options) *Keys {
 	k := &Keys{
@@ -129,7 +133,7 @@ func New(o Options) *Keys {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	k.cancel = cancel
-	k.tick(ctx)
+	k.tick(ctx, startTimeout)
 	go k.run(ctx)
 	return k
 }
@@ -169,7 +173,7 @@ func (k *Keys) run(ctx context.Context) {
 		t := k.clock.NewTimer(wait)
 		select {
 		case <-t.C():
-			k.tick(ctx)
+			k.tick(ctx, syncTimeout)
 		case <-ctx.Done():
 			t.Stop()
 			return
@@ -199,13 +203,13 @@ func (k *Keys) untilNext(now time.Time) time.Duration {
 // tick brings the keys to the present: the fleet's when a sync is due (or
 // a rotation is, which the fleet's edges do through the store), this
 // edge's own otherwise, then hands them to crypto/tls.
-func (k *Keys) tick(ctx context.Context) {
+func (k *Keys) tick(ctx context.Context, timeout time.Duration) {
 	now := k.clock.Now()
 	k.mu.Lock()
 	syncing := k.store != nil && (!now.Before(k.nextSync) || k.own.due(now, k.t))
 	k.mu.Unlock()
 	if syncing {
-		sctx, cancel := context.WithTimeout(ctx, syncTimeout)
+		sctx, cancel := context.WithTimeout(ctx, timeout)
 		s, err := k.fromStore(sctx, now)
 		cancel()
 		k.mu.Lock()

@@ -377,3 +377,26 @@ func TestScheduleRotated(t *testing.T) {
 		})
 	}
 }
+
+// hungStore is a node that accepts the connection and never answers.
+type hungStore struct{ memStore }
+
+func (*hungStore) Load(ctx context.Context, _ string) ([]byte, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func TestAHungStoreDoesNotHoldStartUp(t *testing.T) {
+	var log testsupport.SyncBuffer
+	k := New(Options{Store: &hungStore{}, Log: testLogger(&log)})
+	defer k.Close()
+	addr := server(t, k)
+	c := newClient(tls.VersionTLS13)
+	c.connect(t, addr)
+	if !c.connect(t, addr) {
+		t.Fatal("an edge whose store hangs at start-up gives no resumable tickets")
+	}
+	if !strings.Contains(log.String(), "unreadable") {
+		t.Errorf("the hung store was not logged: %s", log.String())
+	}
+}
