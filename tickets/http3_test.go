@@ -56,7 +56,7 @@ func h3Visit(t *testing.T, cache tls.ClientSessionCache, addr string) bool {
 }
 
 func TestHTTP3SessionResumesOnTheSuccessor(t *testing.T) {
-	old := New(Options{})
+	old := mustNew(t, Options{})
 	cache := tls.NewLRUClientSessionCache(8)
 	addr := h3Server(t, old)
 	if h3Visit(t, cache, addr) {
@@ -65,7 +65,7 @@ func TestHTTP3SessionResumesOnTheSuccessor(t *testing.T) {
 	// The ticket arrives after the handshake: the second visit to the same
 	// edge shows it was received and is usable.
 	testsupport.WaitFor(t, 5*time.Second, "a resumed visit to the same edge", func() bool { return h3Visit(t, cache, addr) })
-	next := New(Options{Inherited: old.Export()})
+	next := mustNew(t, Options{Inherited: old.Export()})
 	old.Close()
 	defer next.Close()
 	if !h3Visit(t, cache, h3Server(t, next)) {

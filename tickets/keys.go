@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/scafo/scafo-edge/internal/clock"
@@ -67,6 +68,9 @@ type Options struct {
 	// Log receives store failures and recoveries, each once; the zero
 	// value logs nothing.
 	Log zerolog.Logger
+	// Registerer receives scafo_edge_tls_tickets_presented_total; nil
+	// registers nothing.
+	Registerer prometheus.Registerer
 	// Clock is the time source; nil is the wall clock.
 	Clock clock.Clock
 }
@@ -79,6 +83,7 @@ type Keys struct {
 	store Store
 	log   zerolog.Logger
 	clock clock.Clock
+	m     metrics
 
 	// ring holds the keys as crypto/tls uses them, the encrypting one
 	// first: a handshake's whole cost here is one atomic load.
@@ -102,9 +107,15 @@ type handed struct {
 
 // New starts the keys: the inherited ones if any, then, with a store, the
 // fleet's (read before New returns, within startTimeout), else keys of its
-// own. It rotates them until Close.
-func New(o Options) *Keys {
+// own. It rotates them until Close. The error is the metrics'
+// registration's; nothing is started then.
+func New(o Options) (*Keys, error) {
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, err
+	}
 	k := &Keys{
+		m:     m,
 		t:     timing{rotate: o.Rotate, retain: o.Retain, lead: o.Lead},
 		sync:  o.Sync,
 		store: o.Store,
@@ -135,7 +146,7 @@ func New(o Options) *Keys {
 	k.cancel = cancel
 	k.tick(ctx, startTimeout)
 	go k.run(ctx)
-	return k
+	return k, nil
 }
 
 // Configure makes cfg encrypt and decrypt session tickets with these keys,
@@ -146,7 +157,13 @@ func (k *Keys) Configure(cfg *tls.Config) {
 		return k.ring.Load().EncryptTicket(cs, ss)
 	}
 	cfg.UnwrapSession = func(identity []byte, cs tls.ConnectionState) (*tls.SessionState, error) {
-		return k.ring.Load().DecryptTicket(identity, cs)
+		ss, err := k.ring.Load().DecryptTicket(identity, cs)
+		if ss != nil {
+			k.m.known.Inc()
+		} else {
+			k.m.unknown.Inc()
+		}
+		return ss, err
 	}
 }
 

@@ -85,7 +85,12 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		closeStore()
 		return tlsSetup{}, fmt.Errorf("tls %s: %w", c.tlsMode, err)
 	}
-	keys := tickets.New(ticketOptions(store, inheritedKeys, log))
+	keys, err := tickets.New(ticketOptions(store, inheritedKeys, p, log))
+	if err != nil {
+		m.Close()
+		closeStore()
+		return tlsSetup{}, err
+	}
 	stop := func() {
 		keys.Close()
 		m.Close()
@@ -122,8 +127,8 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 
 // ticketOptions shares the keys through store when it is the fleet's (nil
 // with --cert-store local: this edge and its successors only).
-func ticketOptions(store certmagic.Storage, inherited []byte, log zerolog.Logger) tickets.Options {
-	return tickets.Options{Store: store, Inherited: inherited, Log: log.With().Str("component", "tls-tickets").Logger()}
+func ticketOptions(store certmagic.Storage, inherited []byte, p *parts, log zerolog.Logger) tickets.Options {
+	return tickets.Options{Store: store, Inherited: inherited, Registerer: p.reg, Log: log.With().Str("component", "tls-tickets").Logger()}
 }
 
 // exactNames lists the names t names exactly, route hosts then API hosts,
