@@ -87,6 +87,11 @@ func TestSessionResumesAfterAnUpgrade(t *testing.T) {
 	if !v.visit(t, newEdge.HTTPSAddr) {
 		t.Errorf("the visit after the upgrade did not resume: the new edge lacks the old one's ticket keys\n%s", newEdge.logText())
 	}
+	for result, want := range map[string]float64{"known": 1, "unknown": 0} {
+		if got := newEdge.metric(t, "scafo_edge_tls_tickets_presented_total", testsupport.Labels{"result": result}); got != want {
+			t.Errorf(`new edge's scafo_edge_tls_tickets_presented_total{result=%q} = %v, want %v`, result, got, want)
+		}
+	}
 }
 
 // TestSessionResumesOnAnotherEdgeOfTheFleet: two edges of one fleet store
