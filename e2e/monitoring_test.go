@@ -51,6 +51,7 @@ var exportedFamilies = map[string]string{
 	"scafo_edge_requests_in_flight":               "gauge",
 	"scafo_edge_self_answered_total":              "counter",
 	"scafo_edge_tls_handshake_errors_total":       "counter",
+	"scafo_edge_tls_tickets_presented_total":      "counter",
 	"scafo_edge_request_failovers_total":          "counter",
 	"scafo_edge_access_log_dropped_total":         "counter",
 	"scafo_edge_upstream_connect_failures_total":  "counter",

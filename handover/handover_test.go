@@ -1046,3 +1046,49 @@ func TestStatelessResetKey(t *testing.T) {
 		t.Error("a key file of the wrong size was accepted")
 	}
 }
+
+func TestStateTravelsWithTheSockets(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		state func() []byte
+		want  []byte
+	}{
+		{"the offer's state reaches the successor", func() []byte { return []byte(`{"keys":[]}`) }, []byte(`{"keys":[]}`)},
+		{"an offer without state hands over none", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			old := bindProcess(t, "old")
+			t.Cleanup(func() { old.socks.Close() })
+			offer := listen(t, dir)
+			offer.State = tc.state
+			handoffs := wait(t, offer, old.socks)
+			tk := take(t, dir)
+			t.Cleanup(func() { tk.Sockets.Close() })
+			if h := <-handoffs; h != nil {
+				h.Close()
+			}
+			if string(tk.State) != string(tc.want) {
+				t.Errorf("Taken.State = %q, want %q", tk.State, tc.want)
+			}
+		})
+	}
+}
+
+func TestCloseUnusedClosesOnlyWhatIsNotServed(t *testing.T) {
+	in := bindProcess(t, "inherited")
+	t.Cleanup(func() { in.socks.Close() })
+	// Served: the HTTP and admin sockets; HTTPS moved and HTTP/3 is off.
+	used := Sockets{HTTP: in.socks.HTTP, Admin: in.socks.Admin}
+	closed := in.socks.CloseUnused(used)
+	if fmt.Sprint(closed) != "[https http3]" {
+		t.Errorf("CloseUnused closed %v, want [https http3]", closed)
+	}
+	if _, err := net.Dial("tcp", in.socks.HTTP.Addr().String()); err != nil {
+		t.Errorf("the served HTTP socket was closed: %v", err)
+	}
+	if c, err := net.Dial("tcp", in.socks.HTTPS.Addr().String()); err == nil {
+		c.Close()
+		t.Error("the unused HTTPS socket still accepts")
+	}
+}

@@ -51,6 +51,13 @@ const maxSocketPath = 107
 // this edge's sockets to the first successor that asks. Its methods are safe
 // for concurrent use.
 type Offer struct {
+	// State, if set, is called as a successor takes the sockets; what it
+	// returns travels with them, opaque to this package, and is the
+	// successor's Taken.State. The edge hands over its TLS session ticket
+	// keys so: a secret, which goes only where the sockets go, to this
+	// edge's user or root over a socket only they may open.
+	State func() []byte
+
 	ln      *net.UnixListener
 	path    string
 	file    os.FileInfo // the socket file bound, so Close removes only its own
@@ -231,7 +238,11 @@ func (o *Offer) exchange(c *net.UnixConn, socks Sockets) error {
 		writeFrame(c, frame{Kind: kindRefused, Error: err.Error()}, nil)
 		return err
 	}
-	if err := writeFrame(c, frame{Kind: kindSockets, Roles: roles}, fds); err != nil {
+	f := frame{Kind: kindSockets, Roles: roles}
+	if o.State != nil {
+		f.State = o.State()
+	}
+	if err := writeFrame(c, f, fds); err != nil {
 		return err
 	}
 	ack, err := readSmallFrame(c, maxHello)

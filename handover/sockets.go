@@ -268,3 +268,26 @@ var (
 	_ filer = (*net.TCPListener)(nil)
 	_ filer = (*net.UDPConn)(nil)
 )
+
+// CloseUnused closes the sockets of s (inherited) that used (the ones
+// served) does not hold, a role the successor does not have or an address
+// its flags moved, so that none keeps a port listening that nobody accepts
+// on. It returns the roles closed.
+func (s Sockets) CloseUnused(used Sockets) []string {
+	var closed []string
+	for _, pair := range []struct {
+		role     string
+		got, use any
+	}{
+		{roleHTTP, s.HTTP, used.HTTP},
+		{roleHTTPS, s.HTTPS, used.HTTPS},
+		{roleAdmin, s.Admin, used.Admin},
+		{roleHTTP3, s.HTTP3, used.HTTP3},
+	} {
+		if c, ok := pair.got.(interface{ Close() error }); ok && pair.got != pair.use {
+			c.Close()
+			closed = append(closed, pair.role)
+		}
+	}
+	return closed
+}

@@ -35,6 +35,9 @@ type Taken struct {
 	// Sockets are the inherited listeners, the caller's to serve on and to
 	// close; a nil field is a role the old edge did not serve.
 	Sockets Sockets
+	// State is what the old edge's Offer.State returned; nil: nothing, or
+	// an old edge without it.
+	State []byte
 
 	conn *net.UnixConn
 
@@ -80,7 +83,7 @@ func Take(ctx context.Context, dir string, serves Serves) (*Taken, error) {
 		c.SetDeadline(time.Unix(1, 0))
 		close(interrupted)
 	})
-	socks, err := takeSockets(c, serves)
+	socks, state, err := takeSockets(c, serves)
 	if !stop() {
 		<-interrupted
 	}
@@ -98,6 +101,7 @@ func Take(ctx context.Context, dir string, serves Serves) (*Taken, error) {
 	c.SetDeadline(time.Time{})
 	t := &Taken{
 		Sockets:  socks,
+		State:    state,
 		conn:     c,
 		released: make(chan struct{}),
 		http3:    make(chan struct{}),
@@ -108,27 +112,27 @@ func Take(ctx context.Context, dir string, serves Serves) (*Taken, error) {
 }
 
 // takeSockets runs hello, sockets, ack on c.
-func takeSockets(c *net.UnixConn, serves Serves) (Sockets, error) {
+func takeSockets(c *net.UnixConn, serves Serves) (Sockets, []byte, error) {
 	if err := writeFrame(c, frame{Kind: kindHello, Protocol: protocol, Serves: &serves}, nil); err != nil {
-		return Sockets{}, err
+		return Sockets{}, nil, err
 	}
 	f, fds, err := readFrame(c)
 	if err != nil {
-		return Sockets{}, fmt.Errorf("sockets: %w", err)
+		return Sockets{}, nil, fmt.Errorf("sockets: %w", err)
 	}
 	if f.Kind != kindSockets {
 		closeFDs(fds)
-		return Sockets{}, fmt.Errorf("sockets: got %s", f.Kind)
+		return Sockets{}, nil, fmt.Errorf("sockets: got %s", f.Kind)
 	}
 	socks, err := socketsFrom(f.Roles, fds)
 	if err != nil {
-		return Sockets{}, fmt.Errorf("sockets: %w", err)
+		return Sockets{}, nil, fmt.Errorf("sockets: %w", err)
 	}
 	if err := writeFrame(c, frame{Kind: kindAck}, nil); err != nil {
 		socks.Close()
-		return Sockets{}, err
+		return Sockets{}, nil, err
 	}
-	return socks, nil
+	return socks, f.State, nil
 }
 
 // read follows the old edge's release frames until the line ends. It is

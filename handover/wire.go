@@ -45,6 +45,9 @@ type frame struct {
 	Error    string    `json:"error,omitempty"`
 	// Serves, in a hello, is what the successor will serve (see Serves).
 	Serves *Serves `json:"serves,omitempty"`
+	// State, in a sockets frame, is the caller's opaque state for its
+	// successor (Offer.State); an older peer leaves it out or ignores it.
+	State []byte `json:"state,omitempty"`
 }
 
 // document is the last good routing document as it travels: the exact

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/scafo/scafo-edge/internal/clock"
@@ -34,8 +35,12 @@ const lockName = "session-ticket-keys"
 
 // syncTimeout bounds one read, and rotation, of the store's keys: the
 // lock may be held by an edge that is rotating, which takes a read and a
-// write.
-const syncTimeout = 30 * time.Second
+// write. startTimeout bounds the first, which start-up waits for: an edge
+// whose node is down serves with keys of its own rather than late.
+const (
+	syncTimeout  = 30 * time.Second
+	startTimeout = 5 * time.Second
+)
 
 // Store is where a fleet keeps its keys: a certmagic.Storage (the fleet
 // certificate store) is one. Load returns an error matching fs.ErrNotExist
@@ -63,6 +68,9 @@ type Options struct {
 	// Log receives store failures and recoveries, each once; the zero
 	// value logs nothing.
 	Log zerolog.Logger
+	// Registerer receives scafo_edge_tls_tickets_presented_total; nil
+	// registers nothing.
+	Registerer prometheus.Registerer
 	// Clock is the time source; nil is the wall clock.
 	Clock clock.Clock
 }
@@ -75,6 +83,7 @@ type Keys struct {
 	store Store
 	log   zerolog.Logger
 	clock clock.Clock
+	m     metrics
 
 	// ring holds the keys as crypto/tls uses them, the encrypting one
 	// first: a handshake's whole cost here is one atomic load.
@@ -97,10 +106,16 @@ type handed struct {
 }
 
 // New starts the keys: the inherited ones if any, then, with a store, the
-// fleet's (read before New returns, within syncTimeout), else keys of its
-// own. It rotates them until Close.
-func New(o Options) *Keys {
+// fleet's (read before New returns, within startTimeout), else keys of its
+// own. It rotates them until Close. The error is the metrics'
+// registration's; nothing is started then.
+func New(o Options) (*Keys, error) {
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, err
+	}
 	k := &Keys{
+		m:     m,
 		t:     timing{rotate: o.Rotate, retain: o.Retain, lead: o.Lead},
 		sync:  o.Sync,
 		store: o.Store,
@@ -129,9 +144,9 @@ func New(o Options) *Keys {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	k.cancel = cancel
-	k.tick(ctx)
+	k.tick(ctx, startTimeout)
 	go k.run(ctx)
-	return k
+	return k, nil
 }
 
 // Configure makes cfg encrypt and decrypt session tickets with these keys,
@@ -142,7 +157,13 @@ func (k *Keys) Configure(cfg *tls.Config) {
 		return k.ring.Load().EncryptTicket(cs, ss)
 	}
 	cfg.UnwrapSession = func(identity []byte, cs tls.ConnectionState) (*tls.SessionState, error) {
-		return k.ring.Load().DecryptTicket(identity, cs)
+		ss, err := k.ring.Load().DecryptTicket(identity, cs)
+		if ss != nil {
+			k.m.known.Inc()
+		} else {
+			k.m.unknown.Inc()
+		}
+		return ss, err
 	}
 }
 
@@ -169,7 +190,7 @@ func (k *Keys) run(ctx context.Context) {
 		t := k.clock.NewTimer(wait)
 		select {
 		case <-t.C():
-			k.tick(ctx)
+			k.tick(ctx, syncTimeout)
 		case <-ctx.Done():
 			t.Stop()
 			return
@@ -199,13 +220,13 @@ func (k *Keys) untilNext(now time.Time) time.Duration {
 // tick brings the keys to the present: the fleet's when a sync is due (or
 // a rotation is, which the fleet's edges do through the store), this
 // edge's own otherwise, then hands them to crypto/tls.
-func (k *Keys) tick(ctx context.Context) {
+func (k *Keys) tick(ctx context.Context, timeout time.Duration) {
 	now := k.clock.Now()
 	k.mu.Lock()
 	syncing := k.store != nil && (!now.Before(k.nextSync) || k.own.due(now, k.t))
 	k.mu.Unlock()
 	if syncing {
-		sctx, cancel := context.WithTimeout(ctx, syncTimeout)
+		sctx, cancel := context.WithTimeout(ctx, timeout)
 		s, err := k.fromStore(sctx, now)
 		cancel()
 		k.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/scafo/scafo-edge/internal/clock"
@@ -152,13 +153,22 @@ func advance(t *testing.T, clk *clock.Fake, n int, d time.Duration) {
 	testsupport.WaitFor(t, 5*time.Second, "the keys waiting on the clock again", armed)
 }
 
+func mustNew(t *testing.T, o Options) *Keys {
+	t.Helper()
+	k, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
 func testLogger(w io.Writer) zerolog.Logger { return zerolog.New(w) }
 
 func TestResumption(t *testing.T) {
 	for _, version := range []uint16{tls.VersionTLS12, tls.VersionTLS13} {
 		name := tls.VersionName(version)
 		t.Run(name+": a session resumes on the same edge", func(t *testing.T) {
-			k := New(Options{})
+			k := mustNew(t, Options{})
 			defer k.Close()
 			addr := server(t, k)
 			c := newClient(version)
@@ -170,12 +180,12 @@ func TestResumption(t *testing.T) {
 			}
 		})
 		t.Run(name+": a session resumes on the successor the keys were handed to", func(t *testing.T) {
-			old := New(Options{})
+			old := mustNew(t, Options{})
 			c := newClient(version)
 			c.connect(t, server(t, old))
 			handed := old.Export()
 			old.Close()
-			next := New(Options{Inherited: handed})
+			next := mustNew(t, Options{Inherited: handed})
 			defer next.Close()
 			if !c.connect(t, server(t, next)) {
 				t.Fatal("did not resume on the successor")
@@ -183,9 +193,9 @@ func TestResumption(t *testing.T) {
 		})
 		t.Run(name+": a session resumes on another edge of the fleet store", func(t *testing.T) {
 			store := newMemStore()
-			a := New(Options{Store: store})
+			a := mustNew(t, Options{Store: store})
 			defer a.Close()
-			b := New(Options{Store: store})
+			b := mustNew(t, Options{Store: store})
 			defer b.Close()
 			c := newClient(version)
 			c.connect(t, server(t, a))
@@ -197,7 +207,7 @@ func TestResumption(t *testing.T) {
 			}
 		})
 		t.Run(name+": a session does not resume on an edge with other keys", func(t *testing.T) {
-			a, b := New(Options{}), New(Options{})
+			a, b := mustNew(t, Options{}), mustNew(t, Options{})
 			defer a.Close()
 			defer b.Close()
 			c := newClient(version)
@@ -218,7 +228,7 @@ func TestUnreadableInheritedKeysStartAfresh(t *testing.T) {
 	} {
 		t.Run(in, func(t *testing.T) {
 			var log testsupport.SyncBuffer
-			k := New(Options{Inherited: []byte(in), Log: testLogger(&log)})
+			k := mustNew(t, Options{Inherited: []byte(in), Log: testLogger(&log)})
 			defer k.Close()
 			c := newClient(tls.VersionTLS13)
 			addr := server(t, k)
@@ -235,7 +245,7 @@ func TestUnreadableInheritedKeysStartAfresh(t *testing.T) {
 
 func TestRotation(t *testing.T) {
 	clk := clock.NewFake(start)
-	k := New(Options{Clock: clk})
+	k := mustNew(t, Options{Clock: clk})
 	defer k.Close()
 	addr := server(t, k)
 	early := newClient(tls.VersionTLS13)
@@ -266,7 +276,7 @@ func TestRotation(t *testing.T) {
 
 func TestExpiredKeyNoLongerResumes(t *testing.T) {
 	clk := clock.NewFake(start)
-	k := New(Options{Clock: clk})
+	k := mustNew(t, Options{Clock: clk})
 	defer k.Close()
 	addr := server(t, k)
 	c := newClient(tls.VersionTLS13)
@@ -284,7 +294,7 @@ func TestFleetOutage(t *testing.T) {
 	store.setFail(true)
 	clk := clock.NewFake(start)
 	var log testsupport.SyncBuffer
-	a := New(Options{Store: store, Clock: clk, Log: testLogger(&log)})
+	a := mustNew(t, Options{Store: store, Clock: clk, Log: testLogger(&log)})
 	defer a.Close()
 	addr := server(t, a)
 	c := newClient(tls.VersionTLS13)
@@ -305,7 +315,7 @@ func TestFleetOutage(t *testing.T) {
 	if !c.connect(t, addr) {
 		t.Fatal("a ticket under the edge's own key no longer resumes once it adopted the fleet's")
 	}
-	b := New(Options{Store: store, Clock: clk})
+	b := mustNew(t, Options{Store: store, Clock: clk})
 	defer b.Close()
 	c2 := newClient(tls.VersionTLS13)
 	c2.connect(t, addr)
@@ -317,9 +327,9 @@ func TestFleetOutage(t *testing.T) {
 func TestFleetRotationOnce(t *testing.T) {
 	store := newMemStore()
 	clk := clock.NewFake(start)
-	a := New(Options{Store: store, Clock: clk})
+	a := mustNew(t, Options{Store: store, Clock: clk})
 	defer a.Close()
-	b := New(Options{Store: store, Clock: clk})
+	b := mustNew(t, Options{Store: store, Clock: clk})
 	defer b.Close()
 	store.mu.Lock()
 	before := store.stores
@@ -375,5 +385,54 @@ func TestScheduleRotated(t *testing.T) {
 				t.Errorf("changed = %v, want %v", changed, tc.changed)
 			}
 		})
+	}
+}
+
+// hungStore is a node that accepts the connection and never answers.
+type hungStore struct{ memStore }
+
+func (*hungStore) Load(ctx context.Context, _ string) ([]byte, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func TestAHungStoreDoesNotHoldStartUp(t *testing.T) {
+	var log testsupport.SyncBuffer
+	k := mustNew(t, Options{Store: &hungStore{}, Log: testLogger(&log)})
+	defer k.Close()
+	addr := server(t, k)
+	c := newClient(tls.VersionTLS13)
+	c.connect(t, addr)
+	if !c.connect(t, addr) {
+		t.Fatal("an edge whose store hangs at start-up gives no resumable tickets")
+	}
+	if !strings.Contains(log.String(), "unreadable") {
+		t.Errorf("the hung store was not logged: %s", log.String())
+	}
+}
+
+func TestPresentedTicketsAreCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	a := mustNew(t, Options{Registerer: reg})
+	defer a.Close()
+	b := mustNew(t, Options{})
+	defer b.Close()
+	c := newClient(tls.VersionTLS13)
+	addrA := server(t, a)
+	c.connect(t, addrA)
+	c.connect(t, addrA)        // a ticket a knows
+	c.connect(t, server(t, b)) // b's, which a never held, replaces it
+	c.connect(t, addrA)        // a ticket a does not know
+	for _, tc := range []struct {
+		result string
+		want   float64
+	}{{resultKnown, 1}, {resultUnknown, 1}} {
+		got, _ := testsupport.MetricValue(t, reg, "scafo_edge_tls_tickets_presented_total", testsupport.Labels{"result": tc.result})
+		if got != tc.want {
+			t.Errorf(`scafo_edge_tls_tickets_presented_total{result=%q} = %v, want %v`, tc.result, got, tc.want)
+		}
+	}
+	if _, err := New(Options{Registerer: reg}); err == nil {
+		t.Error("a second Keys registered on the same registry, want an error")
 	}
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/scafo/scafo-edge/handover"
 	"github.com/scafo/scafo-edge/node"
@@ -39,6 +38,7 @@ type inherited struct {
 	doc      *node.Update    // the old edge's last good document; nil: none
 	taken    *handover.Taken // nil: nothing was handed over
 	fellBack bool            // an edge was there but did not hand over
+	tickets  []byte          // the old edge's session ticket keys; nil: none
 }
 
 // takeOver asks an edge already serving --state-dir for its listening
@@ -69,7 +69,7 @@ func takeOver(ctx context.Context, c *config, log zerolog.Logger) inherited {
 	if err != nil {
 		log.Warn().Err(err).Msg("handover: the old edge did not say it released edge.db; opening it anyway")
 	}
-	return inherited{sockets: tk.Sockets, doc: doc, taken: tk}
+	return inherited{sockets: tk.Sockets, doc: doc, taken: tk, tickets: tk.State}
 }
 
 // serves is what this edge will serve, as its flags say: the running edge
@@ -120,23 +120,11 @@ func (in inherited) http3Released(log zerolog.Logger) <-chan struct{} {
 	return ready
 }
 
-// closeUnused closes the inherited sockets this edge does not serve on (a
-// role it does not have, or an address its flags moved), so none keeps a
-// port listening that nobody accepts on. used are the sockets served.
+// closeUnused closes the inherited sockets this edge does not serve on;
+// used are the sockets served.
 func (in inherited) closeUnused(used handover.Sockets, log zerolog.Logger) {
-	for _, pair := range []struct {
-		role     string
-		got, use any
-	}{
-		{"http", in.sockets.HTTP, used.HTTP},
-		{"https", in.sockets.HTTPS, used.HTTPS},
-		{"admin", in.sockets.Admin, used.Admin},
-		{"http3", in.sockets.HTTP3, used.HTTP3},
-	} {
-		if c, ok := pair.got.(interface{ Close() error }); ok && pair.got != pair.use {
-			log.Info().Str("role", pair.role).Msg("handover: not serving on a handed-over socket (this edge's flags differ); closed it")
-			c.Close()
-		}
+	for _, role := range in.sockets.CloseUnused(used) {
+		log.Info().Str("role", role).Msg("handover: not serving on a handed-over socket (this edge's flags differ); closed it")
 	}
 }
 
@@ -160,6 +148,9 @@ func offer(c *config, sv *servers, log zerolog.Logger) (handoffs <-chan *handove
 	if err != nil {
 		log.Warn().Err(err).Msg("handover: cannot offer this edge's sockets to a successor; an upgrade will have to stop it first")
 		return nil, func() *handover.Handoff { return nil }
+	}
+	if sv.tls.tickets != nil {
+		o.State = sv.tls.tickets.Export
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	got := make(chan *handover.Handoff, 1)
@@ -203,7 +194,7 @@ func handOff(h *handover.Handoff, c *config, p *parts, sv *servers, stopSource, 
 		StopWork: func() *node.Update {
 			stopSource()
 			stopTLS()
-			doc, err := handedDocument(p.db, p.source.Status())
+			doc, err := handover.HandedDocument(p.db, p.source.Status())
 			if err != nil {
 				log.Warn().Err(err).Msg("handover: persisted routing document unreadable; the successor waits for its source")
 				return nil
@@ -222,20 +213,6 @@ func handOff(h *handover.Handoff, c *config, p *parts, sv *servers, stopSource, 
 		log.Warn().Err(err).Msg("handover: the successor was not told everything; it finds out when this process exits")
 	}
 	sv.shutdown(time.Until(deadline), log)
-}
-
-// handedDocument is the routing document an old edge hands over: the one
-// persisted in db (nil: none), fresh only if the source confirmed it and it
-// is the one served. Saving a change can fail (runSource logs it and serves
-// the new table anyway); the persisted document is then older than the one
-// the source confirmed, and must not travel as fresh.
-func handedDocument(db *bolt.DB, st node.PollStatus) (*node.Update, error) {
-	doc, err := node.LoadDocument(db)
-	if err != nil || doc == nil {
-		return nil, err
-	}
-	doc.Stale = st.Stale || st.Fingerprint != doc.Fingerprint
-	return doc, nil
 }
 
 // resetKey is the state directory's key for HTTP/3 stateless resets,

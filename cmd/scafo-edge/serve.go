@@ -63,7 +63,7 @@ func serve(ctx context.Context, c *config, s settings, log zerolog.Logger) error
 	if err != nil {
 		return err
 	}
-	sv, err := openServers(ctx, c, s, p, in.sockets, log)
+	sv, err := openServers(ctx, c, s, p, in.sockets, in.tickets, log)
 	if err != nil {
 		return err
 	}

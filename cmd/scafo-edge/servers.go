@@ -43,7 +43,7 @@ type servers struct {
 // management on the bound ports and builds a server for each listener. On
 // error nothing is left open. sv.tls.stop must be called once the servers
 // are shut down.
-func openServers(ctx context.Context, c *config, s settings, p *parts, in handover.Sockets, log zerolog.Logger) (_ *servers, err error) {
+func openServers(ctx context.Context, c *config, s settings, p *parts, in handover.Sockets, inheritedKeys []byte, log zerolog.Logger) (_ *servers, err error) {
 	sv := &servers{}
 	defer func() {
 		if err != nil {
@@ -65,7 +65,7 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	}
 	// Certificate management learns the bound ports: certmagic must not
 	// open listeners of its own, and redirects name the HTTPS port.
-	if sv.tls, err = setupTLS(ctx, c, s, p, portOf(sv.httpLn), portOf(sv.httpsLn), log); err != nil {
+	if sv.tls, err = setupTLS(ctx, c, s, p, portOf(sv.httpLn), portOf(sv.httpsLn), inheritedKeys, log); err != nil {
 		return nil, err
 	}
 	p.handler.Covers = sv.tls.covers

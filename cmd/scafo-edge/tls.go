@@ -15,6 +15,7 @@ import (
 	"github.com/scafo/scafo-edge/certs/prefetch"
 	"github.com/scafo/scafo-edge/edge"
 	"github.com/scafo/scafo-edge/node"
+	"github.com/scafo/scafo-edge/tickets"
 )
 
 // internalRootFile is where --tls internal writes its root certificate, for
@@ -35,7 +36,10 @@ type tlsSetup struct {
 	// notRenewed reports whether nothing renews a served certificate (a
 	// wildcard imported without DNS-01), for the status page; nil: none.
 	notRenewed func(names []string) bool
-	stop       func()
+	// tickets are the session ticket keys config uses, offered to a
+	// successor on a handover; nil with --tls off.
+	tickets *tickets.Keys
+	stop    func()
 }
 
 func (t tlsSetup) httpHandler(h http.Handler) http.Handler {
@@ -48,7 +52,10 @@ func (t tlsSetup) httpHandler(h http.Handler) http.Handler {
 // setupTLS starts certificate management for --tls acme or internal. The
 // decision is the live table's: a name the document names exactly, never a
 // wildcard key, nothing before the first document (docs/design.md rule 8).
-func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, httpsPort int, log zerolog.Logger) (tlsSetup, error) {
+// Session tickets use the keys inherited from the edge this one replaces
+// (nil: none), shared with the fleet through the fleet store if there is
+// one (package tickets says why that is safe).
+func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, httpsPort int, inheritedKeys []byte, log zerolog.Logger) (tlsSetup, error) {
 	if c.tlsMode == "off" {
 		return tlsSetup{stop: func() {}}, nil
 	}
@@ -83,7 +90,14 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		closeStore()
 		return tlsSetup{}, fmt.Errorf("tls %s: %w", c.tlsMode, err)
 	}
+	keys, err := tickets.New(ticketOptions(store, inheritedKeys, p, log))
+	if err != nil {
+		m.Close()
+		closeStore()
+		return tlsSetup{}, err
+	}
 	stop := func() {
+		keys.Close()
 		m.Close()
 		closeStore()
 	}
@@ -100,8 +114,10 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		wrapHTTP:     m.HTTPHandler,
 		covers:       m.Covers,
 		certificates: m.Certificates,
+		tickets:      keys,
 		stop:         stop,
 	}
+	keys.Configure(ts.config)
 	if c.tlsMode == "acme" {
 		ts.failedValidations = m.FailedValidations
 		// Wildcards imported from Traefik or Caddy (scafo-edge import)
@@ -137,6 +153,12 @@ func wildcardKeys(t *edge.Table) []string {
 		}
 	}
 	return keys
+}
+
+// ticketOptions shares the keys through store when it is the fleet's (nil
+// with --cert-store local: this edge and its successors only).
+func ticketOptions(store certmagic.Storage, inherited []byte, p *parts, log zerolog.Logger) tickets.Options {
+	return tickets.Options{Store: store, Inherited: inherited, Registerer: p.reg, Log: log.With().Str("component", "tls-tickets").Logger()}
 }
 
 // exactNames lists the names t names exactly, route hosts then API hosts,

@@ -1,4 +1,4 @@
-package main
+package handover
 
 import (
 	"fmt"
@@ -16,8 +16,8 @@ func TestHandedDocumentIsFreshOnlyWhenConfirmedAndServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if doc, err := handedDocument(db, node.PollStatus{}); doc != nil || err != nil {
-		t.Fatalf("handedDocument with nothing persisted = %v, %v; want nil, nil", doc, err)
+	if doc, err := HandedDocument(db, node.PollStatus{}); doc != nil || err != nil {
+		t.Fatalf("HandedDocument with nothing persisted = %v, %v; want nil, nil", doc, err)
 	}
 	body := func(app string) []byte {
 		return fmt.Appendf(nil, `{"v":1,"routes":[{"host":"app.example","application":%q,"upstreams":[{"node":"n1","address":"127.0.0.1:1"}]}]}`, app)
@@ -37,12 +37,12 @@ func TestHandedDocumentIsFreshOnlyWhenConfirmedAndServed(t *testing.T) {
 		{"an older document than the one served (its save failed) travels stale", node.PollStatus{Fingerprint: served}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			doc, err := handedDocument(db, tc.st)
+			doc, err := HandedDocument(db, tc.st)
 			if err != nil || doc == nil {
-				t.Fatalf("handedDocument = %v, %v", doc, err)
+				t.Fatalf("HandedDocument = %v, %v", doc, err)
 			}
 			if doc.Stale != tc.wantStale || doc.Fingerprint != saved {
-				t.Errorf("handedDocument = fingerprint %.12s stale=%v, want %.12s stale=%v", doc.Fingerprint, doc.Stale, saved, tc.wantStale)
+				t.Errorf("HandedDocument = fingerprint %.12s stale=%v, want %.12s stale=%v", doc.Fingerprint, doc.Stale, saved, tc.wantStale)
 			}
 		})
 	}
