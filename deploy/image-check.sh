@@ -13,6 +13,7 @@
 #
 #   sudo deploy/image-check.sh                       # the Dockerfile at the root
 #   sudo deploy/image-check.sh --dockerfile OTHER    # another one, same context
+#   sudo deploy/image-check.sh --packages-only       # install what it needs, and stop
 #
 # What it needs, and makes when it is missing (Debian, as root):
 #   - Debian's docker.io (dockerd 20.10 with BuildKit, and its docker CLI)
@@ -54,7 +55,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 dockerfile=$root/Dockerfile
-build_cache=1
+build_cache=1 packages_only=0
 while [ $# -gt 0 ]; do
 	case $1 in
 	--dockerfile)
@@ -63,6 +64,7 @@ while [ $# -gt 0 ]; do
 		shift 2
 		;;
 	--no-build-cache) build_cache=0; shift ;;
+	--packages-only) packages_only=1; shift ;;
 	-h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "image-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
@@ -220,6 +222,48 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# --------------------------------------------------------------- packages
+
+# install_packages installs what the check runs that this machine lacks.
+install_packages() {
+	local need=() t apt
+	# The docker CLI used is the engine's own (see "dockerd" below).
+	{ command -v dockerd && [ -x /usr/bin/docker ]; } >/dev/null || need+=(docker.io)
+	command -v debootstrap >/dev/null || need+=(debootstrap)
+	command -v curl >/dev/null || need+=(curl)
+	command -v flock >/dev/null || need+=(util-linux)
+	command -v ss >/dev/null || need+=(iproute2)
+	command -v ps >/dev/null || need+=(procps)
+	if [ ${#need[@]} -gt 0 ]; then
+		log "installing ${need[*]}"
+		t=$SECONDS
+		# A package's postinst must not start the system's dockerd (with its
+		# bridge and iptables rules): policy-rc.d 101 forbids starting services.
+		if [ ! -e /usr/sbin/policy-rc.d ]; then
+			printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+			chmod 755 /usr/sbin/policy-rc.d
+			own_policy=1
+		fi
+		# Wait for another apt (unattended-upgrades on a fresh machine) rather
+		# than fail at once on its lock.
+		apt=(apt-get -o DPkg::Lock::Timeout=300)
+		DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends "${need[@]}" >"$run/apt.log" 2>&1 ||
+			{ "${apt[@]}" update >>"$run/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends "${need[@]}" >>"$run/apt.log" 2>&1; } ||
+			{ tail -20 "$run/apt.log" >&2; fail "apt-get install ${need[*]}"; }
+		[ "$own_policy" = 0 ] || rm -f /usr/sbin/policy-rc.d
+		own_policy=0
+		log "installed in $(elapsed "$t")"
+	fi
+}
+
+# --packages-only: .ci/run installs these first, alone, so that its own
+# long apt-get (a browser among others) does not hold the dpkg lock while
+# this check waits for debootstrap and dockerd.
+if [ "$packages_only" = 1 ]; then
+	install_packages
+	exit 0
+fi
+
 command -v go >/dev/null || fail "needs Go (the builder stand-in copies the host's GOROOT): put it on PATH"
 goroot=$(go env GOROOT)
 
@@ -316,6 +360,7 @@ build_tools() {
 		retry 3 env GOFLAGS=-mod=mod go get "github.com/docker/compose/v2/cmd@$COMPOSE_VERSION" \
 			"github.com/docker/buildx/cmd/buildx@$BUILDX_VERSION" \
 			"github.com/moby/buildkit/frontend/dockerfile/cmd/dockerfile-frontend@$BUILDKIT_VERSION"
+		without_kubernetes
 		mv "$tools/mod.tmp" "$tools/mod"
 	fi
 	cd "$tools/mod"
@@ -334,6 +379,36 @@ tool() {
 	local out=$tools/$1
 	shift
 	[ -e "$out" ] || { go build -trimpath -o "$out.tmp" "$@" && mv "$out.tmp" "$out"; }
+}
+
+# without_kubernetes makes buildx and Compose build without buildx's
+# Kubernetes driver, which each links in by a blank import (buildx's main,
+# and Compose's pkg/compose/build_buildkit.go): the check builds with the
+# docker driver only, and that driver's client-go and Kubernetes API
+# packages are about 40% of the three tools' source (620k of 1.6M lines
+# outside the standard library), the largest part of a cold compile. The
+# two modules are copied into the tools module (Go takes no -overlay of a
+# file in the module cache), those imports dropped from the copies, and go
+# .mod replaces the modules with them; nothing else of either changes, and
+# if a pin moves and the lines are not as expected, it fails.
+without_kubernetes() {
+	local m f n dir
+	for m in "github.com/docker/buildx cmd/buildx/main.go 2" "github.com/docker/compose/v2 pkg/compose/build_buildkit.go 1"; do
+		read -r m f n <<<"$m"
+		dir=src/$(basename "${m%/v2}")
+		rm -rf "$dir"
+		mkdir -p src
+		cp -r "$(go list -m -f '{{.Dir}}' "$m")" "$dir"
+		chmod -R u+w "$dir"
+		grep -v -E '^\s*_ "(github.com/docker/buildx/driver/kubernetes|k8s.io/client-go/plugin/pkg/client/auth/oidc)"' "$dir/$f" >"$dir/$f.new" || true
+		[ $(($(wc -l <"$dir/$f") - $(wc -l <"$dir/$f.new"))) = "$n" ] ||
+			{ echo "without_kubernetes: $m's $f no longer has the $n imports it drops" >&2; return 1; }
+		mv "$dir/$f.new" "$dir/$f"
+		go mod edit -replace "$m=./$dir"
+	done
+	# Nothing may still reach Kubernetes' packages.
+	! env GOFLAGS=-mod=mod go list -deps github.com/docker/buildx/cmd/buildx github.com/docker/compose/v2/cmd | grep -E '^(sigs\.)?k8s\.io/' ||
+		{ echo "without_kubernetes: the tools still import the packages above" >&2; return 1; }
 }
 
 # make_rootfs debootstraps bookworm once. ca-certificates and tzdata feed
@@ -364,7 +439,7 @@ debootstrap_once() {
 # $cache/logs/NAME.log; its pid is in bg_pids and bg_NAME, and in
 # $cache/background.pids for a later run to stop if this one is killed.
 in_background() {
-	export -f "${2?}" retry tool debootstrap_once unmount_under
+	export -f "${2?}" retry tool without_kubernetes debootstrap_once unmount_under
 	export tools rootfs COMPOSE_VERSION BUILDX_VERSION BUILDKIT_VERSION
 	setsid bash -c "$2" >"$cache/logs/$1.log" 2>&1 9>&- &
 	bg_pids+=("$!")
@@ -399,38 +474,9 @@ else
 	in_background tools build_tools
 fi
 
-# --------------------------------------------------------------- packages
 
-need=()
-# The docker CLI used is the engine's own (see "dockerd" below).
-{ command -v dockerd && [ -x /usr/bin/docker ]; } >/dev/null || need+=(docker.io)
-command -v debootstrap >/dev/null || need+=(debootstrap)
-command -v curl >/dev/null || need+=(curl)
-command -v flock >/dev/null || need+=(util-linux)
-command -v ss >/dev/null || need+=(iproute2)
-command -v ps >/dev/null || need+=(procps)
-if [ ${#need[@]} -gt 0 ]; then
-	log "installing ${need[*]}"
-	t=$SECONDS
-	# A package's postinst must not start the system's dockerd (with its
-	# bridge and iptables rules): policy-rc.d 101 forbids starting services.
-	if [ ! -e /usr/sbin/policy-rc.d ]; then
-		printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-		chmod 755 /usr/sbin/policy-rc.d
-		own_policy=1
-	fi
-	# Wait for another apt (unattended-upgrades on a fresh machine) rather
-	# than fail at once on its lock.
-	apt=(apt-get -o DPkg::Lock::Timeout=300)
-	DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends "${need[@]}" >"$run/apt.log" 2>&1 ||
-		{ "${apt[@]}" update >>"$run/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends "${need[@]}" >>"$run/apt.log" 2>&1; } ||
-		{ tail -20 "$run/apt.log" >&2; fail "apt-get install ${need[*]}"; }
-	[ "$own_policy" = 0 ] || rm -f /usr/sbin/policy-rc.d
-	own_policy=0
-	log "installed in $(elapsed "$t")"
-fi
+install_packages
 mark packages
-
 t_rootfs=$SECONDS
 if [ -d "$rootfs" ]; then
 	log "bookworm root file system: cached in $rootfs"
