@@ -4,6 +4,7 @@
 # still binds 80 and 443.
 #
 #   docker build --build-arg VERSION=$(git describe --tags --always) -t scafo-edge .
+#   docker buildx build --platform linux/arm64 -t scafo-edge:arm64 .   # for arm64 boxes
 #
 # The build needs BuildKit: Docker 23 or later with the buildx plugin, or an
 # older engine with DOCKER_BUILDKIT=1. The legacy builder would drop the file
@@ -13,12 +14,19 @@
 # e2e/dockerfile_test.go and e2e/image_test.go build the binary with this
 # file's builder flags and check this file's user, volume, ports and
 # healthcheck against the flags' defaults: change them together.
-# deploy/image-check.sh builds this file on a real Docker engine and checks
-# the image it makes (user, capability, volume mode, health, stop, upgrade).
+# deploy/image-check.sh builds this file on a real Docker engine for
+# linux/amd64 and linux/arm64, checks both images' platform and binary, and
+# runs the native one (user, capability, volume mode, health, stop, upgrade).
 
 ARG GO_VERSION=1.26
 
-FROM golang:${GO_VERSION}-bookworm AS build
+# The builder runs on the build machine's own platform whatever the target
+# (BUILDPLATFORM), and Go cross-compiles for the target (TARGETOS and
+# TARGETARCH, which BuildKit sets from --platform): an arm64 image builds on
+# an amd64 machine, and the other way round, at native speed and without
+# emulation. Nothing in the final stage runs at build time, so it needs no
+# emulator either.
+FROM --platform=$BUILDPLATFORM golang:${GO_VERSION}-bookworm AS build
 # setcap lives in libcap2-bin; the final stage has no shell to run it in.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libcap2-bin \
@@ -32,16 +40,23 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
+# Set by BuildKit from --platform (by default the builder's own): linux, and
+# amd64 or arm64.
+ARG TARGETOS
+ARG TARGETARCH
 ENV CGO_ENABLED=0
 # The file capability lets the non-root user bind 80 and 443. It is set here
-# because the final stage has no setcap; BuildKit (Docker's builder since 23.0)
-# keeps it through COPY --from, the legacy builder drops it. The cache mount
+# because the final stage has no setcap; it is an extended attribute of the
+# file, set alike on a binary of either architecture. BuildKit (Docker's
+# builder since 23.0) keeps it through COPY --from, the legacy builder drops
+# it. The cache mount
 # keeps Go's build cache between builds (a source change recompiles only what
 # it touches) and is BuildKit-only: the legacy builder stops here with "the
 # --mount option requires BuildKit" rather than build an image without the
 # capability.
 RUN --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/scafo-edge ./cmd/scafo-edge \
+    export GOOS=$TARGETOS GOARCH=$TARGETARCH \
+ && go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/scafo-edge ./cmd/scafo-edge \
  && setcap cap_net_bind_service=+ep /out/scafo-edge
 
 # distroless static: CA certificates, /etc/passwd with nonroot (65532), tzdata,

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Build the image from this repository's Dockerfile, unchanged, on a real
-# Docker engine and check what the README promises of it: it runs as uid
-# 65532 with cap_net_bind_service as its only capability, its state volume
-# comes up 0700 and owned by 65532, its HEALTHCHECK reaches healthy, it
-# proxies a request to a loopback upstream over HTTP and HTTPS, `docker stop`
-# exits 0, deploy/upgrade-compose.sh replaces it under load with no request
+# Docker engine for linux/amd64 and linux/arm64; check that each image is
+# for its platform, with a static binary for that machine that carries the
+# file capability and a state directory 0700 owned by 65532; and run the
+# native one to check what the README promises of it: it runs as uid 65532
+# with cap_net_bind_service as its only capability, its state volume comes
+# up 0700 and owned by 65532, its HEALTHCHECK reaches healthy, it proxies a
+# request to a loopback upstream over HTTP and HTTPS, `docker stop` exits
+# 0, deploy/upgrade-compose.sh replaces it under load with no request
 # refused or failed, and the same script gives up at once on a successor
 # that crash-loops, keeping its log. .ci/run calls it; an operator can too:
 #
 #   sudo deploy/image-check.sh                       # the Dockerfile at the root
 #   sudo deploy/image-check.sh --dockerfile OTHER    # another one, same context
+#   sudo deploy/image-check.sh --packages-only       # install what it needs, and stop
 #
 # What it needs, and makes when it is missing (Debian, as root):
 #   - Debian's docker.io (dockerd 20.10 with BuildKit, and its docker CLI)
@@ -41,16 +45,17 @@
 # killed left running. Delete it to start cold. The plugins are put in a
 # private DOCKER_CONFIG there, so an operator's ~/.docker is untouched.
 #
-# Cost on a two-core machine shared with other work: about 10 minutes cold
-# (compiling the three tools is most of it), under 2 warm; the README's
-# "Checking the image" has the numbers. Every exit path stops the daemon it
+# Cost on a two-core machine shared with other work: 10 minutes or more
+# cold (compiling the three tools is most of it), about 2 warm; the
+# README's "Checking the image" has the numbers, and each run ends with a
+# line of its phases' times. Every exit path stops the daemon it
 # started and removes what it ran; a failed check exits non-zero with a line
 # saying which.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 dockerfile=$root/Dockerfile
-build_cache=1
+build_cache=1 packages_only=0
 while [ $# -gt 0 ]; do
 	case $1 in
 	--dockerfile)
@@ -59,6 +64,7 @@ while [ $# -gt 0 ]; do
 		shift 2
 		;;
 	--no-build-cache) build_cache=0; shift ;;
+	--packages-only) packages_only=1; shift ;;
 	-h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "image-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
@@ -90,6 +96,13 @@ fail() {
 	exit 1
 }
 elapsed() { echo "$((SECONDS - ${1:-$started}))s"; }
+# mark NAME: the time since the last mark was spent on NAME (or waiting for
+# it); every run ends by printing these, so a slower phase shows.
+phases=() last_mark=$SECONDS
+mark() {
+	phases+=("$1 $((SECONDS - last_mark))s")
+	last_mark=$SECONDS
+}
 
 [ "$(id -u)" = 0 ] || fail "run as root: it installs packages, starts dockerd and debootstraps"
 mkdir -p "$cache"
@@ -175,7 +188,7 @@ cleanup() {
 	exec 1>&7 2>&8
 	if [ -n "$fg_pid" ]; then
 		# Its children first: once it is gone they are no longer its.
-		tree=("$fg_pid" $(descendants "$fg_pid"))
+		mapfile -t tree < <(echo "$fg_pid"; descendants "$fg_pid")
 		stop_pids 10 "${tree[@]}"
 	fi
 	for p in "${bg_pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done
@@ -195,6 +208,8 @@ cleanup() {
 	wait 2>/dev/null
 	rm -rf --one-file-system "$run"
 	rm -f "$cache/run-dir" "$cache/background.pids"
+	[ "$last_mark" = "$SECONDS" ] || mark "until exit"
+	log "phases: $(printf '%s, ' "${phases[@]}" | sed 's/, $//')"
 	if [ "$rc" = 0 ]; then
 		log "passed in $(elapsed)"
 	else
@@ -209,34 +224,46 @@ trap 'exit 143' TERM
 
 # --------------------------------------------------------------- packages
 
-need=()
-# The docker CLI used is the engine's own (see "dockerd" below).
-{ command -v dockerd && [ -x /usr/bin/docker ]; } >/dev/null || need+=(docker.io)
-command -v debootstrap >/dev/null || need+=(debootstrap)
-command -v curl >/dev/null || need+=(curl)
-command -v flock >/dev/null || need+=(util-linux)
-command -v ss >/dev/null || need+=(iproute2)
-command -v ps >/dev/null || need+=(procps)
-if [ ${#need[@]} -gt 0 ]; then
-	log "installing ${need[*]}"
-	t=$SECONDS
-	# A package's postinst must not start the system's dockerd (with its
-	# bridge and iptables rules): policy-rc.d 101 forbids starting services.
-	if [ ! -e /usr/sbin/policy-rc.d ]; then
-		printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-		chmod 755 /usr/sbin/policy-rc.d
-		own_policy=1
+# install_packages installs what the check runs that this machine lacks.
+install_packages() {
+	local need=() t apt
+	# The docker CLI used is the engine's own (see "dockerd" below).
+	{ command -v dockerd && [ -x /usr/bin/docker ]; } >/dev/null || need+=(docker.io)
+	command -v debootstrap >/dev/null || need+=(debootstrap)
+	command -v curl >/dev/null || need+=(curl)
+	command -v flock >/dev/null || need+=(util-linux)
+	command -v ss >/dev/null || need+=(iproute2)
+	command -v ps >/dev/null || need+=(procps)
+	if [ ${#need[@]} -gt 0 ]; then
+		log "installing ${need[*]}"
+		t=$SECONDS
+		# A package's postinst must not start the system's dockerd (with its
+		# bridge and iptables rules): policy-rc.d 101 forbids starting services.
+		if [ ! -e /usr/sbin/policy-rc.d ]; then
+			printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+			chmod 755 /usr/sbin/policy-rc.d
+			own_policy=1
+		fi
+		# Wait for another apt (unattended-upgrades on a fresh machine) rather
+		# than fail at once on its lock.
+		apt=(apt-get -o DPkg::Lock::Timeout=300)
+		DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends "${need[@]}" >"$run/apt.log" 2>&1 ||
+			{ "${apt[@]}" update >>"$run/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends "${need[@]}" >>"$run/apt.log" 2>&1; } ||
+			{ tail -20 "$run/apt.log" >&2; fail "apt-get install ${need[*]}"; }
+		[ "$own_policy" = 0 ] || rm -f /usr/sbin/policy-rc.d
+		own_policy=0
+		log "installed in $(elapsed "$t")"
 	fi
-	# Wait for another apt (unattended-upgrades on a fresh machine) rather
-	# than fail at once on its lock.
-	apt=(apt-get -o DPkg::Lock::Timeout=300)
-	DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends "${need[@]}" >"$run/apt.log" 2>&1 ||
-		{ "${apt[@]}" update >>"$run/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends "${need[@]}" >>"$run/apt.log" 2>&1; } ||
-		{ tail -20 "$run/apt.log" >&2; fail "apt-get install ${need[*]}"; }
-	[ "$own_policy" = 0 ] || rm -f /usr/sbin/policy-rc.d
-	own_policy=0
-	log "installed in $(elapsed "$t")"
+}
+
+# --packages-only: .ci/run installs these first, alone, so that its own
+# long apt-get (a browser among others) does not hold the dpkg lock while
+# this check waits for debootstrap and dockerd.
+if [ "$packages_only" = 1 ]; then
+	install_packages
+	exit 0
 fi
+
 command -v go >/dev/null || fail "needs Go (the builder stand-in copies the host's GOROOT): put it on PATH"
 goroot=$(go env GOROOT)
 
@@ -283,47 +310,6 @@ echo "$run" >"$cache/run-dir"
 unmount_under "$exec_root"
 # The plugins of earlier pins.
 for d in "$cache"/tools-*; do [ "$d" = "$tools" ] || rm -rf "$d"; done
-
-# ----------------------------------------------------------------- dockerd
-
-# The docker CLI is the one from the engine's package (Debian's docker.io:
-# 20.10, the engine's API), first on PATH for deploy/upgrade-compose.sh
-# too, not whatever docker comes first on this machine's PATH: a fresh CI
-# machine has only that one, so every machine checks with the same client.
-path_docker=$(command -v docker || echo none)
-mkdir "$run/bin"
-ln -s /usr/bin/docker "$run/bin/docker"
-PATH=$run/bin:$PATH
-log "starting dockerd ($(dockerd --version)) on $DOCKER_HOST; CLI: /usr/bin/docker ($(docker --version)), not $path_docker on PATH"
-# Its own configuration file, empty, so /etc/docker/daemon.json cannot
-# clash with the flags, and its own containerd namespaces, so a system
-# containerd on the same socket could not mix its containers with these.
-printf '{}\n' >"$run/daemon.json"
-dockerd --config-file "$run/daemon.json" --data-root "$cache/docker" --exec-root "$exec_root" \
-	--pidfile "$cache/dockerd.pid" --host "$DOCKER_HOST" \
-	--containerd-namespace "$PROJECT" --containerd-plugins-namespace "$PROJECT-plugins" \
-	--bridge=none --iptables=false --ip-masq=false --ip-forward=false \
-	--userland-proxy=false >"$run/dockerd.log" 2>&1 9>&- &
-dockerd_pid=$!
-for ((i = 0; i < 60; i++)); do
-	docker version >/dev/null 2>&1 && break
-	kill -0 "$dockerd_pid" 2>/dev/null || { tail -20 "$run/dockerd.log" >&2; fail "dockerd exited"; }
-	sleep 0.5
-done
-docker version >/dev/null 2>&1 || fail "dockerd did not answer on $DOCKER_HOST in 30s"
-# Left by a run that was killed before its cleanup.
-docker ps -aq | xargs -r docker rm -f -v >/dev/null
-docker volume ls -q | xargs -r docker volume rm -f >/dev/null
-
-# The edge's listeners must be free, now that any left over are gone and
-# before minutes of building: TCP 80, 443 and 9180 and UDP 443 (HTTP/3),
-# on 127.0.0.1 or on every address.
-busy=$(ss -Hlntu | awk -v tcp=" ${HTTP_ADDR##*:} ${HTTPS_ADDR##*:} ${ADMIN_ADDR##*:} " -v udp="${HTTPS_ADDR##*:}" '{
-	a = $5; sub(/%[^:]*:/, ":", a); port = a; sub(/.*:/, "", port); host = substr(a, 1, length(a) - length(port) - 1)
-	if (host !~ /^(127\.0\.0\.1|0\.0\.0\.0|\*|\[::\]|\[::ffff:127\.0\.0\.1\])$/) next
-	if (($1 == "tcp" && index(tcp, " " port " ")) || ($1 == "udp" && port == udp)) print $1 " " a
-}' | paste -sd, -)
-[ -z "$busy" ] || fail "something already uses the edge's addresses ($busy): stop it first"
 
 # ------------------------------------------------------ background builds
 
@@ -374,6 +360,7 @@ build_tools() {
 		retry 3 env GOFLAGS=-mod=mod go get "github.com/docker/compose/v2/cmd@$COMPOSE_VERSION" \
 			"github.com/docker/buildx/cmd/buildx@$BUILDX_VERSION" \
 			"github.com/moby/buildkit/frontend/dockerfile/cmd/dockerfile-frontend@$BUILDKIT_VERSION"
+		without_kubernetes
 		mv "$tools/mod.tmp" "$tools/mod"
 	fi
 	cd "$tools/mod"
@@ -392,6 +379,36 @@ tool() {
 	local out=$tools/$1
 	shift
 	[ -e "$out" ] || { go build -trimpath -o "$out.tmp" "$@" && mv "$out.tmp" "$out"; }
+}
+
+# without_kubernetes makes buildx and Compose build without buildx's
+# Kubernetes driver, which each links in by a blank import (buildx's main,
+# and Compose's pkg/compose/build_buildkit.go): the check builds with the
+# docker driver only, and that driver's client-go and Kubernetes API
+# packages are about 40% of the three tools' source (620k of 1.6M lines
+# outside the standard library), the largest part of a cold compile. The
+# two modules are copied into the tools module (Go takes no -overlay of a
+# file in the module cache), those imports dropped from the copies, and go
+# .mod replaces the modules with them; nothing else of either changes, and
+# if a pin moves and the lines are not as expected, it fails.
+without_kubernetes() {
+	local m f n dir
+	for m in "github.com/docker/buildx cmd/buildx/main.go 2" "github.com/docker/compose/v2 pkg/compose/build_buildkit.go 1"; do
+		read -r m f n <<<"$m"
+		dir=src/$(basename "${m%/v2}")
+		rm -rf "$dir"
+		mkdir -p src
+		cp -r "$(go list -m -f '{{.Dir}}' "$m")" "$dir"
+		chmod -R u+w "$dir"
+		grep -v -E '^\s*_ "(github.com/docker/buildx/driver/kubernetes|k8s.io/client-go/plugin/pkg/client/auth/oidc)"' "$dir/$f" >"$dir/$f.new" || true
+		[ $(($(wc -l <"$dir/$f") - $(wc -l <"$dir/$f.new"))) = "$n" ] ||
+			{ echo "without_kubernetes: $m's $f no longer has the $n imports it drops" >&2; return 1; }
+		mv "$dir/$f.new" "$dir/$f"
+		go mod edit -replace "$m=./$dir"
+	done
+	# Nothing may still reach Kubernetes' packages.
+	! env GOFLAGS=-mod=mod go list -deps github.com/docker/buildx/cmd/buildx github.com/docker/compose/v2/cmd | grep -E '^(sigs\.)?k8s\.io/' ||
+		{ echo "without_kubernetes: the tools still import the packages above" >&2; return 1; }
 }
 
 # make_rootfs debootstraps bookworm once. ca-certificates and tzdata feed
@@ -422,7 +439,7 @@ debootstrap_once() {
 # $cache/logs/NAME.log; its pid is in bg_pids and bg_NAME, and in
 # $cache/background.pids for a later run to stop if this one is killed.
 in_background() {
-	export -f "$2" retry tool debootstrap_once unmount_under
+	export -f "${2?}" retry tool without_kubernetes debootstrap_once unmount_under
 	export tools rootfs COMPOSE_VERSION BUILDX_VERSION BUILDKIT_VERSION
 	setsid bash -c "$2" >"$cache/logs/$1.log" 2>&1 9>&- &
 	bg_pids+=("$!")
@@ -444,6 +461,10 @@ wait_for() {
 	done
 }
 
+# Compose and the plugins first, before the packages: they need only Go,
+# and on a fresh machine their download and compile is the longest part
+# of the check; .ci/run starts the check first for this reason, so that
+# they go on while its own packages install and its tests run.
 t_tools=$SECONDS
 if [ -e "$tools/compose.ok" ]; then
 	log "plugins and frontend: cached in $tools"
@@ -452,6 +473,10 @@ else
 	log "building the dockerfile frontend, buildx and Compose from the Go module proxy (log: $cache/logs/tools.log)"
 	in_background tools build_tools
 fi
+
+
+install_packages
+mark packages
 t_rootfs=$SECONDS
 if [ -d "$rootfs" ]; then
 	log "bookworm root file system: cached in $rootfs"
@@ -460,10 +485,59 @@ else
 	log "debootstrapping bookworm (log: $cache/logs/rootfs.log)"
 	in_background rootfs make_rootfs
 fi
+# ----------------------------------------------------------------- dockerd
+
+# The docker CLI is the one from the engine's package (Debian's docker.io:
+# 20.10, the engine's API), first on PATH for deploy/upgrade-compose.sh
+# too, not whatever docker comes first on this machine's PATH: a fresh CI
+# machine has only that one, so every machine checks with the same client.
+path_docker=$(command -v docker || echo none)
+mkdir "$run/bin"
+ln -s /usr/bin/docker "$run/bin/docker"
+PATH=$run/bin:$PATH
+log "starting dockerd ($(dockerd --version)) on $DOCKER_HOST; CLI: /usr/bin/docker ($(docker --version)), not $path_docker on PATH"
+# Its own configuration file, empty, so /etc/docker/daemon.json cannot
+# clash with the flags, and its own containerd namespaces, so a system
+# containerd on the same socket could not mix its containers with these.
+printf '{}\n' >"$run/daemon.json"
+dockerd --config-file "$run/daemon.json" --data-root "$cache/docker" --exec-root "$exec_root" \
+	--pidfile "$cache/dockerd.pid" --host "$DOCKER_HOST" \
+	--containerd-namespace "$PROJECT" --containerd-plugins-namespace "$PROJECT-plugins" \
+	--bridge=none --iptables=false --ip-masq=false --ip-forward=false \
+	--userland-proxy=false >"$run/dockerd.log" 2>&1 9>&- &
+dockerd_pid=$!
+for ((i = 0; i < 60; i++)); do
+	docker version >/dev/null 2>&1 && break
+	kill -0 "$dockerd_pid" 2>/dev/null || { tail -20 "$run/dockerd.log" >&2; fail "dockerd exited"; }
+	sleep 0.5
+done
+docker version >/dev/null 2>&1 || fail "dockerd did not answer on $DOCKER_HOST in 30s"
+# Left by a run that was killed before its cleanup.
+docker ps -aq | xargs -r docker rm -f -v >/dev/null
+docker volume ls -q | xargs -r docker volume rm -f >/dev/null
+
+# The edge's listeners must be free, now that any left over are gone and
+# before minutes of building: TCP 80, 443 and 9180 and UDP 443 (HTTP/3),
+# on 127.0.0.1 or on every address.
+busy=$(ss -Hlntu | awk -v tcp=" ${HTTP_ADDR##*:} ${HTTPS_ADDR##*:} ${ADMIN_ADDR##*:} " -v udp="${HTTPS_ADDR##*:}" '{
+	a = $5; sub(/%[^:]*:/, ":", a); port = a; sub(/.*:/, "", port); host = substr(a, 1, length(a) - length(port) - 1)
+	if (host !~ /^(127\.0\.0\.1|0\.0\.0\.0|\*|\[::\]|\[::ffff:127\.0\.0\.1\])$/) next
+	if (($1 == "tcp" && index(tcp, " " port " ")) || ($1 == "udp" && port == udp)) print $1 " " a
+}' | paste -sd, -)
+[ -z "$busy" ] || fail "something already uses the edge's addresses ($busy): stop it first"
+# The images are built for both platforms the fleet's boxes run; the one
+# of this machine's own is the one run.
+NATIVE=$(docker version -f '{{.Server.Arch}}')
+ARCHES=("$NATIVE")
+for arch in amd64 arm64; do [ "$arch" = "$NATIVE" ] || ARCHES+=("$arch"); done
+[ ${#ARCHES[@]} = 2 ] || fail "the engine is linux/$NATIVE: the image is built for linux/amd64 and linux/arm64, and one of them must be this machine's to run it"
+mark dockerd
+
 # The upstream and load generator, from this checkout, with the host's Go;
 # built as .ci/run warms its cache (CGO_ENABLED=0 -trimpath), so that there
 # the standard library is compiled already.
 step env CGO_ENABLED=0 go build -C "$root" -trimpath -o "$run/imagecheck" ./deploy/imagecheck || fail "go build ./deploy/imagecheck"
+mark "imagecheck helper"
 
 # ------------------------------------------------------------- base images
 
@@ -471,6 +545,7 @@ step env CGO_ENABLED=0 go build -C "$root" -trimpath -o "$run/imagecheck" ./depl
 has_image() { [ "$(docker image inspect -f '{{index .Config.Labels "scafo-edge.image-check"}}' "$1" 2>/dev/null)" = "$2" ]; }
 
 [ -z "${bg_rootfs:-}" ] || { wait_for "$rootfs" "$bg_rootfs" rootfs 900; log "bookworm debootstrapped in $(elapsed "$t_rootfs")"; }
+mark "bookworm rootfs"
 
 key=$( (cat "$rootfs/etc/debian_version"; go version; sha256sum /etc/ssl/certs/ca-certificates.crt) | sha256sum | cut -c1-16)
 if ! has_image "$GO_IMAGE" "$key"; then
@@ -487,25 +562,48 @@ if ! has_image "$GO_IMAGE" "$key"; then
 	step import_go || fail "importing $GO_IMAGE"
 fi
 
+# load_image TAG ARCH DIR CONFIG: docker load an image for linux/ARCH of
+# one layer, DIR's files, whose config is CONFIG (JSON). docker import on
+# this engine stamps every image with the daemon's own architecture, and
+# the build for the other one must find its base under that platform, or
+# BuildKit would go to the registry for it.
+load_image() {
+	local a=$run/archive-$2 diff
+	rm -rf "$a"
+	mkdir -p "$a"
+	tar -c -C "$3" --numeric-owner -f "$a/layer.tar" .
+	diff=$(sha256sum "$a/layer.tar" | cut -d' ' -f1)
+	printf '{"architecture":"%s","os":"linux","config":%s,"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}\n' "$2" "$4" "$diff" >"$a/config.json"
+	printf '[{"Config":"config.json","RepoTags":["%s"],"Layers":["layer.tar"]}]\n' "$1" >"$a/manifest.json"
+	tar -c -C "$a" manifest.json config.json layer.tar | docker load >/dev/null
+	rm -rf "$a"
+}
+
+# The distroless stand-in, once per platform (its files are the same for
+# both: no binary in it), tagged $DISTROLESS_IMAGE-ARCH; each build tags
+# its platform's as $DISTROLESS_IMAGE first.
 key=$( (cat "$rootfs/etc/debian_version"; sha256sum "$rootfs/etc/ssl/certs/debian-ca-certificates.crt") | sha256sum | cut -c1-16)
-if ! has_image "$DISTROLESS_IMAGE" "$key"; then
-	log "making $DISTROLESS_IMAGE: CA certificates, tzdata, passwd and group with nonroot 65532"
+for arch in "${ARCHES[@]}"; do
+	has_image "$DISTROLESS_IMAGE-$arch" "$key" && continue
+	log "making $DISTROLESS_IMAGE for linux/$arch: CA certificates, tzdata, passwd and group with nonroot 65532"
 	d=$run/distroless
-	mkdir -p "$d/etc/ssl/certs" "$d/usr/share" "$d/tmp" "$d/home/nonroot" "$d/root" "$d/var/lib"
-	cp "$rootfs/etc/ssl/certs/debian-ca-certificates.crt" "$d/etc/ssl/certs/ca-certificates.crt"
-	cp -a "$rootfs/usr/share/zoneinfo" "$d/usr/share/"
-	cp "$rootfs/etc/os-release" "$d/etc/"
-	printf '%s\n' root:x:0:0:root:/root:/sbin/nologin nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin \
-		nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin >"$d/etc/passwd"
-	printf '%s\n' root:x:0: nobody:x:65534: tty:x:5: staff:x:50: nonroot:x:65532: >"$d/etc/group"
-	chmod 1777 "$d/tmp"
-	chmod 700 "$d/root" "$d/home/nonroot"
-	chown 65532:65532 "$d/home/nonroot"
-	tar -c -C "$d" --numeric-owner . |
-		docker import --change "LABEL scafo-edge.image-check=$key" --change 'USER 65532' --change 'WORKDIR /home/nonroot' \
-			--change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-			--change 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt' - "$DISTROLESS_IMAGE" >/dev/null
-fi
+	if [ ! -d "$d" ]; then
+		mkdir -p "$d/etc/ssl/certs" "$d/usr/share" "$d/tmp" "$d/home/nonroot" "$d/root" "$d/var/lib"
+		cp "$rootfs/etc/ssl/certs/debian-ca-certificates.crt" "$d/etc/ssl/certs/ca-certificates.crt"
+		cp -a "$rootfs/usr/share/zoneinfo" "$d/usr/share/"
+		cp "$rootfs/etc/os-release" "$d/etc/"
+		printf '%s\n' root:x:0:0:root:/root:/sbin/nologin nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin \
+			nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin >"$d/etc/passwd"
+		printf '%s\n' root:x:0: nobody:x:65534: tty:x:5: staff:x:50: nonroot:x:65532: >"$d/etc/group"
+		chmod 1777 "$d/tmp"
+		chmod 700 "$d/root" "$d/home/nonroot"
+		chown 65532:65532 "$d/home/nonroot"
+	fi
+	load_image "$DISTROLESS_IMAGE-$arch" "$arch" "$d" "$(printf '{"User":"65532","WorkingDir":"/home/nonroot","Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"],"Labels":{"scafo-edge.image-check":"%s"}}' "$key")"
+	[ "$(docker image inspect -f '{{.Os}}/{{.Architecture}}' "$DISTROLESS_IMAGE-$arch")" = "linux/$arch" ] ||
+		fail "the distroless stand-in for linux/$arch loaded as $(docker image inspect -f '{{.Os}}/{{.Architecture}}' "$DISTROLESS_IMAGE-$arch")"
+done
+mark "base images"
 
 [ -z "${bg_tools:-}" ] || { wait_for "$tools/build.ok" "$bg_tools" tools 900; log "frontend and buildx built in $(elapsed "$t_tools")"; }
 ln -sf "$tools/docker-buildx" "$DOCKER_CONFIG/cli-plugins/docker-buildx"
@@ -524,37 +622,58 @@ fi
 
 # ------------------------------------------------------------------- build
 
+mark "tools (frontend, buildx)"
 log "docker: $(docker version -f 'client {{.Client.Version}}, engine {{.Server.Version}}'), $(docker buildx version)"
-# Through the buildx plugin, as Docker 23 and later build (`docker build`
-# is buildx there): the plugin the README asks operators to install is the
-# one that builds here, on the daemon's own BuildKit (buildx's docker
-# driver, which loads the image into the daemon).
-log "building $dockerfile with docker buildx build, as the README says (with --network host: this daemon has no bridge)"
-t=$SECONDS
-no_cache=()
-[ "$build_cache" = 1 ] || no_cache=(--no-cache)
-step docker buildx build --load "${no_cache[@]}" --network host --build-arg VERSION=image-check -f "$dockerfile" -t "$IMAGE" "$root" \
-	>"$cache/logs/build.log" 2>&1 || { tail -30 "$cache/logs/build.log" >&2; fail "docker buildx build (log: $cache/logs/build.log)"; }
-build_time=$(elapsed "$t")
-size=$(docker image inspect -f '{{.Size}}' "$IMAGE")
-log "built $IMAGE in $build_time: $((size / 1000)) kB"
-
-# ---------------------------------------------------------- image checks
 
 check() { log "ok: $*"; }
 
-user=$(docker image inspect -f '{{.Config.User}}' "$IMAGE")
-[ "$user" = nonroot:nonroot ] || fail "image USER is '$user', want nonroot:nonroot"
+# Through the buildx plugin, as Docker 23 and later build (`docker build`
+# is buildx there): the plugin the README asks operators to install is the
+# one that builds here, on the daemon's own BuildKit (buildx's docker
+# driver, which loads the image into the daemon). Once per platform, the
+# native one first and tagged $IMAGE (the one run below), the other
+# $IMAGE-ARCH: cross-compiled by the Dockerfile's builder, never run here,
+# so what is checked of it is what a build decides: its platform, user,
+# state directory, and its binary's machine, linking and capability.
+no_cache=()
+[ "$build_cache" = 1 ] || no_cache=(--no-cache)
+build_times=()
+for arch in "${ARCHES[@]}"; do
+	tag=$IMAGE
+	[ "$arch" = "$NATIVE" ] || tag=$IMAGE-$arch
+	docker tag "$DISTROLESS_IMAGE-$arch" "$DISTROLESS_IMAGE"
+	log "building $dockerfile for linux/$arch with docker buildx build, as the README says (with --network host: this daemon has no bridge)"
+	t=$SECONDS
+	step docker buildx build --load "${no_cache[@]}" --platform "linux/$arch" --network host --build-arg VERSION=image-check \
+		-f "$dockerfile" -t "$tag" "$root" >"$cache/logs/build-$arch.log" 2>&1 ||
+		{ tail -30 "$cache/logs/build-$arch.log" >&2; fail "docker buildx build --platform linux/$arch (log: $cache/logs/build-$arch.log)"; }
+	build_times+=("linux/$arch $(elapsed "$t")")
+	size=$(docker image inspect -f '{{.Size}}' "$tag")
+	log "built $tag for linux/$arch in $(elapsed "$t"): $((size / 1000)) kB"
+	mark "build linux/$arch"
 
-# The directory in the image, as a new named volume copies it.
-# (stderr: this daemon warns that IPv4 forwarding is off, as meant.)
-c=$(docker create "$IMAGE" 2>/dev/null)
-entry=$(docker export "$c" | tar -tv --numeric-owner -f - var/lib/scafo-edge/ 2>/dev/null | head -n 1 || true)
-docker rm -v "$c" >/dev/null
-read -r mode owner _ <<<"$entry"
-[ "$mode" = drwx------ ] && [ "$owner" = 65532/65532 ] ||
-	fail "/var/lib/scafo-edge in the image is '${mode:-missing} ${owner:-}', want drwx------ 65532/65532 (it holds certificate keys)"
-check "/var/lib/scafo-edge in the image is $mode $owner"
+	platform=$(docker image inspect -f '{{.Os}}/{{.Architecture}}' "$tag")
+	[ "$platform" = "linux/$arch" ] || fail "$tag is for $platform, want linux/$arch"
+	user=$(docker image inspect -f '{{.Config.User}}' "$tag")
+	[ "$user" = nonroot:nonroot ] || fail "$tag: USER is '$user', want nonroot:nonroot"
+	# The image's file system, as a container made from it has it (and a
+	# new named volume copies its directory). (stderr: this daemon warns
+	# that IPv4 forwarding is off, as meant, and that an arm64 image does
+	# not match the host: it is never started.)
+	c=$(docker create "$tag" 2>/dev/null)
+	docker export -o "$run/fs.tar" "$c"
+	docker rm -v "$c" >/dev/null
+	entry=$(tar -tv --numeric-owner -f "$run/fs.tar" var/lib/scafo-edge/ 2>/dev/null | head -n 1 || true)
+	read -r mode owner _ <<<"$entry"
+	{ [ "$mode" = drwx------ ] && [ "$owner" = 65532/65532 ]; } ||
+		fail "$tag: /var/lib/scafo-edge in the image is '${mode:-missing} ${owner:-}', want drwx------ 65532/65532 (it holds certificate keys)"
+	bin=$("$run/imagecheck" binary -path scafo-edge -arch "$arch" <"$run/fs.tar" 2>&1) || fail "$tag: $bin"
+	rm -f "$run/fs.tar"
+	check "$tag is linux/$arch, USER $user, /var/lib/scafo-edge $mode $owner; $bin"
+done
+docker tag "$DISTROLESS_IMAGE-$NATIVE" "$DISTROLESS_IMAGE"
+size=$(docker image inspect -f '{{.Size}}' "$IMAGE")
+mark "image checks"
 
 "$run/imagecheck" upstream -addr 127.0.0.1:0 -addr-file "$run/upstream.addr" 9>&- &
 proc_pids+=("$!")
@@ -568,7 +687,7 @@ cat >"$run/routes.json" <<EOF
 EOF
 chmod 644 "$run/routes.json"
 edge_env=(-e SCAFO_EDGE_ROUTES_FILE=/etc/scafo-edge/routes.json -e SCAFO_EDGE_TLS=internal
-	-e SCAFO_EDGE_HTTP_ADDR=$HTTP_ADDR -e SCAFO_EDGE_HTTPS_ADDR=$HTTPS_ADDR -e SCAFO_EDGE_ADMIN_ADDR=$ADMIN_ADDR)
+	-e "SCAFO_EDGE_HTTP_ADDR=$HTTP_ADDR" -e "SCAFO_EDGE_HTTPS_ADDR=$HTTPS_ADDR" -e "SCAFO_EDGE_ADMIN_ADDR=$ADMIN_ADDR")
 
 # wait_healthy NAME SECONDS: the container's HEALTHCHECK says healthy.
 wait_healthy() {
@@ -633,7 +752,9 @@ docker volume rm scafo-edge-check-state >/dev/null
 
 # --------------------------------------------------------------- upgrade
 
+mark "run, health, stop"
 [ -z "${bg_tools:-}" ] || { wait_for "$tools/compose.ok" "$bg_tools" tools 900; log "Compose built in $(elapsed "$t_tools")"; }
+mark "tools (Compose)"
 ln -sf "$tools/docker-compose" "$DOCKER_CONFIG/cli-plugins/docker-compose"
 log "$(docker compose version)"
 
@@ -689,7 +810,7 @@ load=$(cat "$run/load.out")
 log "load: $load"
 [[ $load =~ requests=([0-9]+).*refused=([0-9]+)\ failed=([0-9]+) ]] || fail "the load printed '$load'"
 [ "${BASH_REMATCH[1]}" -gt 100 ] || fail "only ${BASH_REMATCH[1]} requests went through: not a load"
-[ "${BASH_REMATCH[2]}" = 0 ] && [ "${BASH_REMATCH[3]}" = 0 ] ||
+{ [ "${BASH_REMATCH[2]}" = 0 ] && [ "${BASH_REMATCH[3]}" = 0 ]; } ||
 	fail "the upgrade refused ${BASH_REMATCH[2]} and failed ${BASH_REMATCH[3]} requests: $(head -5 "$run/load.err")"
 check "upgraded in $upgrade_time under load: $load"
 docker inspect "$first" >/dev/null 2>&1 && fail "the old container $first is still there"
@@ -697,6 +818,7 @@ second=$(docker compose -p "$PROJECT" -f "$run/compose.yaml" ps -q edge)
 handovers=$(curl -fsS "http://$ADMIN_ADDR/metrics" | grep '^scafo_edge_handovers_total{result="received"}' || true)
 [[ $handovers == *" 1" ]] || fail "the new edge's metrics say '$handovers', want scafo_edge_handovers_total{result=\"received\"} 1"
 check "the new edge counts $handovers; readyz: $(curl -fsS "http://$ADMIN_ADDR/readyz" | head -n 1)"
+mark "upgrade under load"
 
 log "upgrading to a successor that crash-loops (SCAFO_EDGE_LOG_LEVEL=bogus)"
 compose_file "SCAFO_EDGE_LOG_LEVEL: bogus"
@@ -708,17 +830,19 @@ crash_time=$(elapsed "$t")
 [ $((SECONDS - t)) -le 30 ] || { cat "$run/crash.log" >&2; fail "deploy/upgrade-compose.sh took $crash_time to give up on a crash-looping successor"; }
 # No match is reported by the check below, not by pipefail's silent exit.
 saved=$(grep -o "saved in [^ ;]*" "$run/crash.log" | cut -d' ' -f3 || true)
-[ -n "$saved" ] && grep -q bogus "$saved" || { cat "$run/crash.log" >&2; fail "the crashed successor's log was not kept (or does not say why)"; }
+{ [ -n "$saved" ] && grep -q bogus "$saved"; } || { cat "$run/crash.log" >&2; fail "the crashed successor's log was not kept (or does not say why)"; }
 [ "$(docker compose -p "$PROJECT" -f "$run/compose.yaml" ps -q edge)" = "$second" ] || fail "after the failed upgrade, the edge is not $second alone"
 [ "$(docker inspect -f '{{.HostConfig.RestartPolicy.Name}}' "$second")" = unless-stopped ] || fail "the failed upgrade did not restore $second's restart policy"
 through
 check "a crash-looping successor: exit $rc in $crash_time, its log kept ($(wc -l <"$saved") lines), the running edge kept serving: $(grep -m1 'did not' "$run/crash.log" | cut -c1-160)"
 step docker compose -p "$PROJECT" -f "$run/compose.yaml" down -v >/dev/null 2>&1
+mark "crash-looping successor"
 
 # What each run adds to the data root: the image it replaced (dangling
 # now) and build cache past a bound. The base images are tagged and stay.
 step docker image prune -f >/dev/null
 step docker builder prune -f --keep-storage 3GB >/dev/null
 log "data root: $(du -sh "$cache/docker" | cut -f1)"
+mark prune
 
-log "summary: image $((size / 1000)) kB, built in $build_time; upgrade under load: $load; crash-looping successor given up in $crash_time"
+log "summary: image $((size / 1000)) kB, built in $(printf '%s, ' "${build_times[@]}")upgrade under load: $load; crash-looping successor given up in $crash_time"

@@ -92,6 +92,55 @@ func TestDockerfileAgreesWithFlags(t *testing.T) {
 		}
 	})
 
+	t.Run("the builder runs on the build platform and cross-compiles for the target", func(t *testing.T) {
+		// An arm64 image built on amd64 (or the other way round) must not
+		// run the builder under emulation: the builder stage is the build
+		// machine's own platform and Go compiles for the target's.
+		b := df.stages[0]
+		if p := b.flags["platform"]; p != "$BUILDPLATFORM" && p != "${BUILDPLATFORM}" {
+			t.Errorf("builder FROM --platform=%q, want $BUILDPLATFORM", p)
+		}
+		if p, ok := final.flags["platform"]; ok {
+			t.Errorf("final FROM --platform=%q: the final stage must be the target platform's", p)
+		}
+		// BuildKit sets TARGETOS and TARGETARCH, but a stage sees them only
+		// if it declares them: undeclared, they expand empty and Go builds
+		// for the build machine, under the target's name.
+		declared := map[string]bool{}
+		set := map[string]string{}
+		for _, in := range b.instrs {
+			switch in.cmd {
+			case "ARG":
+				k, _, _ := strings.Cut(in.args, "=")
+				declared[k] = true
+			case "RUN":
+				for _, seg := range splitAnd(runWords(t, in.args)) {
+					if len(seg) > 1 && seg[0] == "go" && seg[1] == "build" {
+						break
+					}
+					for _, w := range seg {
+						if k, v, ok := strings.Cut(w, "="); ok && (k == "GOOS" || k == "GOARCH") {
+							set[k] = v
+						}
+					}
+				}
+			}
+		}
+		for k, arg := range map[string]string{"GOOS": "TARGETOS", "GOARCH": "TARGETARCH"} {
+			if v := set[k]; v != "$"+arg && v != "${"+arg+"}" {
+				t.Errorf("the go build's RUN sets %s=%q before it, want $%s", k, v, arg)
+			}
+			if !declared[arg] {
+				t.Errorf("builder stage has no ARG %s: it would expand empty", arg)
+			}
+		}
+		for _, in := range final.instrs {
+			if in.cmd == "RUN" {
+				t.Errorf("Dockerfile:%d: RUN in the final stage would run the target's binaries at build time (emulation for another platform)", in.line)
+			}
+		}
+	})
+
 	t.Run("the builder sets cap_net_bind_service on the binary it builds", func(t *testing.T) {
 		args := df.builderSetcap(t)
 		if !slices.Contains(args, "cap_net_bind_service=+ep") {
@@ -178,6 +227,7 @@ type dockerfile struct {
 
 type dockerStage struct {
 	image, name string
+	flags       map[string]string // FROM's --flags: --platform=$BUILDPLATFORM
 	instrs      []dockerInstr
 }
 
@@ -207,8 +257,9 @@ func parseDockerfile(t *testing.T, file string) *dockerfile {
 		switch {
 		case in.cmd == "FROM":
 			f := strings.Fields(in.args)
+			flags, _ := copyArgs(in.args)
 			f = slices.DeleteFunc(f, func(s string) bool { return strings.HasPrefix(s, "--") })
-			st := &dockerStage{image: f[0]}
+			st := &dockerStage{image: f[0], flags: flags}
 			if len(f) == 3 && strings.EqualFold(f[1], "AS") {
 				st.name = f[2]
 			}

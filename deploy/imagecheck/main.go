@@ -1,12 +1,16 @@
-// Command imagecheck is the loopback upstream and the load generator that
-// deploy/image-check.sh runs around the image it built: the upstream answers
-// every request with a line naming it, and the load counts requests through
-// the edge as answered, refused (nothing accepted the connection) or failed
-// (any other error, or an answer that is not the upstream's) while the
-// edge's container is replaced.
+// Command imagecheck is the loopback upstream, the load generator and the
+// binary check that deploy/image-check.sh runs around the images it built:
+// the upstream answers every request with a line naming it, the load counts
+// requests through the edge as answered, refused (nothing accepted the
+// connection) or failed (any other error, or an answer that is not the
+// upstream's) while the edge's container is replaced, and binary checks
+// the binary in an image's file system (docker export) for its ELF machine,
+// static linking and file capability, which is all that can be checked of
+// an image for another architecture without running it.
 //
 //	imagecheck upstream -addr 127.0.0.1:0 -addr-file upstream.addr
 //	imagecheck load -http http://127.0.0.1/ -https https://127.0.0.1/ -host check.localhost -http-host plain.http.localhost -max 3m
+//	docker export CONTAINER | imagecheck binary -path scafo-edge -arch arm64
 //
 // load stops on SIGINT or SIGTERM, or at -max, and prints one line:
 //
@@ -43,7 +47,7 @@ func main() {
 	log.SetFlags(0)
 	log.SetPrefix("imagecheck: ")
 	if len(os.Args) < 2 {
-		log.Fatal("usage: imagecheck upstream|load [flags]")
+		log.Fatal("usage: imagecheck upstream|load|binary [flags]")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -53,8 +57,10 @@ func main() {
 		err = upstream(ctx, os.Args[2:])
 	case "load":
 		err = load(ctx, os.Args[2:])
+	case "binary":
+		err = binaryCheck(os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q: want upstream or load", os.Args[1])
+		err = fmt.Errorf("unknown command %q: want upstream, load or binary", os.Args[1])
 	}
 	if err != nil {
 		log.Fatal(err)
