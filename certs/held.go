@@ -22,8 +22,13 @@ import (
 type HeldWildcards struct {
 	m *Manager
 
-	mu sync.Mutex
-	// held maps each wildcard loaded to its certificate's expiry.
+	// loading serialises Loads, which wait on storage; failed is theirs.
+	// mu guards held and keys only, so that Lapsing and NotRenewed (the
+	// status page) never wait for storage.
+	loading sync.Mutex
+	mu      sync.Mutex
+	// held maps each wildcard loaded to its certificate's expiry; Load
+	// writes it under both locks.
 	held map[string]time.Time
 	// failed remembers keys whose load failed for another reason than
 	// absence, so the failure is logged once.
@@ -83,9 +88,11 @@ func (h *HeldWildcards) Load(keys []string) {
 	}
 	ctx, cancel := context.WithTimeout(h.m.ctx, heldLoadTimeout)
 	defer cancel()
+	h.loading.Lock()
+	defer h.loading.Unlock()
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.keys = keys
+	h.mu.Unlock()
 	for _, key := range keys {
 		base, ok := strings.CutPrefix(key, "*.")
 		if !ok || h.m.bases[base] {
@@ -110,7 +117,9 @@ func (h *HeldWildcards) Load(keys []string) {
 		if !time.Now().Before(until) {
 			continue
 		}
+		h.mu.Lock()
 		h.held[key] = until
+		h.mu.Unlock()
 		h.m.log.Warn().Str("name", key).Strs("names", cert.Names).Time("lapses_at", until).
 			Msg("wildcard certificate from storage served without renewal: no DNS-01 provider keeps it (--dns-provider, --wildcard-domains " + base + "); hosts under it lose HTTPS when it lapses")
 	}
