@@ -33,9 +33,11 @@ type HeldWildcards struct {
 	// failed remembers keys whose load failed for another reason than
 	// absence, so the failure is logged once.
 	failed map[string]bool
-	// keys are the wildcard keys of the last Load, looked for again every
+	// keys are the wildcard keys of the last Want, looked for again every
 	// heldRecheck until the Manager closes.
 	keys []string
+	// wake asks recheck to look for keys now.
+	wake chan struct{}
 }
 
 const (
@@ -54,13 +56,30 @@ func NewHeldWildcards(m *Manager) *HeldWildcards {
 	if m.acme == nil {
 		return nil
 	}
-	h := &HeldWildcards{m: m, held: map[string]time.Time{}, failed: map[string]bool{}}
+	h := &HeldWildcards{m: m, held: map[string]time.Time{}, failed: map[string]bool{}, wake: make(chan struct{}, 1)}
 	go h.recheck()
 	return h
 }
 
-// recheck runs Load with the last keys every heldRecheck until the
-// Manager closes.
+// Want makes keys, the wildcard keys of the routing document now served,
+// the ones looked for: at once, off the caller's goroutine, then every
+// heldRecheck. The keys are recorded before Want returns, so a document's
+// keys never replace a later one's, whatever the goroutines' order.
+func (h *HeldWildcards) Want(keys []string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.keys = keys
+	h.mu.Unlock()
+	select {
+	case h.wake <- struct{}{}:
+	default: // a look is due already; it reads the keys just set
+	}
+}
+
+// recheck runs Load with the last keys Want recorded, when Want asks and
+// every heldRecheck, until the Manager closes.
 func (h *HeldWildcards) recheck() {
 	t := time.NewTicker(heldRecheck)
 	defer t.Stop()
@@ -68,19 +87,20 @@ func (h *HeldWildcards) recheck() {
 		select {
 		case <-h.m.ctx.Done():
 			return
+		case <-h.wake:
 		case <-t.C:
-			h.mu.Lock()
-			keys := h.keys
-			h.mu.Unlock()
-			h.Load(keys)
 		}
+		h.mu.Lock()
+		keys := h.keys
+		h.mu.Unlock()
+		h.Load(keys)
 	}
 }
 
 // Load looks in storage for a certificate for each "*.<base>" in keys
 // (other names are ignored) not kept by DNS-01 and not held yet, and
-// serves what it finds. It is called with each routing document's
-// wildcard keys; a key dropped from the document keeps its certificate
+// serves what it finds (Want calls it with each routing document's
+// wildcard keys); a key dropped from the document keeps its certificate
 // in memory until it expires, as any certificate would.
 func (h *HeldWildcards) Load(keys []string) {
 	if h == nil || h.m.ctx.Err() != nil {
@@ -90,9 +110,6 @@ func (h *HeldWildcards) Load(keys []string) {
 	defer cancel()
 	h.loading.Lock()
 	defer h.loading.Unlock()
-	h.mu.Lock()
-	h.keys = keys
-	h.mu.Unlock()
 	for _, key := range keys {
 		base, ok := strings.CutPrefix(key, "*.")
 		if !ok || h.m.bases[base] {

@@ -2,6 +2,7 @@ package certs
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -76,5 +77,29 @@ func TestHeldWildcardsAnswerWhileStorageIsSlow(t *testing.T) {
 		release() // let the goroutines end before failing
 		<-answered
 		t.Fatal("NotRenewed waited for a Load blocked on storage")
+	}
+}
+
+// TestHeldWildcardsLookForTheLatestDocumentsKeys: each routing document's
+// keys were loaded on a goroutine of their own, which recorded them for the
+// minutely look; one that ran late put an older document's keys back, and
+// a wildcard added since was never looked for again.
+func TestHeldWildcardsLookForTheLatestDocumentsKeys(t *testing.T) {
+	db := openTestDB(t, t.TempDir())
+	m, err := New(context.Background(), Options{Mode: ModeACME, DB: db, CA: "https://127.0.0.1:1/dir"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	h := NewHeldWildcards(m)
+	older, latest := []string{"*.a.example"}, []string{"*.a.example", "*.b.example"}
+	h.Want(older)
+	h.Want(latest)
+	h.Load(older) // the older document's load, late
+	h.mu.Lock()
+	got := h.keys
+	h.mu.Unlock()
+	if !slices.Equal(got, latest) {
+		t.Errorf("keys looked for again = %v, want the latest document's %v", got, latest)
 	}
 }
