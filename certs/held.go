@@ -22,15 +22,22 @@ import (
 type HeldWildcards struct {
 	m *Manager
 
-	mu sync.Mutex
-	// held maps each wildcard loaded to its certificate's expiry.
+	// loading serialises Loads, which wait on storage; failed is theirs.
+	// mu guards held and keys only, so that Lapsing and NotRenewed (the
+	// status page) never wait for storage.
+	loading sync.Mutex
+	mu      sync.Mutex
+	// held maps each wildcard loaded to its certificate's expiry; Load
+	// writes it under both locks.
 	held map[string]time.Time
 	// failed remembers keys whose load failed for another reason than
 	// absence, so the failure is logged once.
 	failed map[string]bool
-	// keys are the wildcard keys of the last Load, looked for again every
+	// keys are the wildcard keys of the last Want, looked for again every
 	// heldRecheck until the Manager closes.
 	keys []string
+	// wake asks recheck to look for keys now.
+	wake chan struct{}
 }
 
 const (
@@ -49,13 +56,30 @@ func NewHeldWildcards(m *Manager) *HeldWildcards {
 	if m.acme == nil {
 		return nil
 	}
-	h := &HeldWildcards{m: m, held: map[string]time.Time{}, failed: map[string]bool{}}
+	h := &HeldWildcards{m: m, held: map[string]time.Time{}, failed: map[string]bool{}, wake: make(chan struct{}, 1)}
 	go h.recheck()
 	return h
 }
 
-// recheck runs Load with the last keys every heldRecheck until the
-// Manager closes.
+// Want makes keys, the wildcard keys of the routing document now served,
+// the ones looked for: at once, off the caller's goroutine, then every
+// heldRecheck. The keys are recorded before Want returns, so a document's
+// keys never replace a later one's, whatever the goroutines' order.
+func (h *HeldWildcards) Want(keys []string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.keys = keys
+	h.mu.Unlock()
+	select {
+	case h.wake <- struct{}{}:
+	default: // a look is due already; it reads the keys just set
+	}
+}
+
+// recheck runs Load with the last keys Want recorded, when Want asks and
+// every heldRecheck, until the Manager closes.
 func (h *HeldWildcards) recheck() {
 	t := time.NewTicker(heldRecheck)
 	defer t.Stop()
@@ -63,19 +87,20 @@ func (h *HeldWildcards) recheck() {
 		select {
 		case <-h.m.ctx.Done():
 			return
+		case <-h.wake:
 		case <-t.C:
-			h.mu.Lock()
-			keys := h.keys
-			h.mu.Unlock()
-			h.Load(keys)
 		}
+		h.mu.Lock()
+		keys := h.keys
+		h.mu.Unlock()
+		h.Load(keys)
 	}
 }
 
 // Load looks in storage for a certificate for each "*.<base>" in keys
 // (other names are ignored) not kept by DNS-01 and not held yet, and
-// serves what it finds. It is called with each routing document's
-// wildcard keys; a key dropped from the document keeps its certificate
+// serves what it finds (Want calls it with each routing document's
+// wildcard keys); a key dropped from the document keeps its certificate
 // in memory until it expires, as any certificate would.
 func (h *HeldWildcards) Load(keys []string) {
 	if h == nil || h.m.ctx.Err() != nil {
@@ -83,9 +108,8 @@ func (h *HeldWildcards) Load(keys []string) {
 	}
 	ctx, cancel := context.WithTimeout(h.m.ctx, heldLoadTimeout)
 	defer cancel()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.keys = keys
+	h.loading.Lock()
+	defer h.loading.Unlock()
 	for _, key := range keys {
 		base, ok := strings.CutPrefix(key, "*.")
 		if !ok || h.m.bases[base] {
@@ -110,7 +134,9 @@ func (h *HeldWildcards) Load(keys []string) {
 		if !time.Now().Before(until) {
 			continue
 		}
+		h.mu.Lock()
 		h.held[key] = until
+		h.mu.Unlock()
 		h.m.log.Warn().Str("name", key).Strs("names", cert.Names).Time("lapses_at", until).
 			Msg("wildcard certificate from storage served without renewal: no DNS-01 provider keeps it (--dns-provider, --wildcard-domains " + base + "); hosts under it lose HTTPS when it lapses")
 	}

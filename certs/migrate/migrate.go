@@ -6,7 +6,7 @@
 //
 // It reads, checks and writes; it never talks to a CA and never deletes.
 // A certificate that fails its check (unparsable PEM, a key that does not
-// match, expired) is refused and nothing is written for it.
+// match, expired, a name that is no host name) is refused and nothing is written for it.
 package migrate
 
 import (
@@ -59,11 +59,13 @@ var (
 	ErrKeyMismatch = errors.New("key does not match the certificate")
 	ErrExpired     = errors.New("expired")
 	ErrNoNames     = errors.New("certificate names no DNS name")
+	ErrBadName     = errors.New("certificate names a DNS name that is no hostname")
 )
 
 // Check parses c and decides whether it may be imported at now: a chain
 // of one or more certificates, a private key whose public half is the
-// leaf's, a leaf not expired and naming at least one DNS name.
+// leaf's, a leaf not expired, naming at least one DNS name and none that
+// is no host name.
 func Check(c Candidate, now time.Time) (Cert, error) {
 	if c.Err != nil {
 		return Cert{}, c.Err
@@ -106,6 +108,9 @@ func Check(c Candidate, now time.Time) (Cert, error) {
 	var names []string
 	for _, n := range leaf.DNSNames {
 		n = strings.TrimSuffix(strings.ToLower(n), ".")
+		if n != "" && !hostname(n) {
+			return Cert{}, fmt.Errorf("%w: %q", ErrBadName, n)
+		}
 		if n != "" && !slices.Contains(names, n) {
 			names = append(names, n)
 		}
@@ -124,6 +129,20 @@ func Check(c Candidate, now time.Time) (Cert, error) {
 		CertPEM: certPEM.Bytes(),
 		KeyPEM:  pem.EncodeToMemory(&pem.Block{Type: keyBlock.Type, Bytes: keyBlock.Bytes}),
 	}, nil
+}
+
+// hostname reports whether n (lower-cased) is a host name, or "*." and
+// one: labels of letters, digits, hyphens and underscores. Anything else
+// certmagic would file under another name's keys (KeyBuilder.Safe drops
+// "/", "..", spaces, and maps "*" anywhere), replacing its certificate.
+func hostname(n string) bool {
+	n = strings.TrimPrefix(n, "*.")
+	for label := range strings.SplitSeq(n, ".") {
+		if label == "" || strings.Trim(label, "abcdefghijklmnopqrstuvwxyz0123456789-_") != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // parseKey returns the first private key block of b and its key, in any

@@ -343,3 +343,70 @@ func TestRun(t *testing.T) {
 		t.Error("Run() with a failing store = nil error, want one")
 	}
 }
+
+// TestCheckRefusesNamesThatAreNoHostname: certmagic files a name under
+// KeyBuilder.Safe(name), which drops "/", "..", spaces and the like, so a
+// certificate naming "a/b.example" would land on the keys of
+// "ab.example" and replace that name's certificate.
+func TestCheckRefusesNamesThatAreNoHostname(t *testing.T) {
+	for _, name := range []string{"a/b.example", "../x.example", "x..y.example", "a b.example", "a*b.example", "*.*.example", "a+b.example", "a:b.example", "x.example/..", ".x.example"} {
+		t.Run(name, func(t *testing.T) {
+			in := valid(t, name)
+			if c, err := Check(Candidate{CertPEM: in.cert, KeyPEM: in.key}, now); !errors.Is(err, ErrBadName) {
+				t.Errorf("Check(%q) = names %v, error %v; want %v", name, c.Names, err, ErrBadName)
+			}
+		})
+	}
+	for _, name := range []string{"Shop.Example.", "*.apps.example", "under_score.example", "xn--bcher-kva.example", "a-b.example"} {
+		in := valid(t, name)
+		if _, err := Check(Candidate{CertPEM: in.cert, KeyPEM: in.key}, now); err != nil {
+			t.Errorf("Check(%q) = %v, want it imported", name, err)
+		}
+	}
+}
+
+// failAfter is a memStore whose Store fails once, after n writes
+// succeeded (a node that drops one request).
+type failAfter struct {
+	*memStore
+	n int
+}
+
+func (s *failAfter) Store(ctx context.Context, key string, v []byte) error {
+	s.n--
+	if s.n == -1 {
+		return errors.New("node down")
+	}
+	return s.memStore.Store(ctx, key, v)
+}
+
+// TestWriteCutShortKeepsTheStoredPair: replacing a name's certificate
+// writes its key, then its certificate; a store that fails in between
+// must not leave the new key beside the old certificate, a pair
+// certmagic refuses to load (the name would lose HTTPS).
+func TestWriteCutShortKeepsTheStoredPair(t *testing.T) {
+	ctx := context.Background()
+	old := valid(t, "shop.example")
+	oc, err := Check(Candidate{CertPEM: old.cert, KeyPEM: old.key}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := &memStore{m: map[string][]byte{}}
+	if _, err := Write(ctx, mem, "ca", oc); err != nil {
+		t.Fatal(err)
+	}
+	later := issue(t, now.Add(-time.Hour), now.Add(80*24*time.Hour), false, "shop.example")
+	lc, err := Check(Candidate{CertPEM: later.cert, KeyPEM: later.key}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &failAfter{memStore: mem, n: 1} // the key is written, the certificate is not
+	if _, err := Write(ctx, st, "ca", lc); err == nil {
+		t.Fatal("Write() with a store failing mid-way = nil error, want one")
+	}
+	certPEM := mem.m[certmagic.StorageKeys.SiteCert("ca", "shop.example")]
+	keyPEM := mem.m[certmagic.StorageKeys.SitePrivateKey("ca", "shop.example")]
+	if _, err := Check(Candidate{CertPEM: certPEM, KeyPEM: keyPEM}, now); err != nil {
+		t.Errorf("after a Write cut short, the stored pair does not load: %v", err)
+	}
+}

@@ -48,7 +48,9 @@ type meta struct {
 // Write stores c under each of its names, with the keys certmagic's
 // issuer issuerKey reads (StorageKeys.SiteCert, SitePrivateKey,
 // SiteMeta): key and certificate first, the metadata last, so a write cut
-// short leaves nothing certmagic would load. Writing again what is there
+// short leaves nothing certmagic would load for a new name, and, for a name
+// whose certificate it replaces, the old key put back when the certificate
+// could not be written. Writing again what is there
 // changes nothing; a name whose stored certificate outlives c is kept.
 func Write(ctx context.Context, st Store, issuerKey string, c Cert) (Outcome, error) {
 	var out Outcome
@@ -62,7 +64,7 @@ func Write(ctx context.Context, st Store, issuerKey string, c Cert) (Outcome, er
 			certmagic.StorageKeys.SitePrivateKey(issuerKey, name),
 			certmagic.StorageKeys.SiteMeta(issuerKey, name),
 		}
-		same, newer, err := stored(ctx, st, keys.cert, keys.key, keys.meta, c)
+		same, newer, prevKey, err := stored(ctx, st, keys.cert, keys.key, keys.meta, c)
 		if err != nil {
 			return out, fmt.Errorf("read stored certificate for %s: %w", name, err)
 		}
@@ -79,6 +81,14 @@ func Write(ctx context.Context, st Store, issuerKey string, c Cert) (Outcome, er
 			val []byte
 		}{{keys.key, c.KeyPEM}, {keys.cert, c.CertPEM}, {keys.meta, metaJSON}} {
 			if err := st.Store(ctx, kv.key, kv.val); err != nil {
+				if kv.key == keys.cert && prevKey != nil {
+					// The new key sits beside the old certificate, a pair
+					// certmagic refuses: put the old key back so the name
+					// keeps its certificate.
+					if rerr := st.Store(context.WithoutCancel(ctx), keys.key, prevKey); rerr != nil {
+						err = fmt.Errorf("%w (and restoring the previous key failed, so %s's stored certificate does not load until imported again: %v)", err, name, rerr)
+					}
+				}
 				return out, fmt.Errorf("store %s: %w", kv.key, err)
 			}
 		}
@@ -89,8 +99,9 @@ func Write(ctx context.Context, st Store, issuerKey string, c Cert) (Outcome, er
 
 // stored reports whether the store holds c itself at these keys (all
 // three present, certificate and key byte for byte), or a different
-// certificate valid for longer than c.
-func stored(ctx context.Context, st Store, certKey, keyKey, metaKey string, c Cert) (same, newer bool, err error) {
+// certificate valid for longer than c; prevKey is the stored key when a
+// certificate is stored beside it.
+func stored(ctx context.Context, st Store, certKey, keyKey, metaKey string, c Cert) (same, newer bool, prevKey []byte, err error) {
 	load := func(key string) ([]byte, error) {
 		b, err := st.Load(ctx, key)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -100,27 +111,27 @@ func stored(ctx context.Context, st Store, certKey, keyKey, metaKey string, c Ce
 	}
 	certPEM, err := load(certKey)
 	if err != nil || certPEM == nil {
-		return false, false, err
+		return false, false, nil, err
 	}
 	keyPEM, err := load(keyKey)
 	if err != nil {
-		return false, false, err
+		return false, false, nil, err
 	}
 	metaJSON, err := load(metaKey)
 	if err != nil {
-		return false, false, err
+		return false, false, nil, err
 	}
 	if bytes.Equal(certPEM, c.CertPEM) && bytes.Equal(keyPEM, c.KeyPEM) && metaJSON != nil {
-		return true, false, nil
+		return true, false, keyPEM, nil
 	}
 	// What is stored counts only if certmagic could load it.
 	if keyPEM == nil || metaJSON == nil {
-		return false, false, nil
+		return false, false, keyPEM, nil
 	}
 	// The zero time passes Check's expiry test; NotAfter is compared here.
 	have, err := Check(Candidate{CertPEM: certPEM, KeyPEM: keyPEM}, time.Time{})
 	if err != nil {
-		return false, false, nil
+		return false, false, keyPEM, nil
 	}
-	return false, have.Leaf.NotAfter.After(c.Leaf.NotAfter), nil
+	return false, have.Leaf.NotAfter.After(c.Leaf.NotAfter), keyPEM, nil
 }

@@ -124,7 +124,7 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		// serve their route keys; read off the poller's goroutine.
 		held := certs.NewHeldWildcards(m)
 		ts.notRenewed = held.NotRenewed
-		ts.tableChanged = func(t *edge.Table) { go held.Load(wildcardKeys(t)) }
+		ts.tableChanged = func(t *edge.Table) { held.Want(wildcardKeys(t)) }
 	}
 	if pf != nil {
 		wildcards := ts.tableChanged
