@@ -157,10 +157,15 @@ func (t *trackedConn) Read(p []byte) (int, error) {
 }
 
 func (t *trackedConn) Close() error {
-	err := t.Conn.Close()
-	if t.closed.CompareAndSwap(false, true) {
-		t.c.connClosed(t)
+	// Claimed before the connection goes: closing it wakes its server's
+	// goroutine, which closes it too, and the descriptor must be given
+	// back by this call, before it returns (shedding counts on it), not
+	// later by that one.
+	if !t.closed.CompareAndSwap(false, true) {
+		return t.Conn.Close()
 	}
+	err := t.Conn.Close()
+	t.c.connClosed(t)
 	return err
 }
 

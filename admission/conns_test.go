@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -347,5 +348,55 @@ func TestConnStateIgnoresAConnectionTheListenerDidNotCount(t *testing.T) {
 	}
 	if s := c.Snapshot(); s.IdleConns != 0 || s.ClientConns != 0 {
 		t.Errorf("Snapshot = %d idle of %d connections, want nothing counted", s.IdleConns, s.ClientConns)
+	}
+}
+
+// closeHookConn runs onClose, once, when it is first closed, before the
+// connection goes.
+type closeHookConn struct {
+	net.Conn
+	closed  atomic.Bool
+	onClose func()
+}
+
+func (h *closeHookConn) Close() error {
+	if h.closed.CompareAndSwap(false, true) {
+		h.onClose()
+	}
+	return h.Conn.Close()
+}
+
+// Shedding closes a connection and counts at once what that freed: the
+// server's goroutine, woken by the close, closes it too, and must not be
+// the one that gives the descriptor back later, or the shedder, still
+// counting it, closes one more than needed.
+func TestTheCloseThatClosesAConnectionGivesItsDescriptorBack(t *testing.T) {
+	t.Parallel()
+	c := newController(t, Options{Limits: testLimits(20)})
+	ln := c.Listener(listen(t))
+	dialFrom(t, "127.0.0.1", ln.Addr().String())
+	conn, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := conn.(*trackedConn)
+	var inServersClose int64
+	tc.Conn = &closeHookConn{Conn: tc.Conn, onClose: func() {
+		// The server's goroutine sees its read fail and closes the
+		// connection too, before the shedder's Close returns.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			tc.Close()
+		}()
+		<-done
+		inServersClose = c.clientConns.Load()
+	}}
+	conn.Close()
+	if got := c.clientConns.Load(); got != 0 {
+		t.Errorf("client connections counted after Close returned = %d, want 0", got)
+	}
+	if inServersClose != 1 {
+		t.Errorf("client connections counted when the server's own Close returned, the shedder's still running = %d, want 1: the shedder's Close gives it back", inServersClose)
 	}
 }
