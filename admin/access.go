@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/scafo/scafo-edge/internal/forwarded"
 )
 
 // Who may read what on the admin listener, in three tiers:
@@ -99,33 +101,17 @@ func (a *Server) client(r *http.Request) (client, peer netip.Addr, ok bool) {
 	}
 	peer = ap.Addr().Unmap().WithZone("")
 	client = peer
-	if !containsAddr(a.TrustedProxies, peer) {
+	if !forwarded.Contains(a.TrustedProxies, peer) {
 		return client, peer, true
 	}
-	vals := r.Header.Values("X-Forwarded-For")
-	for i := len(vals) - 1; i >= 0; i-- {
-		parts := strings.Split(vals[i], ",")
-		for j := len(parts) - 1; j >= 0; j-- {
-			named, err := netip.ParseAddr(strings.TrimSpace(parts[j]))
-			if err != nil {
-				return client, peer, false
-			}
-			client = named.Unmap().WithZone("")
-			if !containsAddr(a.TrustedProxies, client) {
-				return client, peer, true
-			}
-		}
+	named, _, err := forwarded.Client(r.Header.Values("X-Forwarded-For"), a.TrustedProxies)
+	if err != nil {
+		return client, peer, false
+	}
+	if named.IsValid() {
+		client = named
 	}
 	return client, peer, true
-}
-
-func containsAddr(nets []netip.Prefix, a netip.Addr) bool {
-	for _, p := range nets {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
 }
 
 // bearer reports whether r carries the ingress token as a bearer token. No
@@ -154,7 +140,7 @@ func (a *Server) privileged(r *http.Request) bool {
 // carries the ingress token.
 func (a *Server) mayScrape(r *http.Request) bool {
 	if client, _, ok := a.client(r); ok {
-		if client.IsLoopback() || containsAddr(a.MetricsFrom, client) || containsAddr(a.TrustedProxies, client) {
+		if client.IsLoopback() || forwarded.Contains(a.MetricsFrom, client) || forwarded.Contains(a.TrustedProxies, client) {
 			return true
 		}
 	}

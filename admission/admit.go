@@ -3,7 +3,8 @@ package admission
 import (
 	"net/http"
 	"net/netip"
-	"strings"
+
+	"github.com/scafo/scafo-edge/internal/forwarded"
 )
 
 // Refusal says why Admit refused a request, Admitted when it did not.
@@ -139,27 +140,9 @@ func (c *Controller) clientOfRequest(r *http.Request) (netip.Addr, bool) {
 		}
 		return clientKey(ip), true
 	}
-	// The rightmost address that is not a trusted proxy's is the client
-	// the proxies vouch for; any left of it could be forged.
-	vals := r.Header["X-Forwarded-For"]
-	for i := len(vals) - 1; i >= 0; i-- {
-		v := vals[i]
-		for v != "" {
-			j := strings.LastIndexByte(v, ',')
-			part := strings.TrimSpace(v[j+1:])
-			v = v[:max(j, 0)]
-			if j < 0 {
-				v = ""
-			}
-			a, err := netip.ParseAddr(part)
-			if err != nil {
-				return netip.Addr{}, false
-			}
-			a = a.Unmap()
-			if !contains(c.trusted, a) {
-				return clientKey(a), true
-			}
-		}
+	client, vouched, err := forwarded.Client(r.Header["X-Forwarded-For"], c.trusted)
+	if err != nil || !vouched {
+		return netip.Addr{}, false
 	}
-	return netip.Addr{}, false
+	return clientKey(client), true
 }
