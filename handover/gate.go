@@ -32,8 +32,9 @@ const quiet = 100 * time.Millisecond
 //
 // Wrap each server's listener with Listener (outermost, below TLS: the gate
 // sees the bytes a connection receives) and set each server's ConnState to
-// the Gate's. The zero value is ready to use; its methods are safe for
-// concurrent use.
+// the Gate's; set its ConnContext and wrap its handler with Handler too, or
+// Wait waits for first requests to be answered rather than to be read. The
+// zero value is ready to use; its methods are safe for concurrent use.
 type Gate struct {
 	mu        sync.Mutex
 	listeners []*gatedListener
@@ -59,24 +60,75 @@ func (g *Gate) Listener(l net.Listener) net.Listener {
 func (g *Gate) ConnState(c net.Conn, st http.ConnState) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if st == http.StateNew {
+	switch st {
+	case http.StateNew:
 		if g.fresh == nil {
 			g.fresh = map[net.Conn]*gateConn{}
 		}
-		g.fresh[c] = gateConnOf(c)
+		gc := gateConnOf(c)
+		if gc != nil {
+			gc.served = c
+		}
+		g.fresh[c] = gc
 		if g.handedOut > 0 {
 			g.handedOut--
 		}
 		g.notify()
+	case http.StateActive:
+		// An HTTP/1 server reports a connection active as soon as it has
+		// read a request, and only then checks whether it is shutting
+		// down: a Shutdown in between drops the request unanswered. So
+		// the connection still counts as arriving until its request
+		// reaches the handler (Handler says so) or it moves on.
+		if gc := g.fresh[c]; gc != nil {
+			gc.reading = true
+			return
+		}
+		g.arrived(c)
+	default:
+		g.arrived(c)
+	}
+}
+
+// ConnContext is the hook for http.Server.ConnContext (see
+// serving.ResetGuard.Configure to chain another): it lets Handler find
+// the connection a request came on.
+func (g *Gate) ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if gc := gateConnOf(c); gc != nil {
+		return context.WithValue(ctx, gateConnKey{}, gc)
+	}
+	return ctx
+}
+
+type gateConnKey struct{}
+
+// Handler tells the gate when a connection's first request reaches h, so
+// that Wait need not wait for its answer; a server without it still loses
+// no request, but Wait waits until the first answer is written.
+func (g *Gate) Handler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if gc, _ := r.Context().Value(gateConnKey{}).(*gateConn); gc != nil && gc.watched.Load() {
+			g.mu.Lock()
+			if g.fresh[gc.served] == gc {
+				g.arrived(gc.served)
+			}
+			g.mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// arrived stops watching c, the server's connection; g.mu is held.
+func (g *Gate) arrived(c net.Conn) {
+	gc, ok := g.fresh[c]
+	if !ok {
 		return
 	}
-	if gc, ok := g.fresh[c]; ok {
-		if gc != nil {
-			gc.watched.Store(false)
-		}
-		delete(g.fresh, c)
-		g.notify()
+	if gc != nil {
+		gc.watched.Store(false)
 	}
+	delete(g.fresh, c)
+	g.notify()
 }
 
 // gateConnOf finds the gate's connection under c (a *tls.Conn's, say);
@@ -124,9 +176,16 @@ func (g *Gate) Wait(ctx context.Context) error {
 	for {
 		g.mu.Lock()
 		busy, recheck := g.handedOut > 0, time.Duration(0)
+		for _, l := range g.listeners {
+			busy = busy || l.accepting && l.stopped.Load()
+		}
 		now := time.Now()
 		for _, gc := range g.fresh {
 			if gc == nil {
+				continue
+			}
+			if gc.reading {
+				busy = true
 				continue
 			}
 			if left := quiet - now.Sub(time.Unix(0, gc.last.Load())); left > 0 {
@@ -167,14 +226,29 @@ func (g *Gate) Wait(ctx context.Context) error {
 
 type gatedListener struct {
 	net.Listener
-	gate      *Gate
+	gate *Gate
+	// accepting is set while Accept waits for a connection (g.mu held to
+	// change it). Stop interrupts that wait, but the kernel may have given
+	// the connection just before: until that Accept returns, Wait cannot
+	// tell that no connection is on its way to the server.
+	accepting bool
 	stopped   atomic.Bool
 	closeOnce sync.Once
 	closed    chan struct{}
 }
 
 func (l *gatedListener) Accept() (net.Conn, error) {
+	l.gate.mu.Lock()
+	l.accepting = true
+	l.gate.mu.Unlock()
 	c, err := l.Listener.Accept()
+	l.gate.mu.Lock()
+	l.accepting = false
+	if err == nil {
+		l.gate.handedOut++
+	}
+	l.gate.notify()
+	l.gate.mu.Unlock()
 	if err != nil {
 		if !l.stopped.Load() {
 			return nil, err
@@ -184,9 +258,6 @@ func (l *gatedListener) Accept() (net.Conn, error) {
 		<-l.closed
 		return nil, net.ErrClosed
 	}
-	l.gate.mu.Lock()
-	l.gate.handedOut++
-	l.gate.mu.Unlock()
 	gc := &gateConn{Conn: c}
 	gc.watched.Store(true)
 	gc.last.Store(time.Now().UnixNano())
@@ -207,6 +278,11 @@ type gateConn struct {
 	net.Conn
 	watched atomic.Bool
 	last    atomic.Int64 // unix nanoseconds of the accept or of the last read that got bytes
+	// served is the connection the server reports states of (c or a
+	// *tls.Conn over it); reading is set once it has read a request that
+	// has not reached the handler. Both are guarded by the gate's mu.
+	served  net.Conn
+	reading bool
 }
 
 // NetConn returns the connection underneath, as tls.Conn's does, for the

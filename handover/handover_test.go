@@ -774,8 +774,9 @@ func TestRequestsWaitsForTunnels(t *testing.T) {
 func TestGateAnswersAConnectionAcceptedBeforeStop(t *testing.T) {
 	var gate Gate
 	srv := &http.Server{
-		Handler:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "answered") }),
-		ConnState: gate.ConnState,
+		Handler:     gate.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "answered") })),
+		ConnState:   gate.ConnState,
+		ConnContext: gate.ConnContext,
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -821,6 +822,115 @@ func TestGateAnswersAConnectionAcceptedBeforeStop(t *testing.T) {
 	resp.Body.Close()
 	if string(body) != "answered" {
 		t.Errorf("body %q, want answered", body)
+	}
+}
+
+// heldListener hands out a connection only when told to, even after it
+// is closed: a connection the kernel gave an Accept that Stop interrupts.
+type heldListener struct {
+	net.Listener
+	entered chan struct{}
+	give    chan net.Conn
+}
+
+func (l *heldListener) Accept() (net.Conn, error) {
+	l.entered <- struct{}{}
+	c, ok := <-l.give
+	if !ok {
+		return nil, net.ErrClosed
+	}
+	return c, nil
+}
+
+func TestGateWaitsForAnAcceptStopInterrupted(t *testing.T) {
+	var gate Gate
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := &heldListener{Listener: l, entered: make(chan struct{}, 1), give: make(chan net.Conn)}
+	gl := gate.Listener(held)
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := gl.Accept()
+		accepted <- c
+	}()
+	<-held.entered
+	gate.Stop()
+
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if gate.Wait(cancelled) == nil {
+		t.Fatal("Wait said the arrivals were over while an Accept could still hand out a connection")
+	}
+	// Stop closed l; any connection will do as the one the kernel gave.
+	client, peer := net.Pipe()
+	defer peer.Close()
+	defer client.Close()
+	held.give <- client
+	c := <-accepted
+	if c == nil {
+		t.Fatal("Accept returned no connection")
+	}
+	if gate.Wait(cancelled) == nil {
+		t.Fatal("Wait said the arrivals were over before the server saw the connection")
+	}
+	// The server reports it new, then answered.
+	gate.ConnState(c, http.StateNew)
+	gate.ConnState(c, http.StateIdle)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := gate.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	close(held.give)
+	gl.Close()
+}
+
+// An HTTP/1 server reports a connection active before it checks whether
+// it is shutting down, and drops the request if it is: the gate waits for
+// the request to reach the handler.
+func TestGateWaitsForTheFirstRequestToReachTheHandler(t *testing.T) {
+	var gate Gate
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl := gate.Listener(l)
+	defer gl.Close()
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	c, err := gl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	gate.ConnState(c, http.StateNew)
+	gate.Stop()
+	gate.ConnState(c, http.StateActive)
+
+	// Long past the quiet time the request is still between the server's
+	// read and its handler.
+	c.(*gateConn).last.Store(time.Now().Add(-time.Hour).UnixNano())
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if gate.Wait(cancelled) == nil {
+		t.Fatal("Wait returned while a request read was yet to reach the handler")
+	}
+	reached := false
+	h := gate.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached = true }))
+	r := httptest.NewRequest("GET", "/", nil)
+	h.ServeHTTP(httptest.NewRecorder(), r.WithContext(gate.ConnContext(r.Context(), c)))
+	if !reached {
+		t.Fatal("Handler did not call the handler it wraps")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := gate.Wait(ctx); err != nil {
+		t.Fatalf("Wait after the request reached the handler: %v", err)
 	}
 }
 

@@ -77,9 +77,15 @@ func NewResetGuard(log zerolog.Logger) *ResetGuard {
 }
 
 // Configure bounds srv's HTTP/2 streams per connection and gives each
-// connection its budget. srv must not set ConnContext itself.
+// connection its budget, after srv's own ConnContext if it has one.
 func (g *ResetGuard) Configure(srv *http.Server) {
 	srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: HTTP2MaxStreams}
+	if first := srv.ConnContext; first != nil {
+		srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+			return g.connContext(first(ctx, c), c)
+		}
+		return
+	}
 	srv.ConnContext = g.connContext
 }
 

@@ -164,6 +164,22 @@ func TestAConnectionCancellingPastItsBudgetIsClosed(t *testing.T) {
 	}
 }
 
+func TestResetGuardKeepsTheServersOwnConnContext(t *testing.T) {
+	type own struct{}
+	srv := &http.Server{ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+		return context.WithValue(ctx, own{}, c)
+	}}
+	NewResetGuard(zerolog.Nop()).Configure(srv)
+	server, _ := pair(t, func(l net.Listener) net.Listener { return l }, "127.0.0.1")
+	ctx := srv.ConnContext(context.Background(), server)
+	if ctx.Value(own{}) != server {
+		t.Error("the server's own ConnContext was dropped")
+	}
+	if cc, _ := ctx.Value(clientConnKey{}).(*clientConn); cc == nil || cc.conn != server {
+		t.Error("the guard's budget is missing from the connection's context")
+	}
+}
+
 func TestHTTPSResponsesAdvertiseHTTP3(t *testing.T) {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {

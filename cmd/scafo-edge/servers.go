@@ -122,7 +122,8 @@ func (sv *servers) listen(addr string, inherited net.Listener, raw *net.Listener
 
 func (sv *servers) newServer(c *config, p *parts, h http.Handler, tlsConf *tls.Config, name string, log zerolog.Logger) *http.Server {
 	srv := &http.Server{
-		Handler: h,
+		Handler:     sv.gate.Handler(h),
+		ConnContext: sv.gate.ConnContext,
 		// Slowloris bounds: headers must arrive in time and within a
 		// size; bodies and responses have no deadline, so uploads,
 		// long polls and streams run as long as they need.
