@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/scafo/scafo-edge/internal/clock"
 )
 
 // quiet is how long a new connection must have been accepted and have
@@ -44,6 +46,7 @@ type Gate struct {
 	handedOut int
 	fresh     map[net.Conn]*gateConn
 	changed   chan struct{} // closed and replaced whenever the counts move
+	clock     clock.Clock   // nil: the wall clock; tests set a fake
 }
 
 // Listener returns l gated: it accepts until Stop, then blocks until
@@ -172,19 +175,31 @@ func (g *Gate) Stop() {
 // receiving its TLS handshake or first request (a new connection that has
 // received something within the last 100ms), or with ctx's error when ctx
 // ends first (a client trickling its request). Call it after Stop.
-func (g *Gate) Wait(ctx context.Context) error {
+func (g *Gate) Wait(ctx context.Context) error { return g.wait(ctx, true) }
+
+// Drain returns once every connection accepted through the gate has had
+// its first request reach the handler, or has moved on or closed, however
+// long it has been quiet; or with ctx's error. Wait's quiet time is a
+// guess, and a TLS handshake on a loaded box can pause longer: a server
+// whose keep-alives are off (so that each such connection closes after
+// its answer) calls Drain before Shutdown, which would read and drop the
+// request. The servers' header timeout bounds how long it takes.
+func (g *Gate) Drain(ctx context.Context) error { return g.wait(ctx, false) }
+
+// wait is Wait, and with quietEnds false, Drain.
+func (g *Gate) wait(ctx context.Context, quietEnds bool) error {
 	for {
 		g.mu.Lock()
 		busy, recheck := g.handedOut > 0, time.Duration(0)
 		for _, l := range g.listeners {
 			busy = busy || l.accepting && l.stopped.Load()
 		}
-		now := time.Now()
+		now := g.now()
 		for _, gc := range g.fresh {
 			if gc == nil {
 				continue
 			}
-			if gc.reading {
+			if gc.reading || !quietEnds {
 				busy = true
 				continue
 			}
@@ -204,11 +219,11 @@ func (g *Gate) Wait(ctx context.Context) error {
 		}
 		ch := g.changed
 		g.mu.Unlock()
-		var timer *time.Timer
+		var timer clock.Timer
 		var fired <-chan time.Time
 		if recheck > 0 {
-			timer = time.NewTimer(recheck)
-			fired = timer.C
+			timer = clock.OrReal(g.clock).NewTimer(recheck)
+			fired = timer.C()
 		}
 		select {
 		case <-ch:
@@ -223,6 +238,8 @@ func (g *Gate) Wait(ctx context.Context) error {
 		}
 	}
 }
+
+func (g *Gate) now() time.Time { return clock.OrReal(g.clock).Now() }
 
 type gatedListener struct {
 	net.Listener
@@ -258,9 +275,9 @@ func (l *gatedListener) Accept() (net.Conn, error) {
 		<-l.closed
 		return nil, net.ErrClosed
 	}
-	gc := &gateConn{Conn: c}
+	gc := &gateConn{Conn: c, gate: l.gate}
 	gc.watched.Store(true)
-	gc.last.Store(time.Now().UnixNano())
+	gc.last.Store(l.gate.now().UnixNano())
 	return gc, nil
 }
 
@@ -276,6 +293,7 @@ func (l *gatedListener) Close() error {
 // past its first request.
 type gateConn struct {
 	net.Conn
+	gate    *Gate
 	watched atomic.Bool
 	last    atomic.Int64 // unix nanoseconds of the accept or of the last read that got bytes
 	// served is the connection the server reports states of (c or a
@@ -292,7 +310,7 @@ func (c *gateConn) NetConn() net.Conn { return c.Conn }
 func (c *gateConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 && c.watched.Load() {
-		c.last.Store(time.Now().UnixNano())
+		c.last.Store(c.gate.now().UnixNano())
 	}
 	return n, err
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/testsupport"
 	"github.com/scafo/scafo-edge/node"
 )
@@ -1047,9 +1048,9 @@ func TestGateSettlesWithHTTP2ConnectionsOpen(t *testing.T) {
 }
 
 // gatedServer serves "answered" behind a gate, over TLS when tls is set.
-func gatedServer(t *testing.T, useTLS bool) (*Gate, *httptest.Server) {
+func gatedServer(t *testing.T, useTLS bool, clk clock.Clock) (*Gate, *httptest.Server) {
 	t.Helper()
-	gate := &Gate{}
+	gate := &Gate{clock: clk}
 	srv := httptest.NewUnstartedServer(named("answered"))
 	srv.Config.ConnState = gate.ConnState
 	srv.Listener = gate.Listener(srv.Listener)
@@ -1076,57 +1077,105 @@ func TestGateWaitsOnlyForConnectionsStillArriving(t *testing.T) {
 		tls  bool
 		// open opens a connection and leaves it as the case says.
 		open func(t *testing.T, srv *httptest.Server) net.Conn
-		// trickle, if set, keeps sending on the connection while Wait runs.
+		// trickle, if set, sends a byte of a request after Stop, the
+		// gate's clock having moved on by less than its quiet time.
 		trickle bool
-		settles bool
 	}{
-		{"a connection opened ahead of need and silent does not hold it", false, dialPlain, false, true},
+		{"a connection opened ahead of need and silent does not hold it", false, dialPlain, false},
 		{"a TLS connection opened ahead of need, handshake done, does not hold it", true, func(t *testing.T, srv *httptest.Server) net.Conn {
 			c, err := tls.Dial("tcp", srv.Listener.Addr().String(), srv.Client().Transport.(*http.Transport).TLSClientConfig)
 			if err != nil {
 				t.Fatal(err)
 			}
 			return c
-		}, false, true},
-		{"a request still trickling in holds it", false, dialPlain, true, false},
+		}, false},
+		{"a request still trickling in holds it", false, dialPlain, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gate, srv := gatedServer(t, tc.tls)
+			fake := clock.NewFake(time.Date(2026, 12, 1, 11, 0, 0, 0, time.UTC))
+			gate, srv := gatedServer(t, tc.tls, fake)
 			c := tc.open(t, srv)
 			defer c.Close()
+			var gc *gateConn
 			testsupport.WaitFor(t, 5*time.Second, "the connection to be accepted", func() bool {
 				gate.mu.Lock()
 				defer gate.mu.Unlock()
+				for _, fresh := range gate.fresh {
+					gc = fresh
+				}
 				return len(gate.fresh) == 1
 			})
-			stop := make(chan struct{})
-			var trickling sync.WaitGroup
-			if tc.trickle {
-				trickling.Add(1)
-				go func() {
-					defer trickling.Done()
-					tick := time.NewTicker(quiet / 4)
-					defer tick.Stop()
-					for _, b := range []byte("GET / HTTP/1.1\r\nHost: slow.example\r\n") {
-						select {
-						case <-stop:
-							return
-						case <-tick.C:
-						}
-						c.Write([]byte{b})
-					}
-				}()
-			}
 			gate.Stop()
-			ctx, cancel := context.WithTimeout(context.Background(), 6*quiet)
+			cancelled, cancel := context.WithCancel(context.Background())
+			cancel()
+			if tc.trickle {
+				fake.Advance(quiet / 2)
+				c.Write([]byte("G"))
+				testsupport.WaitFor(t, 5*time.Second, "the byte to be read", func() bool {
+					return gc.last.Load() == fake.Now().UnixNano()
+				})
+				if gate.Wait(cancelled) == nil {
+					t.Error("Wait returned while a request was arriving")
+				}
+			}
+			fake.Advance(quiet)
+			if err := gate.Wait(cancelled); err != nil {
+				t.Errorf("Wait = %v once the connection was quiet for %v; want it settled", err, quiet)
+			}
+			// Drain does not guess: the connection holds it until its
+			// request reaches the handler, or it closes.
+			if gate.Drain(cancelled) == nil {
+				t.Error("Drain returned with a connection yet to send its first request")
+			}
+			c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			err := gate.Wait(ctx)
-			close(stop)
-			trickling.Wait()
-			if settled := err == nil; settled != tc.settles {
-				t.Errorf("Wait = %v; want settled=%v", err, tc.settles)
+			if err := gate.Drain(ctx); err != nil {
+				t.Errorf("Drain after the connection closed: %v", err)
 			}
 		})
+	}
+}
+
+// A connection the gate let Wait settle without (its TLS handshake paused
+// longer than the quiet time) still gets its first request answered by a
+// server that drains before its Shutdown.
+func TestGateDrainAnswersALateFirstRequest(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 12, 1, 11, 0, 0, 0, time.UTC))
+	gate, srv := gatedServer(t, false, fake)
+	c := dialPlain(t, srv)
+	defer c.Close()
+	testsupport.WaitFor(t, 5*time.Second, "the connection to be accepted", func() bool {
+		gate.mu.Lock()
+		defer gate.mu.Unlock()
+		return len(gate.fresh) == 1
+	})
+	gate.Stop()
+	fake.Advance(quiet)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := gate.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	srv.Config.SetKeepAlivesEnabled(false)
+	drained := make(chan error, 1)
+	go func() { drained <- gate.Drain(ctx) }()
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the late first request: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "answered" || !resp.Close {
+		t.Errorf("answer %q, close %v; want answered, and the connection closed after it", body, resp.Close)
+	}
+	if err := <-drained; err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+	if err := srv.Config.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown after Drain: %v", err)
 	}
 }
 

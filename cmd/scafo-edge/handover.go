@@ -212,7 +212,26 @@ func handOff(h *handover.Handoff, c *config, p *parts, sv *servers, stopSource, 
 	if err := h.Run(steps); err != nil {
 		log.Warn().Err(err).Msg("handover: the successor was not told everything; it finds out when this process exits")
 	}
+	sv.answerLateArrivals(deadline, log)
 	sv.shutdown(time.Until(deadline), log)
+}
+
+// answerLateArrivals serves the first request of every connection this
+// edge accepted before the handover and that has yet to send it (a TLS
+// handshake that paused past the gate's quiet time on a loaded box):
+// Shutdown would read that request and drop it. Keep-alives go first, so
+// each such connection closes after its answer and idle ones close now.
+// The successor is serving meanwhile; --read-header-timeout bounds the
+// wait, as it bounds any connection's first request.
+func (sv *servers) answerLateArrivals(deadline time.Time, log zerolog.Logger) {
+	for _, srv := range sv.all {
+		srv.SetKeepAlivesEnabled(false)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if err := sv.gate.Drain(ctx); err != nil {
+		log.Warn().Msg("handover: shutdown timeout passed with connections still sending their first request; they are closed")
+	}
 }
 
 // resetKey is the state directory's key for HTTP/3 stateless resets,
