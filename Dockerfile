@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # scafo-edge image: a static binary on distroless, run as a non-root user that
 # still binds 80 and 443.
 #
@@ -9,7 +7,10 @@
 # The build needs BuildKit: Docker 23 or later with the buildx plugin, or an
 # older engine with DOCKER_BUILDKIT=1. The legacy builder would drop the file
 # capability set below and leave an image that cannot bind 80; the cache
-# mount of the go build makes it refuse this file instead.
+# mount of the go build makes it refuse this file instead. There is no
+# `# syntax=` line: the engine's own Dockerfile frontend (Docker 20.10's and
+# later) reads every instruction here, so a build pulls no frontend image,
+# only the two base images.
 #
 # e2e/dockerfile_test.go and e2e/image_test.go build the binary with this
 # file's builder flags and check this file's user, volume, ports and

@@ -31,12 +31,18 @@
 #     TLS the host trusts); the distroless static-debian12:nonroot is
 #     Debian's CA certificates, tzdata and an /etc/passwd and /etc/group
 #     with nonroot = 65532, and nothing else.
-#   - The docker/dockerfile:1 frontend that the Dockerfile's `# syntax=` line
-#     asks for (the daemon forwards to it and cannot skip it), and the buildx
-#     and Compose v2 CLI plugins, all built with the host's Go from the Go
-#     module proxy at the versions pinned below, which are built from one
-#     module graph so the three share one compile.
-#
+#   - The buildx and Compose v2 CLI plugins, which Debian 12 does not
+#     package: Debian 13 (trixie) does, as binaries that need only libc6
+#     2.34 (Debian 12 has 2.36). Their two .debs are fetched with apt from
+#     trixie into a private apt state (its own sources, lists and cache:
+#     the system's apt is untouched and nothing is installed), which checks
+#     their signatures with the archive keyring Debian 12 ships, and
+#     unpacked into the cache. (Built from the Go module proxy instead,
+#     they were 836 packages to compile on every fresh machine, the largest
+#     part of a cold run.) The Dockerfile has no `# syntax=` line, so the
+#     engine's own Dockerfile frontend builds it and no frontend image is
+#     needed.
+
 # Cache, kept between runs on one machine: ${XDG_CACHE_HOME:-~/.cache}/
 # scafo-edge-image-check (SCAFO_EDGE_IMAGE_CHECK_CACHE): the bookworm root
 # file system, the plugin binaries, the daemon's data root (base images
@@ -45,10 +51,8 @@
 # killed left running. Delete it to start cold. The plugins are put in a
 # private DOCKER_CONFIG there, so an operator's ~/.docker is untouched.
 #
-# Cost on a two-core machine shared with other work: 10 minutes or more
-# cold (compiling the three tools is most of it), about 2 warm; the
-# README's "Checking the image" has the numbers, and each run ends with a
-# line of its phases' times. Every exit path stops the daemon it
+# Cost: the README's "Checking the image" has the numbers, and each run
+# ends with a line of its phases' times. Every exit path stops the daemon it
 # started and removes what it ran; a failed check exits non-zero with a line
 # saying which.
 set -euo pipefail
@@ -70,14 +74,13 @@ while [ $# -gt 0 ]; do
 	esac
 done
 
-# Compose v2.40.3 pins buildx v0.29.1 and BuildKit v0.25.1 in its go.mod:
-# taking those exact versions keeps the three tools on one module graph.
-COMPOSE_VERSION=v2.40.3
-BUILDX_VERSION=v0.29.1
-BUILDKIT_VERSION=v0.25.1
+# The Debian suite the plugins come from, and the oldest versions the check
+# takes from it (upgrade-compose.sh needs Compose's --no-recreate --scale
+# and --wait; buildx's docker driver must --load a foreign platform).
+PLUGINS_SUITE=trixie
+MIN_COMPOSE=2.20 MIN_BUILDX=0.11
 GO_IMAGE=golang:1.26-bookworm
 DISTROLESS_IMAGE=gcr.io/distroless/static-debian12:nonroot
-FRONTEND_IMAGE=docker/dockerfile:1
 IMAGE=scafo-edge:image-check
 PROJECT=scafo-edge-image-check
 # The edge's listeners: privileged ports, so binding them proves the file
@@ -121,8 +124,7 @@ chmod 755 "$run"
 # state lets the next daemon find containers that a killed run left
 # running (and kill them, as it does on every start without live-restore).
 exec_root=$cache/exec
-# Keyed on all three pins: a change to any of them builds afresh.
-tools=$cache/tools-$COMPOSE_VERSION-$BUILDX_VERSION-$BUILDKIT_VERSION
+tools=$cache/tools-debian-$PLUGINS_SUITE
 rootfs=$cache/bookworm-rootfs
 dockerd_pid="" fg_pid="" own_policy=0 bg_pids=() proc_pids=()
 export DOCKER_HOST=unix://$run/docker.sock DOCKER_CONFIG=$cache/docker-config DOCKER_BUILDKIT=1
@@ -308,7 +310,7 @@ if [ -s "$cache/run-dir" ]; then
 fi
 echo "$run" >"$cache/run-dir"
 unmount_under "$exec_root"
-# The plugins of earlier pins.
+# The plugins of earlier runs' sources (Go module proxy builds included).
 for d in "$cache"/tools-*; do [ "$d" = "$tools" ] || rm -rf "$d"; done
 
 # ------------------------------------------------------ background builds
@@ -328,87 +330,27 @@ retry() {
 	done
 }
 
-# build_tools builds the frontend and buildx, then Compose (needed last, by
-# the upgrade), each into $tools once; .ok files say each is done. The
-# module is made in mod.tmp and moved into place only once `go get` has
-# pinned all three (a go.mod without them would build whatever is latest),
-# and each binary is written to NAME.tmp and renamed, so that nothing an
-# interrupted build leaves is taken as done by a later run.
-build_tools() {
+# fetch_tools downloads the buildx and Compose packages of $PLUGINS_SUITE
+# for this machine's architecture and unpacks their plugins into $tools,
+# made in $tools.tmp and moved into place only when both are there.
+fetch_tools() {
 	set -euo pipefail
-	mkdir -p "$tools"
-	if [ ! -d "$tools/mod" ]; then
-		rm -rf "$tools/mod.tmp"
-		mkdir "$tools/mod.tmp"
-		cd "$tools/mod.tmp"
-		cat >go.mod <<-EOG
-			module scafo-edge-image-check-tools
-
-			go 1.24
-		EOG
-		cat >tools.go <<-'EOG'
-			//go:build tools
-
-			package tools
-
-			import (
-				_ "github.com/docker/buildx/cmd/buildx"
-				_ "github.com/docker/compose/v2/cmd"
-				_ "github.com/moby/buildkit/frontend/dockerfile/cmd/dockerfile-frontend"
-			)
-		EOG
-		retry 3 env GOFLAGS=-mod=mod go get "github.com/docker/compose/v2/cmd@$COMPOSE_VERSION" \
-			"github.com/docker/buildx/cmd/buildx@$BUILDX_VERSION" \
-			"github.com/moby/buildkit/frontend/dockerfile/cmd/dockerfile-frontend@$BUILDKIT_VERSION"
-		without_kubernetes
-		mv "$tools/mod.tmp" "$tools/mod"
-	fi
-	cd "$tools/mod"
-	export CGO_ENABLED=0 GOFLAGS=-mod=mod
-	tool dockerfile-frontend -ldflags "-s -w" github.com/moby/buildkit/frontend/dockerfile/cmd/dockerfile-frontend
-	tool docker-buildx -ldflags "-s -w -X github.com/docker/buildx/version.Version=$BUILDX_VERSION" \
-		github.com/docker/buildx/cmd/buildx
-	touch "$tools/build.ok"
-	tool docker-compose -ldflags "-s -w -X github.com/docker/compose/v2/internal.Version=$COMPOSE_VERSION" \
-		github.com/docker/compose/v2/cmd
-	touch "$tools/compose.ok"
-}
-
-# tool NAME GO-BUILD-ARGS...: go build $tools/NAME unless it is there.
-tool() {
-	local out=$tools/$1
-	shift
-	[ -e "$out" ] || { go build -trimpath -o "$out.tmp" "$@" && mv "$out.tmp" "$out"; }
-}
-
-# without_kubernetes makes buildx and Compose build without buildx's
-# Kubernetes driver, which each links in by a blank import (buildx's main,
-# and Compose's pkg/compose/build_buildkit.go): the check builds with the
-# docker driver only, and that driver's client-go and Kubernetes API
-# packages are about 40% of the three tools' source (620k of 1.6M lines
-# outside the standard library), the largest part of a cold compile. The
-# two modules are copied into the tools module (Go takes no -overlay of a
-# file in the module cache), those imports dropped from the copies, and go
-# .mod replaces the modules with them; nothing else of either changes, and
-# if a pin moves and the lines are not as expected, it fails.
-without_kubernetes() {
-	local m f n dir
-	for m in "github.com/docker/buildx cmd/buildx/main.go 2" "github.com/docker/compose/v2 pkg/compose/build_buildkit.go 1"; do
-		read -r m f n <<<"$m"
-		dir=src/$(basename "${m%/v2}")
-		rm -rf "$dir"
-		mkdir -p src
-		cp -r "$(go list -m -f '{{.Dir}}' "$m")" "$dir"
-		chmod -R u+w "$dir"
-		grep -v -E '^\s*_ "(github.com/docker/buildx/driver/kubernetes|k8s.io/client-go/plugin/pkg/client/auth/oidc)"' "$dir/$f" >"$dir/$f.new" || true
-		[ $(($(wc -l <"$dir/$f") - $(wc -l <"$dir/$f.new"))) = "$n" ] ||
-			{ echo "without_kubernetes: $m's $f no longer has the $n imports it drops" >&2; return 1; }
-		mv "$dir/$f.new" "$dir/$f"
-		go mod edit -replace "$m=./$dir"
-	done
-	# Nothing may still reach Kubernetes' packages.
-	! env GOFLAGS=-mod=mod go list -deps github.com/docker/buildx/cmd/buildx github.com/docker/compose/v2/cmd | grep -E '^(sigs\.)?k8s\.io/' ||
-		{ echo "without_kubernetes: the tools still import the packages above" >&2; return 1; }
+	local d=$tools.tmp arch
+	arch=$(dpkg --print-architecture)
+	rm -rf "$d"
+	mkdir -p "$d/apt/lists/partial" "$d/apt/cache/archives/partial" "$d/debs" "$d/root"
+	echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $PLUGINS_SUITE main" >"$d/apt/sources.list"
+	: >"$d/apt/status"
+	local apt=(apt-get -o "Dir::Etc::SourceList=$d/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
+		-o "Dir::State::Lists=$d/apt/lists" -o "Dir::Cache=$d/apt/cache" -o "Dir::State::status=$d/apt/status"
+		-o "APT::Architecture=$arch" -o APT::Architectures= -o Acquire::Languages=none -o APT::Sandbox::User=root)
+	retry 3 "${apt[@]}" update
+	(cd "$d/debs" && retry 3 "${apt[@]}" download docker-buildx docker-compose)
+	local deb
+	for deb in "$d"/debs/*.deb; do dpkg-deb -x "$deb" "$d/root"; done
+	mv "$d/root/usr/libexec/docker/cli-plugins/docker-buildx" "$d/root/usr/libexec/docker/cli-plugins/docker-compose" "$d/"
+	rm -rf "$d/apt" "$d/root"
+	mv "$d" "$tools"
 }
 
 # make_rootfs debootstraps bookworm once. ca-certificates and tzdata feed
@@ -439,8 +381,8 @@ debootstrap_once() {
 # $cache/logs/NAME.log; its pid is in bg_pids and bg_NAME, and in
 # $cache/background.pids for a later run to stop if this one is killed.
 in_background() {
-	export -f "${2?}" retry tool without_kubernetes debootstrap_once unmount_under
-	export tools rootfs COMPOSE_VERSION BUILDX_VERSION BUILDKIT_VERSION
+	export -f "${2?}" retry debootstrap_once unmount_under
+	export tools rootfs PLUGINS_SUITE
 	setsid bash -c "$2" >"$cache/logs/$1.log" 2>&1 9>&- &
 	bg_pids+=("$!")
 	printf -v "bg_$1" %s "$!"
@@ -461,19 +403,17 @@ wait_for() {
 	done
 }
 
-# Compose and the plugins first, before the packages: they need only Go,
-# and on a fresh machine their download and compile is the longest part
-# of the check; .ci/run starts the check first for this reason, so that
-# they go on while its own packages install and its tests run.
+# The plugins first, before the packages: they need only apt and the
+# network, and go on while the packages install and the root file system
+# is made.
 t_tools=$SECONDS
-if [ -e "$tools/compose.ok" ]; then
-	log "plugins and frontend: cached in $tools"
+if [ -d "$tools" ]; then
+	log "buildx and Compose: cached in $tools"
 	bg_tools=""
 else
-	log "building the dockerfile frontend, buildx and Compose from the Go module proxy (log: $cache/logs/tools.log)"
-	in_background tools build_tools
+	log "fetching buildx and Compose from Debian $PLUGINS_SUITE (log: $cache/logs/tools.log)"
+	in_background tools fetch_tools
 fi
-
 
 install_packages
 mark packages
@@ -605,24 +545,19 @@ for arch in "${ARCHES[@]}"; do
 done
 mark "base images"
 
-[ -z "${bg_tools:-}" ] || { wait_for "$tools/build.ok" "$bg_tools" tools 900; log "frontend and buildx built in $(elapsed "$t_tools")"; }
+[ -z "${bg_tools:-}" ] || { wait_for "$tools" "$bg_tools" tools 900; log "buildx and Compose fetched in $(elapsed "$t_tools")"; }
 ln -sf "$tools/docker-buildx" "$DOCKER_CONFIG/cli-plugins/docker-buildx"
-key=$(sha256sum "$tools/dockerfile-frontend" | cut -c1-16)
-if ! has_image "$FRONTEND_IMAGE" "$key"; then
-	log "making $FRONTEND_IMAGE from BuildKit $BUILDKIT_VERSION"
-	mkdir -p "$run/frontend/bin"
-	cp "$tools/dockerfile-frontend" "$run/frontend/bin/"
-	# The labels the published frontend image carries: BuildKit reads them.
-	tar -c -C "$run/frontend" . |
-		docker import --change "LABEL scafo-edge.image-check=$key" \
-			--change 'LABEL moby.buildkit.frontend.network.none="true"' \
-			--change 'LABEL moby.buildkit.frontend.caps="moby.buildkit.frontend.inputs,moby.buildkit.frontend.subrequests,moby.buildkit.frontend.contexts"' \
-			--change 'ENTRYPOINT ["/bin/dockerfile-frontend"]' - "$FRONTEND_IMAGE" >/dev/null
-fi
+ln -sf "$tools/docker-compose" "$DOCKER_CONFIG/cli-plugins/docker-compose"
+# version_at_least HAVE WANT: dotted version HAVE is WANT or later.
+version_at_least() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]; }
+buildx_version=$(docker buildx version | awk '{ print $2 }')
+compose_version=$(docker compose version --short)
+version_at_least "${buildx_version#v}" "$MIN_BUILDX" || fail "buildx $buildx_version from $PLUGINS_SUITE is older than $MIN_BUILDX"
+version_at_least "${compose_version#v}" "$MIN_COMPOSE" || fail "Compose $compose_version from $PLUGINS_SUITE is older than $MIN_COMPOSE"
 
 # ------------------------------------------------------------------- build
 
-mark "tools (frontend, buildx)"
+mark "plugins (buildx, Compose)"
 log "docker: $(docker version -f 'client {{.Client.Version}}, engine {{.Server.Version}}'), $(docker buildx version)"
 
 check() { log "ok: $*"; }
@@ -753,9 +688,6 @@ docker volume rm scafo-edge-check-state >/dev/null
 # --------------------------------------------------------------- upgrade
 
 mark "run, health, stop"
-[ -z "${bg_tools:-}" ] || { wait_for "$tools/compose.ok" "$bg_tools" tools 900; log "Compose built in $(elapsed "$t_tools")"; }
-mark "tools (Compose)"
-ln -sf "$tools/docker-compose" "$DOCKER_CONFIG/cli-plugins/docker-compose"
 log "$(docker compose version)"
 
 # The project's own compose file, with what this machine needs on top:
