@@ -34,6 +34,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 )
 
@@ -129,6 +130,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type server struct {
 	tcp  net.Listener
 	udp  net.PacketConn // nil without -h3
+	tr   *quic.Transport
 	srv  *http.Server
 	h3   *http3.Server
 	errc chan error
@@ -153,8 +155,19 @@ func listen(addr string, cert tls.Certificate, h3 bool) (*server, error) {
 			ln.Close()
 			return nil, fmt.Errorf("listen udp %s: %w", ln.Addr(), err)
 		}
-		s.h3 = &http3.Server{Handler: h, TLSConfig: http3.ConfigureTLSConfig(conf)}
-		go func() { s.errc <- s.h3.Serve(s.udp) }()
+		// As the edge listens (serving.HTTP3): a quic.Transport of its
+		// own, connections handed over once their handshake is complete,
+		// no 0-RTT (http3.Server.Serve would listen early and allow it).
+		s.tr = &quic.Transport{Conn: s.udp}
+		qln, err := s.tr.Listen(http3.ConfigureTLSConfig(conf), &quic.Config{})
+		if err != nil {
+			ln.Close()
+			s.tr.Close()
+			s.udp.Close()
+			return nil, fmt.Errorf("listen for HTTP/3 on %s: %w", s.udp.LocalAddr(), err)
+		}
+		s.h3 = &http3.Server{Handler: h}
+		go func() { s.errc <- s.h3.ServeListener(qln) }()
 	}
 	// ServeTLS adds h2 to net/http's server as it does for the edge.
 	go func() { s.errc <- s.srv.ServeTLS(ln, "", "") }()
@@ -165,6 +178,7 @@ func (s *server) close() {
 	s.srv.Close()
 	if s.h3 != nil {
 		s.h3.Close()
+		s.tr.Close()
 		s.udp.Close()
 	}
 }
