@@ -2,14 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -21,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/scafo/scafo-edge/certs"
+	"github.com/scafo/scafo-edge/internal/testsupport"
 )
 
 // TestSettingsAreTheEdges holds the floor to scafo-edge's own HTTPS
@@ -38,7 +33,7 @@ func TestSettingsAreTheEdges(t *testing.T) {
 	}
 	defer m.Close()
 	edge := m.TLSConfig()
-	cert, _ := selfSigned(t)
+	cert, _ := testsupport.SelfSigned(t)
 	floor := tlsConfig(cert)
 
 	// acme-tls/1 answers ACME challenges only; no benchmark client offers it.
@@ -77,7 +72,9 @@ func equal(a, b any) bool {
 // session resumed on a second connection, a CBC-only TLS 1.2 client
 // refused as the edge refuses it, and 404 off the two paths.
 func TestServes(t *testing.T) {
-	cert, roots := selfSigned(t)
+	// ECDSA P-256 for localhost: the key type of the benchmark's
+	// certificate and of the edge's internal CA.
+	cert, roots := testsupport.SelfSigned(t)
 	s, err := listen("127.0.0.1:0", cert, true)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +99,7 @@ func TestServes(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tr := &http.Transport{
-				TLSClientConfig:   &tls.Config{RootCAs: roots, ClientSessionCache: cache},
+				TLSClientConfig:   &tls.Config{ServerName: "localhost", RootCAs: roots, ClientSessionCache: cache},
 				ForceAttemptHTTP2: c.h2,
 				DisableKeepAlives: true,
 			}
@@ -129,7 +126,7 @@ func TestServes(t *testing.T) {
 
 	t.Run("TLS 1.2 CBC only is refused", func(t *testing.T) {
 		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 30 * time.Second}, "tcp", addr, &tls.Config{
-			RootCAs: roots, MaxVersion: tls.VersionTLS12,
+			ServerName: "localhost", RootCAs: roots, MaxVersion: tls.VersionTLS12,
 			CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA, tls.TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA},
 		})
 		if err == nil {
@@ -139,7 +136,7 @@ func TestServes(t *testing.T) {
 	})
 
 	t.Run("HTTP/3", func(t *testing.T) {
-		tr := &http3.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
+		tr := &http3.Transport{TLSClientConfig: &tls.Config{ServerName: "localhost", RootCAs: roots}}
 		defer tr.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -154,36 +151,4 @@ func TestServes(t *testing.T) {
 			t.Errorf("%s %d, %d bytes, %v; want HTTP/3 200, 1024 bytes", resp.Proto, resp.StatusCode, len(b), err)
 		}
 	})
-}
-
-// selfSigned returns an ECDSA P-256 certificate for 127.0.0.1, the key
-// type of the benchmark's certificate and of the edge's internal CA.
-func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "gotls test"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(leaf)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, roots
 }
