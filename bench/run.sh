@@ -18,14 +18,17 @@ Usage: bench/run.sh [flags]
   --duration D         measured time per cell (wrk syntax: 10s, 1m)
   --warmup D           unmeasured load before each cell (0 for none)
   --rounds N           run every cell N times, report medians (default 1)
-  --proxies LIST       comma list of: direct,scafo-edge,caddy,traefik,nginx,haproxy
-                       (default: all; direct is always run, it is the ceiling)
+  --proxies LIST       comma list of: direct,scafo-edge,caddy,traefik,nginx,haproxy,
+                       go-tls (default: all but go-tls; direct is always run,
+                       it is the ceiling; go-tls, opt-in, is the floor of the
+                       TLS cells: bench/gotls, a bare Go HTTPS and HTTP/3
+                       server with the edge's TLS settings, proxying nothing)
   --cells LIST         comma list of: http-1k,http-1m,https-1k,https-close,
-                       h2-1k,h2-1k-1s,h2-1m,h3-1k; "all" for every one
+                       h2-1k,h2-1k-1s,h2-1m,h3-1k,h3-close; "all" for every one
                        (default: the four HTTP/1.1 cells; the h2 cells, h2load
                        over TLS, are opt-in: with them a default run passes
-                       ten minutes; so is h3-1k, HTTP/3 with bench/h3load,
-                       scafo-edge, Caddy and Traefik only)
+                       ten minutes; so are h3-1k and h3-close, HTTP/3 with
+                       bench/h3load, scafo-edge, Caddy, Traefik and go-tls only)
   --connections N      wrk connections (default 64; the h2 and h3 cells set
                        their own)
   --threads N          wrk threads (default 2)
@@ -116,7 +119,7 @@ while (($#)); do
 	esac
 	shift
 done
-[[ $CELLS == all ]] && CELLS=http-1k,http-1m,https-1k,https-close,h2-1k,h2-1k-1s,h2-1m,h3-1k
+[[ $CELLS == all ]] && CELLS=http-1k,http-1m,https-1k,https-close,h2-1k,h2-1k-1s,h2-1m,h3-1k,h3-close
 # --profile profiles the http-1k load unless told which.
 [[ -n $PROFILE_DIR ]] && ((!CELLS_GIVEN)) && CELLS=http-1k
 
@@ -168,6 +171,15 @@ if [[ ,$CELLS, == *,h3-* ]]; then
 	log "building bench/h3load"
 	(cd "$REPO" && go build -o "$WORK/h3load" ./bench/h3load) || die "build bench/h3load failed"
 	H3LOAD=$WORK/h3load
+fi
+
+# bench/gotls, the go-tls row (--proxies go-tls only): the floor of the TLS
+# cells, built from this checkout like the upstream.
+GOTLS_BIN=
+if has "$PROXIES" go-tls && [[ -z $PROFILE_DIR ]]; then
+	log "building bench/gotls"
+	(cd "$REPO" && go build -o "$CACHE/bench-gotls" ./bench/gotls) || die "build bench/gotls failed"
+	GOTLS_BIN=$CACHE/bench-gotls
 fi
 
 edge_build
@@ -275,6 +287,7 @@ if [[ -z $PROFILE_DIR ]]; then
 			write_config "$p"
 		fi
 	done
+	[[ -n $GOTLS_BIN ]] && VERSION[go-tls]="bench/gotls (Go $(go env GOVERSION | sed 's/^go//'), $(go version -m "$GOTLS_BIN" 2>/dev/null | awk '$1 == "dep" && $2 == "github.com/quic-go/quic-go" { print "quic-go " $3 }'))"
 fi
 for p in "${!SKIP[@]}"; do log "$p: skipped: ${SKIP[$p]}"; done
 
@@ -325,6 +338,14 @@ start_proxy() {
 		((h2)) && conf=haproxy-h2.cfg
 		start "$logf" "$HAPROXY_BIN" -db -f "$WORK/$conf"
 		;;
+	go-tls)
+		# The floor: TLS cells only (run_cell), the bench's certificate,
+		# HTTP/3 on the UDP side in the h3 cells as the edge does.
+		local h3flag=()
+		((h3)) && h3flag=(-h3)
+		start "$logf" env GOMAXPROCS="$WORKERS" "$GOTLS_BIN" -addr "127.0.0.1:$PX_TLS_PORT" \
+			-cert "$WORK/cert.pem" -key "$WORK/key.pem" "${h3flag[@]}"
+		;;
 	esac
 	return 0
 }
@@ -351,7 +372,10 @@ cell_spec() {
 	h2-1m) SCHEME=https PATH_=/1m SIZE=1048576 CLOSE=0 H2=1 H2_CLIENTS=16 H2_STREAMS=4 ;;
 	# HTTP/3, h2-1k's shape: 16 QUIC connections × 16 streams.
 	h3-1k) SCHEME=https PATH_=/1k SIZE=1024 CLOSE=0 H3=1 H2_CLIENTS=16 H2_STREAMS=16 ;;
-	*) die "unknown cell $1 (want http-1k, http-1m, https-1k, https-close, h2-1k, h2-1k-1s, h2-1m or h3-1k)" ;;
+	# HTTP/3, https-close's shape: as many workers as wrk has connections,
+	# each a new QUIC connection per request (load_cmd).
+	h3-close) SCHEME=https PATH_=/1k SIZE=1024 CLOSE=1 H3=1 H2_CLIENTS=$CONNS H2_STREAMS=1 ;;
+	*) die "unknown cell $1 (want http-1k, http-1m, https-1k, https-close, h2-1k, h2-1k-1s, h2-1m, h3-1k or h3-close)" ;;
 	esac
 }
 
@@ -382,6 +406,12 @@ load_cmd() {
 		# its internal CA).
 		TOOL=h3load
 		LOAD=("$H3LOAD" -url "$url" -c "$H2_CLIENTS" -m "$H2_STREAMS" -insecure -timeout 10s -json -d "$d")
+		# h3-close: a new connection per request, as https-close's wrk
+		# makes them: resuming each worker's previous session (wrk's
+		# OpenSSL does; the direct https-close row counts it), never
+		# 0-RTT, and X25519, the key exchange wrk's OpenSSL 3.0 gets
+		# (Go's client would offer X25519MLKEM768 first).
+		((CLOSE)) && LOAD+=(-close -resume -curves X25519)
 	else
 		TOOL=wrk
 		LOAD=("$WRK" -t "$THREADS" -c "$CONNS" --latency --timeout 10s -d "$d")
@@ -445,6 +475,10 @@ run_cell() {
 	[[ $SCHEME == https ]] && tls=1
 	if [[ -n ${SKIP[$proxy]:-} ]]; then
 		row "$proxy" "$cell" skipped "${SKIP[$proxy]}"
+		return
+	fi
+	if [[ $proxy == go-tls && $SCHEME != https ]]; then
+		row "$proxy" "$cell" n/a "go-tls is the floor of the TLS cells; the direct row is plain HTTP's"
 		return
 	fi
 	if ((H2)) && [[ $proxy == direct ]]; then
@@ -593,13 +627,13 @@ fi
 IFS=, read -r -a cell_list <<<"$CELLS"
 for cell in "${cell_list[@]}"; do cell_spec "$cell"; done
 proxy_list=(direct)
-for p in scafo-edge caddy traefik nginx haproxy; do
+for p in scafo-edge caddy traefik nginx haproxy go-tls; do
 	has "$PROXIES" "$p" && proxy_list+=("$p")
 	# The baseline right after the edge, in every round: same conditions.
 	if [[ $p == scafo-edge && -n $BASELINE ]]; then proxy_list+=("$BASELINE"); fi
 done
 for p in ${PROXIES//,/ }; do
-	case $p in direct | scafo-edge | caddy | traefik | nginx | haproxy) ;; *) die "unknown proxy $p" ;; esac
+	case $p in direct | scafo-edge | caddy | traefik | nginx | haproxy | go-tls) ;; *) die "unknown proxy $p" ;; esac
 done
 
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do

@@ -24,6 +24,9 @@ type Load struct {
 	// failed requests (its "errored" ones included); h3load's errors plus
 	// its non-2xx responses.
 	Errors int64
+	// Note, for the row: h3load -close's handshakes, how many resumed and
+	// their key exchange.
+	Note string
 }
 
 // parseLoad reads the output of tool ("wrk", "h2load" or "h3load") from
@@ -169,6 +172,11 @@ func parseH3load(out []byte) Load {
 		RPS      float64 `json:"rps"`
 		P50      float64 `json:"p50_ms"`
 		P99      float64 `json:"p99_ms"`
+		NewConns *struct {
+			Handshakes  int64  `json:"handshakes"`
+			Resumed     int64  `json:"resumed"`
+			KeyExchange string `json:"key_exchange"`
+		} `json:"new_connections"`
 	}
 	ls := lines(out)
 	for i := len(ls) - 1; i >= 0; i-- {
@@ -178,7 +186,14 @@ func parseH3load(out []byte) Load {
 			}
 		}
 	}
-	return Load{Requests: r.Requests, RPS: r.RPS, P50: r.P50, P99: r.P99, Errors: r.Errors + r.Non2xx}
+	l := Load{Requests: r.Requests, RPS: r.RPS, P50: r.P50, P99: r.P99, Errors: r.Errors + r.Non2xx}
+	if nc := r.NewConns; nc != nil && nc.Handshakes > 0 {
+		// What a new-connection cell measured: full handshakes or resumed
+		// ones, and with which key exchange.
+		l.Note = fmt.Sprintf("a new QUIC connection per request: %.0f%% of the %d handshakes resumed a session, key exchange %s",
+			100*float64(nc.Resumed)/float64(nc.Handshakes), nc.Handshakes, nc.KeyExchange)
+	}
+	return l
 }
 
 // lastWords is the last line of out worth quoting when a tool measured

@@ -88,6 +88,9 @@ func measureCmd(args []string, proc procFS) error {
 		r.Status, r.Note = "failed", *tool+" measured no request: "+lastWords(output)
 		return appendRow(rf.results, r)
 	}
+	if w.Load.Note != "" {
+		r.Note = w.Load.Note
+	}
 	r.figures(w, rf.proxy == "direct")
 	return appendRow(rf.results, r)
 }

@@ -36,6 +36,7 @@ var cellNames = map[string]string{
 	"h2-1k-1s":    "h2 (TLS) 1 KiB, 64 conns × 1 stream",
 	"h2-1m":       "h2 (TLS) 1 MiB, 16 conns × 4 streams",
 	"h3-1k":       "HTTP/3 1 KiB, 16 conns × 16 streams",
+	"h3-close":    "HTTP/3 new connection per request 1 KiB",
 }
 
 func cellName(c string) string {
@@ -89,7 +90,7 @@ func writeMarkdown(w io.Writer, m Meta, sums []Summary) {
 	}
 	var vs []string
 	names := append([]string{"scafo-edge"}, edgeRowsOf(m.Versions)...)
-	for _, p := range append(names, "caddy", "traefik", "nginx", "haproxy") {
+	for _, p := range append(names, "caddy", "traefik", "nginx", "haproxy", "go-tls") {
 		if s := m.Versions[p]; s != "" {
 			vs = append(vs, p+" "+s)
 		}
@@ -175,9 +176,16 @@ func writeTargets(w io.Writer, sums []Summary) {
 		}
 		return "not met"
 	}
+	// go-tls, the floor (bench/gotls), is set against the same targets:
+	// what they would ask of Go's crypto/tls and net/http alone.
+	rowsFor := edgeRows(sums)
+	floor := slices.ContainsFunc(sums, func(s Summary) bool { return s.Proxy == "go-tls" && s.Status == "ok" })
+	if floor {
+		rowsFor = append(rowsFor, "go-tls")
+	}
 	var rows []string
 	for _, c := range cells {
-		for _, e := range edgeRows(sums) {
+		for _, e := range rowsFor {
 			es, found := ok[[2]string{e, c}]
 			if !found {
 				continue
@@ -210,6 +218,10 @@ func writeTargets(w io.Writer, sums []Summary) {
 	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|")
 	for _, r := range rows {
 		fmt.Fprintln(w, r)
+	}
+	if floor {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "go-tls is no proxy but the floor: a bare Go HTTPS (and HTTP/3) server, bench/gotls, with the edge's TLS settings, answering 1 KiB itself. A target it does not meet is beyond Go's crypto/tls (and quic-go) on this machine.")
 	}
 }
 

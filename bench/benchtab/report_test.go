@@ -66,3 +66,27 @@ func TestTargetsNeedAnEdgeRow(t *testing.T) {
 		t.Errorf("writeTargets without an edge row printed:\n%s", b.String())
 	}
 }
+
+// TestTargetsSetTheFloorAgainstThemToo: a go-tls row (bench/gotls) gets its
+// own line against Caddy and nginx, after the edge's, and the note that says
+// what it is.
+func TestTargetsSetTheFloorAgainstThemToo(t *testing.T) {
+	row := func(proxy string, cpu, rps float64) Summary {
+		return Summary{Proxy: proxy, Cell: "https-close", Status: "ok", CPU: ptr(cpu), RPS: ptr(rps), P99: ptr(10)}
+	}
+	var b bytes.Buffer
+	writeTargets(&b, []Summary{row("scafo-edge", 570, 500), row("caddy", 600, 480), row("nginx", 200, 1500), row("go-tls", 450, 700)})
+	out := b.String()
+	for _, want := range []string{
+		"| https-close | scafo-edge | 1.04 (not met) | 0.95 (not met) | 1.00 (met) | 2.85 (not met) |",
+		"| https-close | go-tls | 1.46 (not met) | 0.75 (not met) | 1.00 (met) | 2.25 (not met) |",
+		"go-tls is no proxy but the floor",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("writeTargets lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Index(out, "| go-tls |") < strings.Index(out, "| scafo-edge |") {
+		t.Errorf("the floor's line should follow the edge's:\n%s", out)
+	}
+}

@@ -6,6 +6,18 @@
 // (transport errors and non-2xx responses counted separately) and the
 // latency percentiles p50/p90/p99/max.
 //
+// With -close it measures new connections instead, as wrk does with
+// "Connection: close" over TLS: each of N workers dials a new QUIC
+// connection (a UDP socket of its own, a full handshake), sends one GET,
+// reads the response, closes the connection, and starts again. Never 0-RTT:
+// the dial is quic-go's DialAddr, which sends nothing before the handshake
+// completes. Without -resume every handshake is a full one (certificate and
+// signature); with it, each worker keeps the session ticket of its previous
+// connection and offers it on the next, as wrk (OpenSSL) does, so the
+// handshake is a resumed one (PSK with a fresh key exchange, no signature).
+// The JSON then also says how many of the window's connections resumed and
+// which key exchange they used.
+//
 // scafo-edge and Caddy both serve HTTP/3 with quic-go, and the general
 // purpose load tools either lack HTTP/3 or bring their own QUIC stack, whose
 // flow control, congestion control and packet handling would then be part
@@ -25,6 +37,8 @@
 //
 //	go run ./bench/h3load -url https://host:port/path -c N -m M -d 10s \
 //	    [-warmup 3s] [-insecure] [-cacert file] [-sni name] [-json]
+//	go run ./bench/h3load -url https://host:port/path -c N -close [-resume] \
+//	    [-curves X25519] -d 10s ...
 //
 // "requests" counts responses read to their end within the measured window,
 // whatever their status; "non2xx" is the part of them whose status was not
@@ -73,6 +87,9 @@ func main() {
 	flag.BoolVar(&cfg.Insecure, "insecure", false, "do not verify the server certificate")
 	flag.StringVar(&cfg.CACert, "cacert", "", "PEM `file` of root certificates to trust instead of the system roots")
 	flag.StringVar(&cfg.SNI, "sni", "", "TLS server `name` and request authority, when they differ from the URL host (the URL host is still dialled)")
+	flag.BoolVar(&cfg.Close, "close", false, "one request per QUIC connection: each of the -c workers dials a new connection, sends one GET and closes it, in a loop (-m must be 1)")
+	flag.BoolVar(&cfg.Resume, "resume", false, "with -close: offer each worker's previous session ticket on its next connection (a resumed handshake, never 0-RTT)")
+	flag.StringVar(&cfg.Curves, "curves", "", "comma `list` of key exchanges to offer, in order (X25519, X25519MLKEM768, P256, P384, P521); empty: Go's default")
 	jsonOut := flag.Bool("json", false, "also print the result as one JSON object on the last line")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -106,6 +123,9 @@ type config struct {
 	Insecure bool
 	CACert   string
 	SNI      string
+	Close    bool   // a new connection per request
+	Resume   bool   // with Close: resume the previous connection's session
+	Curves   string // key exchanges offered, comma-separated; empty: Go's
 
 	// roots, when set, replaces CACert (for tests).
 	roots *x509.CertPool
@@ -123,6 +143,9 @@ type result struct {
 	P90      float64 `json:"p90_ms"`
 	P99      float64 `json:"p99_ms"`
 	Max      float64 `json:"max_ms"`
+	// NewConns is set with -close only: what the window's connections
+	// negotiated.
+	NewConns *newConnStats `json:"new_connections,omitempty"`
 
 	// firstError is one transport error seen during the run, for the human
 	// line.
@@ -133,10 +156,23 @@ func (r result) human(cfg config) string {
 	s := fmt.Sprintf("h3load %s c=%d m=%d: %d requests in %.2fs, %.1f req/s, %.2f MB/s, %d bytes, errors %d, non-2xx %d, latency p50 %.3fms p90 %.3fms p99 %.3fms max %.3fms",
 		cfg.URL, cfg.Conns, cfg.PerConn, r.Requests, r.Seconds, r.RPS, float64(r.Bytes)/r.Seconds/1e6, r.Bytes,
 		r.Errors, r.Non2xx, r.P50, r.P90, r.P99, r.Max)
+	if nc := r.NewConns; nc != nil {
+		s += fmt.Sprintf(", a new connection per request: %d handshakes, %d resumed, key exchange %s", nc.Handshakes, nc.Resumed, nc.KeyExchange)
+	}
 	if r.firstError != "" {
 		s += " (first error: " + r.firstError + ")"
 	}
 	return s
+}
+
+// newConnStats describes the handshakes of a -close run's window: one per
+// request counted (errors included when their handshake completed).
+type newConnStats struct {
+	Handshakes uint64 `json:"handshakes"`
+	Resumed    uint64 `json:"resumed"`
+	// KeyExchange is the group the last handshake negotiated (X25519,
+	// X25519MLKEM768, ...); "mixed" when they were not all the same.
+	KeyExchange string `json:"key_exchange"`
 }
 
 // target is what every worker needs to build and send its requests.
@@ -146,6 +182,8 @@ type target struct {
 	dialAddr  *net.UDPAddr
 	tlsConf   *tls.Config
 	timeout   time.Duration
+	fresh     bool // a new connection per request (-close)
+	resume    bool // with fresh: resume the previous session (-resume)
 }
 
 // run sets up cfg.Conns connections, applies the load for cfg.Warmup plus
@@ -162,10 +200,17 @@ func run(ctx context.Context, cfg config) (result, error) {
 	if cfg.Duration <= 0 || cfg.Warmup < 0 {
 		return result{}, errors.New("-d must be positive and -warmup not negative")
 	}
+	if cfg.Close && cfg.PerConn != 1 {
+		return result{}, errors.New("-close sends one request per connection: -m must be 1")
+	}
+	if cfg.Resume && !cfg.Close {
+		return result{}, errors.New("-resume needs -close (long-lived connections resume nothing)")
+	}
 
 	// Set every connection up with one request before the clock starts, so
 	// that handshakes are not part of the measured window and a target that
-	// cannot be reached at all is reported as such.
+	// cannot be reached at all is reported as such. With -close, that first
+	// request also leaves each worker a session ticket to resume with.
 	conns := make([]*conn, cfg.Conns)
 	setupErrs := make([]error, cfg.Conns)
 	var wg sync.WaitGroup
@@ -211,6 +256,9 @@ func run(ctx context.Context, cfg config) (result, error) {
 
 	var res result
 	h := new(histogram)
+	if cfg.Close {
+		res.NewConns = &newConnStats{}
+	}
 	for _, c := range conns {
 		res.Requests += c.requests.Load()
 		res.Errors += c.errors.Load()
@@ -219,6 +267,17 @@ func run(ctx context.Context, cfg config) (result, error) {
 		h.merge(&c.hist)
 		if e, _ := c.firstErr.Load().(string); e != "" && res.firstError == "" {
 			res.firstError = e
+		}
+		if nc := res.NewConns; nc != nil {
+			nc.Handshakes += c.handshakes.Load()
+			nc.Resumed += c.resumed.Load()
+			switch kx, _ := c.keyExchange.Load().(string); {
+			case kx == "" || kx == nc.KeyExchange:
+			case nc.KeyExchange == "":
+				nc.KeyExchange = kx
+			default:
+				nc.KeyExchange = "mixed"
+			}
 		}
 	}
 	res.Seconds = cfg.Duration.Seconds()
@@ -254,6 +313,11 @@ func newTarget(cfg config) (*target, error) {
 		return nil, fmt.Errorf("resolving %s: %w", u.Host, err)
 	}
 	tlsConf := &tls.Config{InsecureSkipVerify: cfg.Insecure, RootCAs: cfg.roots}
+	if cfg.Curves != "" {
+		if tlsConf.CurvePreferences, err = parseCurves(cfg.Curves); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.CACert != "" && cfg.roots == nil {
 		pem, err := os.ReadFile(cfg.CACert)
 		if err != nil {
@@ -264,7 +328,8 @@ func newTarget(cfg config) (*target, error) {
 			return nil, fmt.Errorf("-cacert %s: no PEM certificate found", cfg.CACert)
 		}
 	}
-	tg := &target{url: u.String(), dialAddr: addr, tlsConf: tlsConf, timeout: cfg.Timeout}
+	tg := &target{url: u.String(), dialAddr: addr, tlsConf: tlsConf, timeout: cfg.Timeout,
+		fresh: cfg.Close, resume: cfg.Resume}
 	if cfg.SNI != "" {
 		tlsConf.ServerName = cfg.SNI
 		tg.authority = cfg.SNI
@@ -272,7 +337,38 @@ func newTarget(cfg config) (*target, error) {
 			tg.authority = net.JoinHostPort(cfg.SNI, u.Port())
 		}
 	}
+	if cfg.Close {
+		// Dialled without http3.Transport, which would otherwise set these:
+		// the URL's host names the server (the SNI a proxy picks its
+		// certificate by), and h3 is the only protocol.
+		if tlsConf.ServerName == "" {
+			tlsConf.ServerName = u.Hostname()
+		}
+		tlsConf.NextProtos = []string{http3.NextProtoH3}
+	}
 	return tg, nil
+}
+
+// curveNames are the key exchanges -curves accepts.
+var curveNames = map[string]tls.CurveID{
+	"x25519":         tls.X25519,
+	"x25519mlkem768": tls.X25519MLKEM768,
+	"p256":           tls.CurveP256,
+	"p384":           tls.CurveP384,
+	"p521":           tls.CurveP521,
+}
+
+func parseCurves(list string) ([]tls.CurveID, error) {
+	var out []tls.CurveID
+	for name := range strings.SplitSeq(list, ",") {
+		key := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(name)), "-", "")
+		id, ok := curveNames[key]
+		if !ok {
+			return nil, fmt.Errorf("-curves: unknown key exchange %q (want X25519, X25519MLKEM768, P256, P384 or P521)", name)
+		}
+		out = append(out, id)
+	}
+	return out, nil
 }
 
 func isLocalhost(host string) bool {
@@ -304,17 +400,33 @@ func (ph *phases) count(t time.Time) {
 
 // conn is one QUIC connection: its own http3.Transport, which holds a single
 // connection to the one host it is used for, and that connection's counters.
+// With -close it is one worker instead, whose every request dials a
+// connection of its own (fresh).
 type conn struct {
 	tg *target
 	tr *http3.Transport
+	// tlsConf is this worker's under -close: its own session cache, so
+	// that it resumes its own previous session as a wrk connection does.
+	tlsConf *tls.Config
 
 	requests, errors, non2xx, bytes atomic.Uint64
 	hist                            histogram
 	firstErr                        atomic.Value // string
+	// -close only: handshakes in the window, those resumed, and the last
+	// one's key exchange (string).
+	handshakes, resumed atomic.Uint64
+	keyExchange         atomic.Value
 }
 
 func newConn(tg *target) *conn {
 	c := &conn{tg: tg}
+	if tg.fresh {
+		c.tlsConf = tg.tlsConf.Clone()
+		if tg.resume {
+			// One entry: the session of this worker's last connection.
+			c.tlsConf.ClientSessionCache = tls.NewLRUClientSessionCache(1)
+		}
+	}
 	c.tr = &http3.Transport{
 		TLSClientConfig: tg.tlsConf,
 		// Compare bodies as the servers send them.
@@ -330,31 +442,53 @@ func newConn(tg *target) *conn {
 
 // prime sends one request, dialling the connection.
 func (c *conn) prime(ctx context.Context) error {
-	_, status, err := c.do(ctx)
-	if err == nil && status/100 != 2 {
-		fmt.Fprintf(os.Stderr, "h3load: warning: %s answered %d\n", c.tg.url, status)
+	o, err := c.do(ctx)
+	if err == nil && o.status/100 != 2 {
+		fmt.Fprintf(os.Stderr, "h3load: warning: %s answered %d\n", c.tg.url, o.status)
 	}
 	return err
 }
 
-// do sends one GET and reads the body to its end, returning the body length.
-func (c *conn) do(ctx context.Context) (int64, int, error) {
+// outcome is what one request got: the body length and the status, and
+// under -close its connection's handshake (hs set once it completed).
+type outcome struct {
+	n      int64
+	status int
+	hs     *tls.ConnectionState
+}
+
+// do sends one GET and reads the body to its end.
+func (c *conn) do(ctx context.Context) (outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.tg.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.tg.url, nil)
 	if err != nil {
-		return 0, 0, err
+		return outcome{}, err
 	}
 	if c.tg.authority != "" {
 		req.Host = c.tg.authority
 	}
-	resp, err := c.tr.RoundTrip(req)
-	if err != nil {
-		return 0, 0, err
+	var o outcome
+	rt := http.RoundTripper(c.tr)
+	if c.tg.fresh {
+		// A connection for this request alone, closed once it is answered.
+		qc, err := quic.DialAddr(ctx, c.tg.dialAddr.String(), c.tlsConf, nil)
+		if err != nil {
+			return o, err
+		}
+		defer qc.CloseWithError(0, "")
+		st := qc.ConnectionState().TLS
+		o.hs = &st
+		rt = c.tr.NewClientConn(qc)
 	}
-	n, err := io.Copy(io.Discard, resp.Body)
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return o, err
+	}
+	o.status = resp.StatusCode
+	o.n, err = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return n, resp.StatusCode, err
+	return o, err
 }
 
 // work sends requests back to back until ctx ends, recording those that
@@ -362,11 +496,18 @@ func (c *conn) do(ctx context.Context) (int64, int, error) {
 func (c *conn) work(ctx context.Context, ph *phases) {
 	for ctx.Err() == nil {
 		t0 := time.Now()
-		n, status, err := c.do(ctx)
+		o, err := c.do(ctx)
 		t1 := time.Now()
 		if ctx.Err() != nil || t0.Before(ph.measureFrom) || t1.After(ph.measureTo) {
 			// Warm-up, or cut by the end of the window.
 			continue
+		}
+		if o.hs != nil {
+			c.handshakes.Add(1)
+			if o.hs.DidResume {
+				c.resumed.Add(1)
+			}
+			c.keyExchange.Store(o.hs.CurveID.String())
 		}
 		if err != nil {
 			c.errors.Add(1)
@@ -375,8 +516,8 @@ func (c *conn) work(ctx context.Context, ph *phases) {
 			continue
 		}
 		c.requests.Add(1)
-		c.bytes.Add(uint64(n))
-		if status/100 != 2 {
+		c.bytes.Add(uint64(o.n))
+		if o.status/100 != 2 {
 			c.non2xx.Add(1)
 		}
 		c.hist.record(t1.Sub(t0))

@@ -12,9 +12,12 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 )
 
@@ -53,15 +56,27 @@ func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
 // startServer serves a 1 KiB body over HTTP/3 on 127.0.0.1 and returns its
 // address; /missing answers 404.
 func startServer(t *testing.T) (string, *x509.CertPool) {
+	addr, roots, _ := startCountingServer(t)
+	return addr, roots
+}
+
+// startCountingServer is startServer, and also counts the QUIC connections
+// it accepts.
+func startCountingServer(t *testing.T) (string, *x509.CertPool, *atomic.Int64) {
 	t.Helper()
 	cert, roots := selfSigned(t)
 	body := bytes.Repeat([]byte("x"), 1024)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/missing", http.NotFound)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { w.Write(body) })
+	conns := new(atomic.Int64)
 	srv := &http3.Server{
 		TLSConfig: http3.ConfigureTLSConfig(&tls.Config{Certificates: []tls.Certificate{cert}}),
 		Handler:   mux,
+		ConnContext: func(ctx context.Context, _ *quic.Conn) context.Context {
+			conns.Add(1)
+			return ctx
+		},
 	}
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -74,7 +89,7 @@ func startServer(t *testing.T) (string, *x509.CertPool) {
 		pc.Close()
 		<-done
 	})
-	return pc.LocalAddr().String(), roots
+	return pc.LocalAddr().String(), roots, conns
 }
 
 func TestLoad(t *testing.T) {
@@ -125,6 +140,91 @@ func TestLoad(t *testing.T) {
 			t.Errorf("%+v, %v", res, err)
 		}
 	})
+}
+
+// TestClose holds -close to one QUIC connection per request: the server
+// accepts one for every request sent (the measured ones, the warm-up's and
+// each worker's first), full handshakes unless -resume, and the key
+// exchange -curves asks for.
+func TestClose(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		resume      bool
+		curves      string
+		wantKX      string
+		wantResumed bool
+	}{
+		{name: "full handshakes", wantKX: "X25519MLKEM768"},
+		{name: "X25519 only", curves: "X25519", wantKX: "X25519"},
+		{name: "resumed", resume: true, curves: "x25519", wantKX: "X25519", wantResumed: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			addr, roots, accepted := startCountingServer(t)
+			cfg := config{
+				URL: "https://" + addr + "/", Conns: 3, PerConn: 1, Close: true,
+				Resume: c.resume, Curves: c.curves,
+				Duration: time.Minute, Requests: 15, Warmup: 50 * time.Millisecond,
+				Timeout: 5 * time.Second, roots: roots,
+			}
+			res, err := run(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Log(res.human(cfg))
+			if res.Requests < cfg.Requests || res.Errors != 0 || res.Non2xx != 0 {
+				t.Fatalf("requests %d errors %d non2xx %d (%s), want >= %d, 0, 0", res.Requests, res.Errors, res.Non2xx, res.firstError, cfg.Requests)
+			}
+			if res.Bytes != res.Requests*1024 {
+				t.Errorf("bytes %d, want %d", res.Bytes, res.Requests*1024)
+			}
+			nc := res.NewConns
+			if nc == nil {
+				t.Fatal("no new_connections in the result")
+			}
+			if nc.Handshakes != res.Requests {
+				t.Errorf("%d handshakes for %d requests, want one each", nc.Handshakes, res.Requests)
+			}
+			// Every request the workers sent, counted or not (warm-up, the
+			// first of each, those cut by the window's end), had its own
+			// connection; a connection that carried two would leave fewer.
+			if got := uint64(accepted.Load()); got < res.Requests+uint64(cfg.Conns) {
+				t.Errorf("server accepted %d connections for %d measured requests and %d first ones, want one per request", got, res.Requests, cfg.Conns)
+			}
+			if nc.KeyExchange != c.wantKX {
+				t.Errorf("key exchange %q, want %q", nc.KeyExchange, c.wantKX)
+			}
+			if c.wantResumed && nc.Resumed == 0 {
+				t.Errorf("-resume: no handshake of %d resumed", nc.Handshakes)
+			}
+			if !c.wantResumed && nc.Resumed != 0 {
+				t.Errorf("%d of %d handshakes resumed without -resume", nc.Resumed, nc.Handshakes)
+			}
+		})
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		edit func(*config)
+		want string
+	}{
+		{"-close with -m 2", func(c *config) { c.Close, c.PerConn = true, 2 }, "-m must be 1"},
+		{"-resume without -close", func(c *config) { c.Resume = true }, "-resume needs -close"},
+		{"unknown curve", func(c *config) { c.Curves = "X25519,X448" }, "unknown key exchange"},
+		{"empty curve", func(c *config) { c.Curves = "X25519," }, "unknown key exchange"},
+		{"no connections", func(c *config) { c.Conns = 0 }, "-c and -m"},
+		{"http URL", func(c *config) { c.URL = "http://127.0.0.1:1/" }, "want https"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := config{URL: "https://127.0.0.1:1/", Conns: 1, PerConn: 1, Duration: time.Second, Timeout: time.Second, Insecure: true}
+			c.edit(&cfg)
+			_, err := run(context.Background(), cfg)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("run: %v, want an error saying %q", err, c.want)
+			}
+		})
+	}
 }
 
 func TestSetupFailure(t *testing.T) {
