@@ -138,6 +138,7 @@ type Controller struct {
 	shedMu             sync.Mutex
 	plan               shedPlan
 	closeIdleUpstreams func()
+	upstreamsClosed    time.Time // wall clock, when step last closed them
 	slowShed           *rate.Limiter
 
 	// episode is the monitor's; Snapshot reads it under episodeMu.
@@ -421,12 +422,19 @@ func (c *Controller) step() {
 	// would close a connection more than needed.
 	c.shedMu.Lock()
 	if pressed() {
-		if c.closeIdleUpstreams != nil {
-			// Idle upstream connections cost the least to give up: the
-			// next request dials again, and no client notices.
+		// Idle upstream connections cost the least to give up: the next
+		// request dials again, and no client notices. Once a tick, not at
+		// every wake: each connection accepted past the high-water mark
+		// wakes the monitor, and closing them at each of a flood's
+		// thousands a second would have every request dial its upstream.
+		if wall := time.Now(); c.closeIdleUpstreams != nil && wall.Sub(c.upstreamsClosed) >= tick {
+			c.upstreamsClosed = wall
 			c.closeIdleUpstreams()
 		}
-		c.makePlan(now)
+		// Nor is the plan made at every wake: it walks every connection.
+		if c.planStale() {
+			c.makePlan(now)
+		}
 	}
 	for float64(c.inUse()-c.draining.Load()) >= lowWater*max {
 		if !c.shedNext(now, minIdleAge) {

@@ -118,8 +118,8 @@ type candidate struct {
 // down: a slowloris reconnects at once, so that would only churn.
 //
 // It is made by walking every connection, so it is made at most once a
-// tick and when the last one ran out (not more often than planEvery): an
-// Accept at the budget takes the next one from it.
+// tick and when the last one ran out, and never more often than planEvery
+// allows: an Accept at the budget takes the next one from it.
 type shedPlan struct {
 	list     []candidate
 	next     int // list[:next] have been tried
@@ -135,6 +135,13 @@ type shedPlan struct {
 // connections spends at most a twentieth of a core walking them while its
 // Accept waits for room.
 const planEvery = 20 * time.Millisecond
+
+// planStale reports whether the plan may be made again (planEvery);
+// c.shedMu is held.
+func (c *Controller) planStale() bool {
+	p := &c.plan
+	return time.Since(p.built) >= max(planEvery, 20*p.took)
+}
 
 // makePlan lists the connections idle at least minIdleAge at now, in the
 // order they are to be shed, and the slow first requests; c.shedMu is
@@ -309,7 +316,7 @@ func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
 				return true
 			}
 		}
-		if time.Since(p.built) < max(planEvery, 20*p.took) {
+		if !c.planStale() {
 			return false
 		}
 		c.makePlan(now)
@@ -353,7 +360,7 @@ func (c *Controller) shedRoom(now time.Time) (bool, time.Duration) {
 				return true, 0
 			}
 		}
-		if wait > 0 || time.Since(p.built) < max(planEvery, 20*p.took) {
+		if wait > 0 || !c.planStale() {
 			return false, wait
 		}
 		c.makePlan(now)
