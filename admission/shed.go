@@ -327,10 +327,10 @@ func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
 // shedRoom closes one connection to make room for a new one at the
 // budget: an idle one of an address past its share, else a slow first
 // request (as fast as c.slowShed allows), else any idle one (shedPlan's
-// order), making a new plan once if this one ran out. It reports whether
-// it closed one, and if not, when the rate of slow first requests allows
-// the next (0: none waits for it). c.shedMu is held.
-func (c *Controller) shedRoom(now time.Time) (bool, time.Duration) {
+// order), making a new plan once if this one ran out and replan allows.
+// It reports whether it closed one, and if not, when the rate of slow
+// first requests allows the next (0: none waits for it). c.shedMu is held.
+func (c *Controller) shedRoom(now time.Time, replan bool) (bool, time.Duration) {
 	var wait time.Duration
 	for range 2 {
 		p := &c.plan
@@ -360,7 +360,7 @@ func (c *Controller) shedRoom(now time.Time) (bool, time.Duration) {
 				return true, 0
 			}
 		}
-		if wait > 0 || !c.planStale() {
+		if wait > 0 || !replan || !c.planStale() {
 			return false, wait
 		}
 		c.makePlan(now)
