@@ -307,7 +307,7 @@ func (c *Controller) makeRoom() (ok bool, retry time.Duration) {
 		return true, 0
 	}
 	now := c.clock.Now()
-	shed, wait := c.shedRoom(now, true)
+	shed, wait := c.shedRoom(now, false)
 	if !shed && c.closeIdleUpstreams != nil {
 		c.closeIdleUpstreams()
 	}
@@ -328,10 +328,10 @@ func isDone(done <-chan struct{}) bool {
 }
 
 // roomForRequest reports whether a descriptor is free for a request's
-// upstream, closing a connection of the plan to free one if the budget is
-// spent, as makeRoom does but without waiting: not for another shedder,
-// nor to make a new plan, which walks every connection. A request is on
-// its client's time; the overdraft covers it meanwhile.
+// upstream, closing an idle connection of the plan to free one if the
+// budget is spent, as makeRoom does but without waiting: not for another
+// shedder, nor to make a new plan, which walks every connection. A request
+// is on its client's time; the overdraft covers it meanwhile.
 func (c *Controller) roomForRequest() bool {
 	max := int64(c.limits.MaxConns)
 	if !c.shedMu.TryLock() {
@@ -341,7 +341,7 @@ func (c *Controller) roomForRequest() bool {
 	if c.inUse() < max {
 		return true
 	}
-	if shed, _ := c.shedRoom(c.clock.Now(), false); !shed && c.closeIdleUpstreams != nil {
+	if shed, _ := c.shedRoom(c.clock.Now(), true); !shed && c.closeIdleUpstreams != nil {
 		c.closeIdleUpstreams()
 	}
 	return c.inUse() < max

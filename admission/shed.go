@@ -327,10 +327,13 @@ func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
 // shedRoom closes one connection to make room for a new one at the
 // budget: an idle one of an address past its share, else a slow first
 // request (as fast as c.slowShed allows), else any idle one (shedPlan's
-// order), making a new plan once if this one ran out and replan allows.
-// It reports whether it closed one, and if not, when the rate of slow
-// first requests allows the next (0: none waits for it). c.shedMu is held.
-func (c *Controller) shedRoom(now time.Time, replan bool) (bool, time.Duration) {
+// order), making a new plan once if this one ran out. For a request's
+// upstream leg (forRequest) it neither makes a plan nor closes a slow first
+// request: the overdraft covers a leg, and the slowloris's reconnection,
+// not the request, would take the room. It reports whether it closed one,
+// and if not, when the rate of slow first requests allows the next (0:
+// none waits for it). c.shedMu is held.
+func (c *Controller) shedRoom(now time.Time, forRequest bool) (bool, time.Duration) {
 	var wait time.Duration
 	for range 2 {
 		p := &c.plan
@@ -341,7 +344,7 @@ func (c *Controller) shedRoom(now time.Time, replan bool) (bool, time.Duration) 
 				return true, 0
 			}
 		}
-		for p.slowNext < len(p.slow) {
+		for !forRequest && p.slowNext < len(p.slow) {
 			if tokens := c.slowShed.TokensAt(now); tokens < 1 {
 				wait = time.Duration((1 - tokens) / float64(c.slowShed.Limit()) * float64(time.Second))
 				break
@@ -360,7 +363,7 @@ func (c *Controller) shedRoom(now time.Time, replan bool) (bool, time.Duration) 
 				return true, 0
 			}
 		}
-		if wait > 0 || !replan || !c.planStale() {
+		if wait > 0 || forRequest || !c.planStale() {
 			return false, wait
 		}
 		c.makePlan(now)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"testing"
 	"time"
 
@@ -235,5 +236,64 @@ func TestOnAnIdleBoxANATsConnectionsAreUntouched(t *testing.T) {
 		if got := c.shed(t, r); got != 0 {
 			t.Errorf("scafo_edge_shed_total{reason=%s} = %v, want 0 on an idle box", r, got)
 		}
+	}
+}
+
+// A request at the budget takes room for its upstream leg from an idle
+// connection, or the overdraft, but not from a slow first request: the
+// slowloris would reconnect into the room before the leg is dialed.
+func TestAtTheBudgetARequestDoesNotCloseASlowFirstRequest(t *testing.T) {
+	t.Parallel()
+	const maxConns = 4
+	clk := newFakeClock()
+	l := testLimits(maxConns)
+	l.Overdraft = 2
+	c := newController(t, Options{Limits: l, Clock: clk})
+	ln := listen(t)
+	cl := c.Listener(ln)
+	t.Cleanup(func() { cl.Close() })
+	var clients []net.Conn
+	for range maxConns {
+		client := dialFrom(t, "127.0.0.2", ln.Addr().String())
+		conn, err := cl.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		c.ConnState(conn, http.StateNew)
+		if _, err := io.WriteString(client, slowHeaders); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(conn, make([]byte, len(slowHeaders))); err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, client)
+		clk.Advance(time.Millisecond)
+	}
+	clk.Advance(2 * slowAge)
+	c.shedMu.Lock()
+	c.makePlan(clk.Now())
+	slow := len(c.plan.slow)
+	c.shedMu.Unlock()
+	if slow != maxConns {
+		t.Fatalf("%d slow first requests in the plan, want %d", slow, maxConns)
+	}
+	k, why := c.Admit(request("192.0.2.1:1"), "app")
+	if why != Admitted {
+		t.Fatalf("a request at the budget, within the overdraft = %v, want admitted", why)
+	}
+	k.Release()
+	if got := c.shed(t, "slow_headers"); got != 0 {
+		t.Errorf("scafo_edge_shed_total{reason=slow_headers} = %v, want 0: a request closes none", got)
+	}
+	if s := c.Snapshot(); s.ClientConns != maxConns {
+		t.Errorf("Snapshot = %d connections, want all %d slow ones still open", s.ClientConns, maxConns)
+	}
+	// An Accept at the budget does close one.
+	if ok, _ := c.makeRoom(); !ok {
+		t.Error("makeRoom at the budget with slow first requests: no room, want one closed")
+	}
+	if err := closedByPeer(clients[0]); err != nil {
+		t.Errorf("the oldest slow first request, after makeRoom: %v", err)
 	}
 }
