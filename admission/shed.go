@@ -113,9 +113,10 @@ type candidate struct {
 // Slow first requests (slow), only to make room at the budget, one for
 // each connection accepted, between steps 1 and 2: connections whose
 // first request's headers (or TLS handshake) have been arriving for
-// slowAge or more, those of client addresses at or past their share
-// first, each group oldest first. They are never closed to bring the count
-// down: a slowloris reconnects at once, so that would only churn.
+// slowAge or more: those of client addresses at or past their share
+// first, each address's oldest first and as many as take it under its
+// share, then the rest, oldest first. They are never closed to bring the
+// count down: a slowloris reconnects at once, so that would only churn.
 //
 // It is made by walking every connection, so it is made at most once a
 // tick and when the last one ran out, and never more often than planEvery
