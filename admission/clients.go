@@ -220,6 +220,9 @@ func (t *clientTable) overShare(e *clientEntry) int {
 	return max(0, e.conns()-int(t.conns))
 }
 
+// share is an address's share of connections.
+func (t *clientTable) share() int { return int(t.conns) }
+
 // addRequest counts a request of key's in flight, or names the limit it
 // would pass: its share of requests in flight while the box is contended,
 // its rate at any time.

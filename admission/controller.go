@@ -10,6 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"golang.org/x/time/rate"
+
 	"github.com/scafo/scafo-edge/internal/clock"
 )
 
@@ -32,6 +34,20 @@ const (
 	// pressureIdleTimeout is the idle timeout under pressure: every
 	// connection idle longer is closed, whatever the water marks say.
 	pressureIdleTimeout = 5 * time.Second
+	// slowAge is how long a connection may take over its first request's
+	// headers (its TLS handshake included) before, at the budget, it may
+	// be closed to make room for a new connection: a visitor's take a
+	// round trip or two, a slowloris's the whole --read-header-timeout.
+	slowAge = time.Second
+	// slowShedDivisor: at the budget, slow first requests are closed for
+	// room at most MaxConns/slowShedDivisor a second (at least
+	// minSlowShedRate). A slowloris reconnects as soon as one of its
+	// connections is closed and takes the room back: without a bound,
+	// each of its connections past the budget would cycle through accept
+	// and close as fast as the box can, and the edge's CPU would go to
+	// that churn instead of to its visitors.
+	slowShedDivisor = 16
+	minSlowShedRate = 64
 	// goAwayGrace is how long an HTTP/2 connection sent a GOAWAY has to
 	// finish a stream its client started before it read the GOAWAY; past
 	// it, an idle one is closed.
@@ -93,6 +109,7 @@ type Controller struct {
 	quicConns     atomic.Int64 // HTTP/3: memory, no descriptor
 	draining      atomic.Int64 // connections sent a GOAWAY, closing soon
 	shedIdle      atomic.Int64 // idle connections shed, ever
+	shedSlow      atomic.Int64 // slow first requests closed for room, ever
 
 	// Accept waits for room on room, closed and replaced whenever a
 	// connection closes while waiting > 0.
@@ -116,10 +133,13 @@ type Controller struct {
 	wake      chan struct{}
 
 	// shedMu serialises shedding and guards plan; closeIdleUpstreams is
-	// Options.CloseIdleUpstreams.
+	// Options.CloseIdleUpstreams. slowShed bounds how fast slow first
+	// requests are closed for room (slowShedDivisor).
 	shedMu             sync.Mutex
 	plan               shedPlan
 	closeIdleUpstreams func()
+	upstreamsClosed    time.Time // wall clock, when step last closed them
+	slowShed           *rate.Limiter
 
 	// episode is the monitor's; Snapshot reads it under episodeMu.
 	episodeMu sync.Mutex
@@ -132,6 +152,7 @@ type episode struct {
 	started     time.Time
 	reason      string
 	shedAtStart int64     // c.shedIdle when it started
+	slowAtStart int64     // c.shedSlow when it started
 	peak        int64     // most connections in use
 	calm        time.Time // since when it has been under the low-water marks; zero: not
 }
@@ -159,6 +180,8 @@ func New(opts Options) (*Controller, error) {
 	if c.memUse == nil {
 		c.memUse = goMemoryInUse
 	}
+	slowRate := max(opts.Limits.MaxConns/slowShedDivisor, minSlowShedRate)
+	c.slowShed = rate.NewLimiter(rate.Limit(slowRate), max(slowRate/4, 1))
 	c.clients.init(opts.Limits, c.clock.Now)
 	c.apps.init(opts.Limits)
 	var err error
@@ -212,10 +235,12 @@ func (c *Controller) released() {
 func (c *Controller) awaitRoom(done <-chan struct{}) error {
 	max := int64(c.limits.MaxConns)
 	for c.inUse() >= max {
-		// Make room at once where an idle connection can give it: a
-		// listener that waits lets its backlog fill, and a visitor's
-		// connection waits behind every one queued there.
-		if c.makeRoom() {
+		// Make room at once where an idle connection or a slow first
+		// request can give it: a listener that waits lets its backlog
+		// fill, and a visitor's connection waits behind every one queued
+		// there, or is dropped with it.
+		ok, retry := c.makeRoom()
+		if ok {
 			break
 		}
 		c.roomMu.Lock()
@@ -236,11 +261,29 @@ func (c *Controller) awaitRoom(done <-chan struct{}) error {
 		}
 		c.contended.Store(true)
 		c.poke()
+		// Room comes from a connection that closes, from the rate of
+		// slow first requests closed allowing the next (retry, on the
+		// controller's clock), or from a connection becoming old enough
+		// to close: look again after a tick, as the monitor does.
+		var rateC <-chan time.Time
+		var rateT clock.Timer
+		if retry > 0 {
+			rateT = c.clock.NewTimer(retry)
+			rateC = rateT.C()
+		}
+		relook := time.NewTimer(tick)
 		select {
 		case <-room:
-			c.waiting.Add(-1)
+		case <-rateC:
+		case <-relook.C:
 		case <-done:
-			if c.waiting.Add(-1) == 0 {
+		}
+		relook.Stop()
+		if rateT != nil {
+			rateT.Stop()
+		}
+		if n := c.waiting.Add(-1); isDone(done) {
+			if n == 0 {
 				c.paused.Store(false)
 			}
 			return errListenerClosed
@@ -252,17 +295,53 @@ func (c *Controller) awaitRoom(done <-chan struct{}) error {
 	return nil
 }
 
-// makeRoom reports whether a descriptor is free, closing the oldest idle
-// client connection (or, with none, the idle upstream ones) to free one if
-// the budget is spent.
-func (c *Controller) makeRoom() bool {
+// makeRoom reports whether a descriptor is free, closing a connection to
+// free one if the budget is spent (shedRoom says which), or, with none to
+// close, the idle upstream ones. If it is not, retry is when the rate of
+// slow first requests closed allows the next (0: none waits for it).
+func (c *Controller) makeRoom() (ok bool, retry time.Duration) {
 	max := int64(c.limits.MaxConns)
 	c.shedMu.Lock()
 	defer c.shedMu.Unlock()
 	if c.inUse() < max {
+		return true, 0
+	}
+	now := c.clock.Now()
+	shed, wait := c.shedRoom(now, false)
+	if !shed && c.closeIdleUpstreams != nil {
+		c.closeIdleUpstreams()
+	}
+	if c.inUse() < max {
+		return true, 0
+	}
+	return false, wait
+}
+
+// isDone reports whether done is closed.
+func isDone(done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+// roomForRequest reports whether a descriptor is free for a request's
+// upstream, closing an idle connection of the plan to free one if the
+// budget is spent, as makeRoom does but without waiting: not for another
+// shedder, nor to make a new plan, which walks every connection. A request
+// is on its client's time; the overdraft covers it meanwhile.
+func (c *Controller) roomForRequest() bool {
+	max := int64(c.limits.MaxConns)
+	if !c.shedMu.TryLock() {
+		return c.inUse() < max
+	}
+	defer c.shedMu.Unlock()
+	if c.inUse() < max {
 		return true
 	}
-	if !c.shedNext(c.clock.Now(), minIdleAge) && c.closeIdleUpstreams != nil {
+	if shed, _ := c.shedRoom(c.clock.Now(), true); !shed && c.closeIdleUpstreams != nil {
 		c.closeIdleUpstreams()
 	}
 	return c.inUse() < max
@@ -342,7 +421,7 @@ func (c *Controller) step() {
 		if reason == "" {
 			return
 		}
-		ep = episode{active: true, started: now, reason: reason, peak: used, shedAtStart: c.shedIdle.Load()}
+		ep = episode{active: true, started: now, reason: reason, peak: used, shedAtStart: c.shedIdle.Load(), slowAtStart: c.shedSlow.Load()}
 		c.m.pressure.Set(1)
 		c.m.episodes.Inc()
 		msg := "overload: closing idle connections (client addresses furthest past their share first, then oldest first), idle timeout " +
@@ -357,12 +436,19 @@ func (c *Controller) step() {
 	// would close a connection more than needed.
 	c.shedMu.Lock()
 	if pressed() {
-		if c.closeIdleUpstreams != nil {
-			// Idle upstream connections cost the least to give up: the
-			// next request dials again, and no client notices.
+		// Idle upstream connections cost the least to give up: the next
+		// request dials again, and no client notices. Once a tick, not at
+		// every wake: each connection accepted past the high-water mark
+		// wakes the monitor, and closing them at each of a flood's
+		// thousands a second would have every request dial its upstream.
+		if wall := time.Now(); c.closeIdleUpstreams != nil && wall.Sub(c.upstreamsClosed) >= tick {
+			c.upstreamsClosed = wall
 			c.closeIdleUpstreams()
 		}
-		c.makePlan(now)
+		// Nor is the plan made at every wake: it walks every connection.
+		if c.planStale() {
+			c.makePlan(now)
+		}
 	}
 	for float64(c.inUse()-c.draining.Load()) >= lowWater*max {
 		if !c.shedNext(now, minIdleAge) {
@@ -387,7 +473,8 @@ func (c *Controller) step() {
 		ep.calm = now
 	case now.Sub(ep.calm) >= calmFor:
 		c.m.pressure.Set(0)
-		c.log.Info().Dur("lasted", now.Sub(ep.started)).Int64("idle_closed", c.shedIdle.Load()-ep.shedAtStart).Int64("peak_conns", ep.peak).
+		c.log.Info().Dur("lasted", now.Sub(ep.started)).Int64("idle_closed", c.shedIdle.Load()-ep.shedAtStart).
+			Int64("slow_headers_closed", c.shedSlow.Load()-ep.slowAtStart).Int64("peak_conns", ep.peak).
 			Int64("conns", used).Msg("overload over: idle timeout back to normal, client shares no longer bind")
 		ep = episode{}
 	}

@@ -11,16 +11,25 @@
 //     globally and per client address; while the box is under pressure, a
 //     new connection of a client address past its share is closed at once
 //     (a share binds only when someone else is short); at the global limit
-//     the edge first closes an idle connection (in the order below), and
-//     with none stops accepting, the kernel keeping new connections in its
-//     backlog. HTTP/3 connections, which hold no descriptor, take only what
-//     TCP leaves;
+//     the edge first closes a connection to make room (an idle one of an
+//     address past its share, a slow first request, any idle one: below),
+//     and with none stops accepting, the kernel keeping new connections in
+//     its backlog. HTTP/3 connections, which hold no descriptor, take only
+//     what TCP leaves;
 //   - under pressure (connections or memory past their high-water marks),
 //     idle pooled upstream connections are closed, then idle client ones:
 //     those of the client addresses furthest past their share first, down
 //     to it, then the others oldest first (HTTP/2 ones after a GOAWAY), and
 //     idle connections get a short idle timeout, until the count is back
 //     under the low-water mark;
+//   - a connection still on its first request's headers (or TLS
+//     handshake) a second after it was accepted is a slow first request:
+//     not idle, and never closed to bring the count down (a slowloris
+//     reconnects at once), but at the global limit it is room for a new
+//     connection, one for each accepted, those of addresses at or past
+//     their share first, oldest first, at most a sixteenth of the budget a
+//     second, so that the attacker's reconnections cannot turn the edge's
+//     CPU into churn;
 //   - on every request about to be forwarded (Admit): past the memory
 //     high-water mark, or with the budget and its overdraft spent, new
 //     requests are refused (503); past a client address's share of

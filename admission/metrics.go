@@ -12,15 +12,17 @@ import (
 )
 
 // Shed reasons beyond the request refusals' (Refusal.String): an idle
-// connection closed under pressure, a connection closed at once because its
-// client address held its share.
+// connection closed under pressure, a slow first request closed to make
+// room at the budget, a connection closed at once because its client
+// address held its share.
 const (
 	shedIdle           = "idle_closed"
+	shedSlow           = "slow_headers"
 	refusedClientConns = "client_conns"
 )
 
 // ShedReasons lists every reason of scafo_edge_shed_total.
-var ShedReasons = []string{shedIdle, refusedClientConns, RefusedMemory.String(), RefusedBudget.String(), RefusedClientRequests.String(),
+var ShedReasons = []string{shedIdle, shedSlow, refusedClientConns, RefusedMemory.String(), RefusedBudget.String(), RefusedClientRequests.String(),
 	RefusedClientRate.String(), RefusedAppQueueFull.String(), RefusedAppQueueTimeout.String()}
 
 type metrics struct {

@@ -3,8 +3,6 @@ package admission
 import (
 	"bufio"
 	"fmt"
-	"io"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -192,32 +190,6 @@ func TestUnderMemoryPressureAnAddressPastItsShareLosesItsIdleConnectionsDownToIt
 	for i, h := range b {
 		if _, err := h.get("/"); err != nil {
 			t.Errorf("connection %d of the address within its share: %v", i+1, err)
-		}
-	}
-}
-
-func TestUnderPressureARequestWhoseHeadersTakeTheShortIdleTimeoutIsClosed(t *testing.T) {
-	t.Parallel()
-	c, clk, conns := silentConnections(t)
-	for i, conn := range conns {
-		if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: app.example\r\nX-Slow: a"); err != nil {
-			t.Fatalf("connection %d: %v", i+1, err)
-		}
-	}
-	testsupport.WaitFor(t, 10*time.Second, "the edge to read every connection's first bytes", func() bool {
-		n := 0
-		c.conns.each(func(t *trackedConn, _ net.Conn) {
-			if t.arriving.Load() {
-				n++
-			}
-		})
-		return n == len(conns)
-	})
-	c.waitPressure(t)
-	clk.Advance(pressureIdleTimeout + time.Second)
-	for i, conn := range conns {
-		if err := closedByPeer(conn); err != nil {
-			t.Errorf("connection %d, its headers arriving for %v under pressure: %v", i+1, pressureIdleTimeout+time.Second, err)
 		}
 	}
 }

@@ -101,23 +101,34 @@ type candidate struct {
 	since int64
 }
 
-// shedPlan is the order in which idle connections are closed under
-// pressure, guarded by Controller.shedMu:
+// shedPlan is the order in which connections are closed under pressure,
+// guarded by Controller.shedMu. Idle connections (list), to bring the
+// count under the low-water mark and to make room at the budget:
 //
 //  1. the connections of client addresses past their share, furthest past
 //     first, each address down to its share; among addresses as far past,
 //     the connection idle longest first;
 //  2. then every other idle connection, idle longest first.
 //
+// Slow first requests (slow), only to make room at the budget, one for
+// each connection accepted, between steps 1 and 2: connections whose
+// first request's headers (or TLS handshake) have been arriving for
+// slowAge or more: those of client addresses at or past their share
+// first, each address's oldest first and as many as take it under its
+// share, then the rest, oldest first. They are never closed to bring the
+// count down: a slowloris reconnects at once, so that would only churn.
+//
 // It is made by walking every connection, so it is made at most once a
-// tick and when the last one ran out (not more often than planEvery): an
-// Accept at the budget takes the next one from it.
+// tick and when the last one ran out, and never more often than planEvery
+// allows: an Accept at the budget takes the next one from it.
 type shedPlan struct {
-	list  []candidate
-	next  int           // list[:next] have been tried
-	over  int           // list[:over] are of step 1
-	built time.Time     // wall clock: a test's fake clock may stand still
-	took  time.Duration // how long making it took
+	list     []candidate
+	next     int // list[:next] have been tried
+	over     int // list[:over] are of step 1
+	slow     []candidate
+	slowNext int           // slow[:slowNext] have been tried
+	built    time.Time     // wall clock: a test's fake clock may stand still
+	took     time.Duration // how long making it took
 }
 
 // planEvery is how soon a spent plan may be made again: at least this, and
@@ -126,20 +137,73 @@ type shedPlan struct {
 // Accept waits for room.
 const planEvery = 20 * time.Millisecond
 
+// planStale reports whether the plan may be made again (planEvery);
+// c.shedMu is held.
+func (c *Controller) planStale() bool {
+	p := &c.plan
+	return time.Since(p.built) >= max(planEvery, 20*p.took)
+}
+
 // makePlan lists the connections idle at least minIdleAge at now, in the
-// order they are to be shed; c.shedMu is held.
+// order they are to be shed, and the slow first requests; c.shedMu is
+// held.
 func (c *Controller) makePlan(now time.Time) {
 	p := &c.plan
 	clear(p.list)
+	clear(p.slow)
 	p.list, p.next, p.over, p.built = p.list[:0], 0, 0, time.Now()
+	p.slow, p.slowNext = p.slow[:0], 0
 	defer func() { p.took = time.Since(p.built) }()
 	cutoff := now.Add(-minIdleAge).UnixNano()
+	slowCutoff := now.Add(-slowAge).UnixNano()
 	c.conns.each(func(t *trackedConn, outer net.Conn) {
-		if cd, ok := idleCandidate(t, outer, cutoff); ok {
+		cd, ok := idleCandidate(t, outer, cutoff)
+		switch {
+		case !ok:
+		case connState(t.state.Load()) == stateNew && t.arriving.Load():
+			if cd.since <= slowCutoff {
+				p.slow = append(p.slow, cd)
+			}
+		default:
 			p.list = append(p.list, cd)
 		}
 	})
 	slices.SortFunc(p.list, func(a, b candidate) int { return cmp.Compare(a.since, b.since) })
+	// Slow ones: those of the addresses at or past their share first
+	// (a visitor's address seldom is), each address's oldest first, as
+	// many as take it under its share; then the rest, oldest first.
+	slices.SortFunc(p.slow, func(a, b candidate) int { return cmp.Compare(a.since, b.since) })
+	if len(p.slow) > 0 {
+		left := map[*clientEntry]int{} // how many more of an address's go first
+		first := make([]bool, len(p.slow))
+		for i, cd := range p.slow {
+			e := cd.t.client
+			if e == nil {
+				continue
+			}
+			n, seen := left[e]
+			if !seen {
+				n = max(0, e.conns()-c.clients.share()+1)
+			}
+			if n > 0 {
+				first[i] = true
+				n--
+			}
+			left[e] = n
+		}
+		ordered := make([]candidate, 0, len(p.slow))
+		for i, cd := range p.slow {
+			if first[i] {
+				ordered = append(ordered, cd)
+			}
+		}
+		for i, cd := range p.slow {
+			if !first[i] {
+				ordered = append(ordered, cd)
+			}
+		}
+		p.slow = ordered
+	}
 
 	// Step 1: each address past its share, as a queue of its
 	// connections (oldest first), served furthest past first.
@@ -253,12 +317,73 @@ func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
 				return true
 			}
 		}
-		if time.Since(p.built) < max(planEvery, 20*p.took) {
+		if !c.planStale() {
 			return false
 		}
 		c.makePlan(now)
 	}
 	return false
+}
+
+// shedRoom closes one connection to make room for a new one at the
+// budget: an idle one of an address past its share, else a slow first
+// request (as fast as c.slowShed allows), else any idle one (shedPlan's
+// order), making a new plan once if this one ran out. For a request's
+// upstream leg (forRequest) it neither makes a plan nor closes a slow first
+// request: the overdraft covers a leg, and the slowloris's reconnection,
+// not the request, would take the room. It reports whether it closed one,
+// and if not, when the rate of slow first requests allows the next (0:
+// none waits for it). c.shedMu is held.
+func (c *Controller) shedRoom(now time.Time, forRequest bool) (bool, time.Duration) {
+	var wait time.Duration
+	for range 2 {
+		p := &c.plan
+		for p.next < p.over {
+			cd := p.list[p.next]
+			p.next++
+			if c.tryShed(cd, now, minIdleAge) {
+				return true, 0
+			}
+		}
+		for !forRequest && p.slowNext < len(p.slow) {
+			if tokens := c.slowShed.TokensAt(now); tokens < 1 {
+				wait = time.Duration((1 - tokens) / float64(c.slowShed.Limit()) * float64(time.Second))
+				break
+			}
+			cd := p.slow[p.slowNext]
+			p.slowNext++
+			if c.tryShedSlow(cd, now) {
+				c.slowShed.AllowN(now, 1)
+				return true, 0
+			}
+		}
+		for p.next < len(p.list) {
+			cd := p.list[p.next]
+			p.next++
+			if c.tryShed(cd, now, minIdleAge) {
+				return true, 0
+			}
+		}
+		if wait > 0 || forRequest || !c.planStale() {
+			return false, wait
+		}
+		c.makePlan(now)
+	}
+	return false, wait
+}
+
+// tryShedSlow closes cd's connection if it is still on its first request,
+// its headers arriving, and reports whether it did.
+func (c *Controller) tryShedSlow(cd candidate, now time.Time) bool {
+	t := cd.t
+	if connState(t.state.Load()) != stateNew || !t.arriving.Load() || t.closed.Load() || t.since.Load() != cd.since ||
+		cd.since > now.Add(-slowAge).UnixNano() {
+		return false
+	}
+	c.m.shed.WithLabelValues(shedSlow).Inc()
+	c.shedSlow.Add(1)
+	t.closeRaw()
+	return true
 }
 
 // shedOver closes every connection of the plan's first step still idle as
@@ -298,11 +423,15 @@ func (c *Controller) tryShed(cd candidate, now time.Time, age time.Duration) boo
 		c.shed(t, cd.outer, true)
 		return true
 	}
-	if t.arriving.Load() && age < pressureIdleTimeout {
-		// A handshake or a request is on its way: not idle. Unless it has
-		// been on its way for the whole short idle timeout while the box
-		// is under pressure: headers that slow are an attack (slowloris)
-		// more often than a visitor, and --read-header-timeout is long.
+	if t.arriving.Load() && (age < pressureIdleTimeout || connState(t.state.Load()) == stateNew) {
+		// A handshake or a request is on its way: not idle. Unless a
+		// keep-alive connection's next request has been on its way for
+		// the whole short idle timeout while the box is under pressure:
+		// headers that slow are an attack more often than a visitor, and
+		// --read-header-timeout is long. A first request that slow is
+		// room for a new connection at the budget only (tryShedSlow):
+		// closed in bulk, a slowloris's connections would all come back
+		// at once.
 		return false
 	}
 	c.shed(t, cd.outer, false)

@@ -130,6 +130,23 @@ func TestSystemdUnit(t *testing.T) {
 	})
 }
 
+// TestSystemdTemplateUnitHasTheSameMemoryLimit: the blue/green instances
+// are the same edge, and without a MemoryMax the kernel kills one only when
+// the box runs out.
+func TestSystemdTemplateUnitHasTheSameMemoryLimit(t *testing.T) {
+	t.Parallel()
+	memoryMax := func(name string) string {
+		raw, err := os.ReadFile(filepath.Join(pkgRoot, "deploy", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return unitValue(parseUnit(string(raw))["Service"]["MemoryMax"])
+	}
+	if one, two := memoryMax("scafo-edge.service"), memoryMax("scafo-edge@.service"); one == "" || one != two {
+		t.Errorf("MemoryMax=%q in scafo-edge.service, %q in scafo-edge@.service: want the same, set", one, two)
+	}
+}
+
 // parseUnit reads a systemd unit into section → key → values.
 func parseUnit(s string) map[string]map[string][]string {
 	out := map[string]map[string][]string{}
