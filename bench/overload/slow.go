@@ -31,7 +31,7 @@ import (
 //     waiting (a full send buffer skips that byte); a connection joins the
 //     bucket just written, so its next byte comes one -interval later;
 //   - an epoll set of every open connection, one-shot: one goroutine
-//     waits on it and hears at once when the proxy answers or closes one,
+//     waits on it (in Go's netpoller) and hears at once when the proxy answers or closes one,
 //     as a read would, with no goroutine parked per connection;
 //   - a goroutine per connection only while it is being opened or its end
 //     read, which is what the proxy makes it do.
@@ -41,8 +41,9 @@ type slowLoad struct {
 	sem       chan struct{}
 	attempted func()
 	done      func()
-	start     []byte // the request line and the headers sent at once
-	epfd      int
+	start     []byte   // the request line and the headers sent at once
+	epfd      int      // the epoll set, for epoll_ctl
+	ep        *os.File // the same, for poll's wait; closed by stop
 	buckets   int
 	stopped   chan struct{} // closed by stop: the wheel and the poller end
 
@@ -80,10 +81,15 @@ func (p *loadProc) slow(ctx context.Context, sem chan struct{}, attempted, done 
 	if err != nil {
 		return fmt.Errorf("slow: epoll: %w", err)
 	}
+	// Non-blocking, so that os.NewFile puts it in the netpoller (poll).
+	if err := syscall.SetNonblock(epfd, true); err != nil {
+		syscall.Close(epfd)
+		return fmt.Errorf("slow: epoll: %w", err)
+	}
 	// At most 50 buckets and at least a millisecond a turn: -interval 20ms
 	// in a test turns 20 buckets a millisecond apart.
 	buckets := int(min(max(p.cfg.Interval/time.Millisecond, 1), 50))
-	s := &slowLoad{p: p, ctx: ctx, sem: sem, attempted: attempted, done: done, epfd: epfd, buckets: buckets,
+	s := &slowLoad{p: p, ctx: ctx, sem: sem, attempted: attempted, done: done, epfd: epfd, ep: os.NewFile(uintptr(epfd), "epoll"), buckets: buckets,
 		start:   fmt.Appendf(nil, "GET / HTTP/1.1\r\nHost: %s\r\nUser-Agent: bench-overload\r\nX-Slow: ", p.cfg.Host),
 		stopped: make(chan struct{}), slots: make([]slowSlot, p.cfg.N), wheel: make([][]wheelEntry, buckets)}
 	go s.poll()
@@ -236,24 +242,33 @@ func (s *slowLoad) turn() {
 }
 
 // poll waits on the epoll set and hands each connection the proxy ended
-// to ended.
+// to ended. The set's own descriptor waits in Go's netpoller, as a socket
+// would: no thread blocks in epoll_wait, so the runtime's monitor has no
+// system call to take a P back from.
 func (s *slowLoad) poll() {
-	defer syscall.Close(s.epfd)
+	rc, err := s.ep.SyscallConn()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "overload conns: slow: %v; connections' ends go unheard\n", err)
+		return
+	}
 	evs := make([]syscall.EpollEvent, 256)
 	for {
-		// A bounded wait, so that the stop is seen: ten turns a second of
-		// one goroutine.
-		n, err := syscall.EpollWait(s.epfd, evs, 100)
-		select {
-		case <-s.stopped:
-			return
-		default:
-		}
-		if err == syscall.EINTR {
-			continue
-		}
+		var n int
+		var werr error
+		err := rc.Read(func(fd uintptr) bool {
+			for {
+				n, werr = syscall.EpollWait(int(fd), evs, 0)
+				if werr != syscall.EINTR {
+					break
+				}
+			}
+			return n != 0 || werr != nil // none ready: wait for the set to be readable
+		})
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "overload conns: slow: epoll_wait: %v; connections' ends go unheard\n", err)
+			return // closed by stop
+		}
+		if werr != nil {
+			fmt.Fprintf(os.Stderr, "overload conns: slow: epoll_wait: %v; connections' ends go unheard\n", werr)
 			return
 		}
 		for _, ev := range evs[:n] {
@@ -316,6 +331,7 @@ func (s *slowLoad) stop() {
 		}
 		s.mu.Unlock()
 		close(s.stopped)
+		s.ep.Close() // no add comes after stopping: the set can go
 		for _, o := range cs {
 			o.c.Close()
 			s.p.open.Add(-1)
