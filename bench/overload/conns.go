@@ -410,12 +410,21 @@ func connsCmd(args []string, stdin io.Reader, stdout io.Writer) error {
 	attempted := func() { p.attempted.Add(1); attemptedWG.Done() }
 	sem := make(chan struct{}, max(cfg.Concurrency, 1))
 	switch cfg.Mode {
-	case "held", "idle", "nat", "slow":
+	case "slow":
+		if cfg.Interval <= 0 {
+			return errors.New("-interval must be positive")
+		}
+		attemptedWG.Add(cfg.N)
+		doneWG.Add(cfg.N)
+		if err := p.slow(ctx, sem, attempted, doneWG.Done); err != nil {
+			return err
+		}
+	case "held", "idle", "nat":
 		if cfg.Interval <= 0 {
 			return errors.New("-interval must be positive")
 		}
 		run := map[string]func(context.Context, int, chan struct{}, func()){
-			"held": p.held, "idle": p.idleConn, "nat": p.natConn, "slow": p.slowConn,
+			"held": p.held, "idle": p.idleConn, "nat": p.natConn,
 		}[cfg.Mode]
 		attemptedWG.Add(cfg.N)
 		doneWG.Add(cfg.N)

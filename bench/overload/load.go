@@ -105,6 +105,17 @@ func (l *loadProcs) waitReady(deadline time.Time) ConnsReport {
 	return sum
 }
 
+// pids are the load processes'.
+func (l *loadProcs) pids() []int {
+	var ps []int
+	for _, p := range l.procs {
+		if p.Process != nil {
+			ps = append(ps, p.Process.Pid)
+		}
+	}
+	return ps
+}
+
 func (l *loadProcs) release() {
 	for _, in := range l.stdins {
 		io.WriteString(in, "release\n")

@@ -27,3 +27,23 @@ func TestListenDropsReadsTheTcpExtCounters(t *testing.T) {
 		t.Error("ListenDrops without TcpExt: no error")
 	}
 }
+
+func TestCPUTicksSumsUserAndSystemTime(t *testing.T) {
+	dir := t.TempDir()
+	for pid, stat := range map[string]string{
+		// A name with spaces and a parenthesis, as /proc shows it.
+		"10": "10 (load (x) 1) S 1 10 10 0 -1 4194560 500 0 0 0 120 35 0 0 20 0 9 0 100 0 0\n",
+		"11": "11 (edge) R 1 11 11 0 -1 4194560 500 0 0 0 7 3 0 0 20 0 9 0 100 0 0\n",
+		"12": "12 (short) R 1\n",
+	} {
+		if err := os.MkdirAll(filepath.Join(dir, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, pid, "stat"), []byte(stat), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := (procFS{Dir: dir}).CPUTicks([]int{10, 11, 12, 13}); got != 165 {
+		t.Errorf("CPUTicks = %d, want 120+35+7+3 = 165 (12 unreadable, 13 gone)", got)
+	}
+}

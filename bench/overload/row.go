@@ -105,6 +105,12 @@ type Row struct {
 	EdgeFDsPeak     int `json:"edge_fds_peak,omitempty"`
 	EdgeFDsAfter    int `json:"edge_fds_after,omitempty"`
 
+	// The CPU the load processes and the proxy (its whole tree) used over
+	// the window, in cores: on a small box the load's own share is CPU the
+	// proxy did not have.
+	LoadCPU  float64 `json:"load_cpu"`
+	ProxyCPU float64 `json:"proxy_cpu"`
+
 	ProxyExited   bool    `json:"proxy_exited,omitempty"`
 	WindowSeconds float64 `json:"window_s"`
 }
@@ -313,6 +319,8 @@ func measureRow(c rowConfig) Row {
 		c.proxy, r.Row, r.RampSeconds, thousands(r.Attempted), thousands(int(r.AppHeldAtStart)), c.window)
 
 	// 3. The window: fast.test's keep-alive clients, new visitors, admin.
+	windowStart, proxyTree := time.Now(), tree()
+	loadTicks0, proxyTicks0 := proc.CPUTicks(load.pids()), proc.CPUTicks(proxyTree)
 	var wg sync.WaitGroup
 	var fast fastResult
 	wg.Add(1)
@@ -375,6 +383,10 @@ func measureRow(c rowConfig) Row {
 		}()
 	}
 	wg.Wait()
+	if secs := time.Since(windowStart).Seconds(); secs > 0 {
+		r.LoadCPU = float64(proc.CPUTicks(load.pids())-loadTicks0) / 100 / secs
+		r.ProxyCPU = float64(proc.CPUTicks(proxyTree)-proxyTicks0) / 100 / secs
+	}
 	r.FastServed, r.FastFailed, r.FastFailures = fast.served, fast.failed, fast.failures
 	fl := Summarise(fast.ms)
 	r.FastP50Ms, r.FastP99Ms, r.FastMaxMs = fl.P50, fl.P99, fl.Max
