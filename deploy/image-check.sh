@@ -212,6 +212,8 @@ cleanup() {
 	rm -f "$cache/run-dir" "$cache/background.pids"
 	[ "$last_mark" = "$SECONDS" ] || mark "until exit"
 	log "phases: $(printf '%s, ' "${phases[@]}" | sed 's/, $//')"
+	# For a caller that runs the check in the background (.ci/run).
+	[ -z "${SCAFO_EDGE_IMAGE_CHECK_RC_FILE:-}" ] || echo "$rc" >"$SCAFO_EDGE_IMAGE_CHECK_RC_FILE"
 	if [ "$rc" = 0 ]; then
 		log "passed in $(elapsed)"
 	else
