@@ -50,15 +50,21 @@ func (m *Manager) TLSConfig() *tls.Config {
 		GetCertificate: m.getCertificate,
 		NextProtos:     []string{"h2", "http/1.1", "acme-tls/1"},
 		MinVersion:     tls.VersionTLS12,
-		// AEAD only for TLS 1.2 (Mozilla intermediate): CBC suites are open to LUCKY13 timing (CVE-2013-0169).
-		CipherSuites: []uint16{
-			tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
-			tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
-			tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
-			tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
-			tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
-			tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
-		},
+		CipherSuites:   CipherSuites(),
+	}
+}
+
+// CipherSuites are the TLS 1.2 suites the edge offers: AEAD only (Mozilla
+// intermediate), as CBC suites are open to LUCKY13 timing (CVE-2013-0169).
+// TLS 1.3's are Go's.
+func CipherSuites() []uint16 {
+	return []uint16{
+		tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+		tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+		tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+		tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+		tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+		tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
 	}
 }
 
