@@ -61,6 +61,13 @@ func (g *Gate) Listener(l net.Listener) net.Listener {
 
 // ConnState is the hook for http.Server.ConnState.
 func (g *Gate) ConnState(c net.Conn, st http.ConnState) {
+	// A connection past its first request is no longer watched: its
+	// keep-alive requests take no lock that every connection shares.
+	if st != http.StateNew {
+		if gc := gateConnOf(c); gc != nil && !gc.watched.Load() {
+			return
+		}
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	switch st {
