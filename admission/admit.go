@@ -88,10 +88,10 @@ func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal
 		return Ticket{}, RefusedMemory
 	}
 	// The request may need a descriptor for its upstream. Past the budget
-	// an idle connection (or a slow first request) gives one back if it
-	// can at once; past the overdraft too, the request is refused rather
-	// than the edge running out.
-	if max := int64(c.limits.MaxConns); c.inUse() >= max && !c.roomForRequest() && c.inUse() >= max+int64(c.limits.Overdraft) {
+	// an idle connection gives one back if it can at once; past the
+	// overdraft too, the request is refused rather than the edge running
+	// out.
+	if c.inUse() >= int64(c.limits.MaxConns) && !c.roomForRequest() {
 		c.refusedRequest(RefusedBudget)
 		return Ticket{}, RefusedBudget
 	}

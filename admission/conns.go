@@ -10,8 +10,6 @@ import (
 	"time"
 )
 
-var errListenerClosed = net.ErrClosed
-
 // Listener returns l counted against the budget: Accept waits (leaving
 // connections in the kernel's backlog) while the budget is spent, and,
 // while the box is under pressure, closes at once a connection from a
@@ -35,9 +33,6 @@ type listener struct {
 
 func (l *listener) Accept() (net.Conn, error) {
 	for {
-		if err := l.c.awaitRoom(l.done); err != nil {
-			return nil, err
-		}
 		conn, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
@@ -45,11 +40,25 @@ func (l *listener) Accept() (net.Conn, error) {
 		var client *clientEntry
 		if key, ok := l.c.clientOfPeer(conn.RemoteAddr()); ok {
 			if client, ok = l.c.clients.addConn(key, l.c.contended.Load()); !ok {
-				conn.Close()
-				l.c.m.refused(refusedClientConns)
-				l.c.logRefusal(refusedClientConns)
+				l.c.refuseConn(conn)
 				continue
 			}
+		}
+		// Room is made only now, once the connection's address is known:
+		// at the budget, closing another address's slow first request for
+		// a connection of an address past its share, or as large as that
+		// one, would trade their connections for each other's, a close and
+		// a reconnect at a time, and serve nobody (shedRoom). Waiting here
+		// holds one accepted connection; the rest stay in the kernel's
+		// backlog. A listener closed meanwhile (an upgrade hands the
+		// socket on) still returns this one: it was accepted, and its
+		// server drains it.
+		if !l.c.awaitRoom(l.done, client) {
+			if client != nil {
+				l.c.clients.releaseConn(client)
+			}
+			l.c.refuseConn(conn)
+			continue
 		}
 		l.c.clientConns.Add(1)
 		l.c.opened()
@@ -57,8 +66,19 @@ func (l *listener) Accept() (net.Conn, error) {
 	}
 }
 
+// refuseConn holds conn, refused for its address's share, until its hold
+// is over, and counts it.
+func (c *Controller) refuseConn(conn net.Conn) {
+	c.refused.hold(conn, c.clock.Now())
+	c.m.refused(refusedClientConns)
+	c.logRefusal(refusedClientConns)
+}
+
 func (l *listener) Close() error {
-	l.closeOnce.Do(func() { close(l.done) })
+	l.closeOnce.Do(func() {
+		close(l.done)
+		l.c.refused.releaseAll()
+	})
 	return l.Listener.Close()
 }
 

@@ -52,6 +52,9 @@ const (
 	// finish a stream its client started before it read the GOAWAY; past
 	// it, an idle one is closed.
 	goAwayGrace = time.Second
+	// upstreamIdleUnderPressure: under pressure, the monitor closes the
+	// pooled upstream connections idle at least this long, once a tick.
+	upstreamIdleUnderPressure = time.Second
 	// tick is how often the controller samples memory and, under
 	// pressure, looks for idle connections to close.
 	tick = 250 * time.Millisecond
@@ -86,8 +89,9 @@ type Options struct {
 	// the wall clock.
 	Clock clock.Clock
 	// CloseIdleUpstreams, if non-nil, closes the idle pooled connections to
-	// upstreams: under pressure they are given up before any client's.
-	CloseIdleUpstreams func()
+	// upstreams idle for at least idleFor (0: all): under pressure they
+	// are given up before any client's.
+	CloseIdleUpstreams func(idleFor time.Duration)
 	// MemoryInUse reports the memory the edge's work holds, in bytes. Nil:
 	// the live heap and the goroutine stacks, from the Go runtime.
 	MemoryInUse func() int64
@@ -122,6 +126,7 @@ type Controller struct {
 	connSeq atomic.Uint32 // spreads connections over the registry's shards
 	clients clientTable
 	apps    appTable
+	refused refusedHold
 
 	memHigh atomic.Bool
 	// contended is set when connections pass the high-water mark, memory
@@ -137,7 +142,7 @@ type Controller struct {
 	// requests are closed for room (slowShedDivisor).
 	shedMu             sync.Mutex
 	plan               shedPlan
-	closeIdleUpstreams func()
+	closeIdleUpstreams func(idleFor time.Duration)
 	upstreamsClosed    time.Time // wall clock, when step last closed them
 	slowShed           *rate.Limiter
 
@@ -184,6 +189,7 @@ func New(opts Options) (*Controller, error) {
 	c.slowShed = rate.NewLimiter(rate.Limit(slowRate), max(slowRate/4, 1))
 	c.clients.init(opts.Limits, c.clock.Now)
 	c.apps.init(opts.Limits)
+	c.refused.max = heldFor(opts.Limits)
 	var err error
 	if c.m, err = newMetrics(opts.Registerer, c); err != nil {
 		return nil, err
@@ -228,20 +234,25 @@ func (c *Controller) released() {
 	c.roomMu.Unlock()
 }
 
-// awaitRoom returns once a connection may be accepted without passing
-// MaxConns, or net.ErrClosed-like err once done is closed. While it waits
-// the listener does not call accept: new connections stay in the kernel's
-// backlog rather than being accepted and reset.
-func (c *Controller) awaitRoom(done <-chan struct{}) error {
+// awaitRoom returns true once one more connection, of newcomer's address
+// (nil: counted by no address), fits in MaxConns, or once done is closed;
+// false when it is to be refused: at the budget, the only connections to
+// close are slow first requests that are not its to take (shedRoom).
+// While it waits the listener does not call accept: new connections stay
+// in the kernel's backlog rather than being accepted and reset.
+func (c *Controller) awaitRoom(done <-chan struct{}, newcomer *clientEntry) bool {
 	max := int64(c.limits.MaxConns)
 	for c.inUse() >= max {
 		// Make room at once where an idle connection or a slow first
 		// request can give it: a listener that waits lets its backlog
 		// fill, and a visitor's connection waits behind every one queued
 		// there, or is dropped with it.
-		ok, retry := c.makeRoom()
+		ok, retry, refuse := c.makeRoom(newcomer)
 		if ok {
 			break
+		}
+		if refuse {
+			return false
 		}
 		c.roomMu.Lock()
 		if c.room == nil {
@@ -286,35 +297,38 @@ func (c *Controller) awaitRoom(done <-chan struct{}) error {
 			if n == 0 {
 				c.paused.Store(false)
 			}
-			return errListenerClosed
+			return true
 		}
 	}
 	if c.waiting.Load() == 0 {
 		c.paused.Store(false)
 	}
-	return nil
+	return true
 }
 
 // makeRoom reports whether a descriptor is free, closing a connection to
-// free one if the budget is spent (shedRoom says which), or, with none to
+// free one if the budget is spent (shedRoom says which, for a connection
+// of newcomer's address), or, with none to
 // close, the idle upstream ones. If it is not, retry is when the rate of
-// slow first requests closed allows the next (0: none waits for it).
-func (c *Controller) makeRoom() (ok bool, retry time.Duration) {
+// slow first requests closed allows the next (0: none waits for it), and
+// refuse says that the newcomer is not to wait: the slow first requests
+// there are to close are not its to take.
+func (c *Controller) makeRoom(newcomer *clientEntry) (ok bool, retry time.Duration, refuse bool) {
 	max := int64(c.limits.MaxConns)
 	c.shedMu.Lock()
 	defer c.shedMu.Unlock()
 	if c.inUse() < max {
-		return true, 0
+		return true, 0, false
 	}
 	now := c.clock.Now()
-	shed, wait := c.shedRoom(now, false)
-	if !shed && c.closeIdleUpstreams != nil {
-		c.closeIdleUpstreams()
+	shed, wait, passedOver := c.shedRoom(now, false, newcomer)
+	if !shed && !passedOver && c.closeIdleUpstreams != nil {
+		c.closeIdleUpstreams(0)
 	}
 	if c.inUse() < max {
-		return true, 0
+		return true, 0, false
 	}
-	return false, wait
+	return false, wait, passedOver
 }
 
 // isDone reports whether done is closed.
@@ -328,23 +342,28 @@ func isDone(done <-chan struct{}) bool {
 }
 
 // roomForRequest reports whether a descriptor is free for a request's
-// upstream, closing an idle connection of the plan to free one if the
-// budget is spent, as makeRoom does but without waiting: not for another
-// shedder, nor to make a new plan, which walks every connection. A request
-// is on its client's time; the overdraft covers it meanwhile.
+// upstream within MaxConns and the overdraft, closing an idle connection of
+// the plan to free one if the budget is spent, as makeRoom does but without
+// waiting: not for another shedder, nor to make a new plan, which walks
+// every connection. A request is on its client's time; the overdraft
+// covers it meanwhile. The idle upstream connections are closed only past
+// the overdraft, the last thing before the request is refused: at the
+// budget the request most likely reuses one of them, and closing them
+// would have it, and every request after it, dial its upstream again.
 func (c *Controller) roomForRequest() bool {
 	max := int64(c.limits.MaxConns)
+	limit := max + int64(c.limits.Overdraft)
 	if !c.shedMu.TryLock() {
-		return c.inUse() < max
+		return c.inUse() < limit
 	}
 	defer c.shedMu.Unlock()
 	if c.inUse() < max {
 		return true
 	}
-	if shed, _ := c.shedRoom(c.clock.Now(), true); !shed && c.closeIdleUpstreams != nil {
-		c.closeIdleUpstreams()
+	if shed, _, _ := c.shedRoom(c.clock.Now(), true, nil); !shed && c.inUse() >= limit && c.closeIdleUpstreams != nil {
+		c.closeIdleUpstreams(0)
 	}
-	return c.inUse() < max
+	return c.inUse() < limit
 }
 
 // Run samples memory and sheds under pressure until ctx ends.
@@ -358,8 +377,10 @@ func (c *Controller) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			c.refused.releaseAll()
 			return
 		case <-t.C:
+			c.refused.release(c.clock.Now())
 			c.sampleMemory()
 			if sweep++; sweep%20 == 0 { // every 5s
 				c.clients.sweep()
@@ -437,13 +458,15 @@ func (c *Controller) step() {
 	c.shedMu.Lock()
 	if pressed() {
 		// Idle upstream connections cost the least to give up: the next
-		// request dials again, and no client notices. Once a tick, not at
-		// every wake: each connection accepted past the high-water mark
-		// wakes the monitor, and closing them at each of a flood's
-		// thousands a second would have every request dial its upstream.
+		// request dials again, and no client notices. Only those idle for
+		// upstreamIdleUnderPressure: one that the traffic of the moment
+		// reuses frees nothing, as the next request dials it again at
+		// once (every request of a busy application would dial its
+		// upstream). Once a tick, not at every wake: each connection
+		// accepted past the high-water mark wakes the monitor.
 		if wall := time.Now(); c.closeIdleUpstreams != nil && wall.Sub(c.upstreamsClosed) >= tick {
 			c.upstreamsClosed = wall
-			c.closeIdleUpstreams()
+			c.closeIdleUpstreams(upstreamIdleUnderPressure)
 		}
 		// Nor is the plan made at every wake: it walks every connection.
 		if c.planStale() {

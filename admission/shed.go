@@ -126,9 +126,10 @@ type shedPlan struct {
 	next     int // list[:next] have been tried
 	over     int // list[:over] are of step 1
 	slow     []candidate
-	slowNext int           // slow[:slowNext] have been tried
-	built    time.Time     // wall clock: a test's fake clock may stand still
-	took     time.Duration // how long making it took
+	slowNext int                  // slow[:slowNext] have been tried
+	slowBy   map[*clientEntry]int // how many of slow are each address's
+	built    time.Time            // wall clock: a test's fake clock may stand still
+	took     time.Duration        // how long making it took
 }
 
 // planEvery is how soon a spent plan may be made again: at least this, and
@@ -153,6 +154,7 @@ func (c *Controller) makePlan(now time.Time) {
 	clear(p.slow)
 	p.list, p.next, p.over, p.built = p.list[:0], 0, 0, time.Now()
 	p.slow, p.slowNext = p.slow[:0], 0
+	clear(p.slowBy)
 	defer func() { p.took = time.Since(p.built) }()
 	cutoff := now.Add(-minIdleAge).UnixNano()
 	slowCutoff := now.Add(-slowAge).UnixNano()
@@ -176,11 +178,15 @@ func (c *Controller) makePlan(now time.Time) {
 	if len(p.slow) > 0 {
 		left := map[*clientEntry]int{} // how many more of an address's go first
 		first := make([]bool, len(p.slow))
+		if p.slowBy == nil {
+			p.slowBy = map[*clientEntry]int{}
+		}
 		for i, cd := range p.slow {
 			e := cd.t.client
 			if e == nil {
 				continue
 			}
+			p.slowBy[e]++
 			n, seen := left[e]
 			if !seen {
 				n = max(0, e.conns()-c.clients.share()+1)
@@ -326,23 +332,32 @@ func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
 }
 
 // shedRoom closes one connection to make room for a new one at the
-// budget: an idle one of an address past its share, else a slow first
-// request (as fast as c.slowShed allows), else any idle one (shedPlan's
-// order), making a new plan once if this one ran out. For a request's
-// upstream leg (forRequest) it neither makes a plan nor closes a slow first
-// request: the overdraft covers a leg, and the slowloris's reconnection,
-// not the request, would take the room. It reports whether it closed one,
-// and if not, when the rate of slow first requests allows the next (0:
-// none waits for it). c.shedMu is held.
-func (c *Controller) shedRoom(now time.Time, forRequest bool) (bool, time.Duration) {
-	var wait time.Duration
+// budget, in shedPlan's order: an idle one of an address past its share,
+// else a slow first request (as fast as c.slowShed allows) that the
+// newcomer may take (nextSlowFor; newcomer is the new connection's
+// address, nil for none), else any idle one; it makes a new plan once if
+// this one ran out. For a request's upstream leg (forRequest) it neither
+// makes a plan nor closes a slow first request: the overdraft covers a
+// leg, and the slowloris's reconnection, not the request, would take the
+// room. It reports whether it closed one; if not, when the rate of slow
+// first requests allows the next (0: none waits for it), and whether the
+// newcomer was passed over: there are slow first requests to close, none
+// of them its to take, and then no idle connection is either.
+// c.shedMu is held.
+//
+// Why the newcomer's address matters: a slowloris reconnects the moment
+// one of its connections is closed, and at the budget that reconnection
+// would take the room of another of its slow first requests, whose
+// reconnection would take the next: a close and an accept at a time, for
+// nobody.
+func (c *Controller) shedRoom(now time.Time, forRequest bool, newcomer *clientEntry) (shed bool, wait time.Duration, passedOver bool) {
 	for range 2 {
 		p := &c.plan
 		for p.next < p.over {
 			cd := p.list[p.next]
 			p.next++
 			if c.tryShed(cd, now, minIdleAge) {
-				return true, 0
+				return true, 0, false
 			}
 		}
 		for !forRequest && p.slowNext < len(p.slow) {
@@ -350,26 +365,56 @@ func (c *Controller) shedRoom(now time.Time, forRequest bool) (bool, time.Durati
 				wait = time.Duration((1 - tokens) / float64(c.slowShed.Limit()) * float64(time.Second))
 				break
 			}
+			if !p.nextSlowFor(newcomer) {
+				// Nor is another address's idle connection its to take.
+				return false, 0, true
+			}
 			cd := p.slow[p.slowNext]
 			p.slowNext++
 			if c.tryShedSlow(cd, now) {
 				c.slowShed.AllowN(now, 1)
-				return true, 0
+				return true, 0, false
 			}
 		}
 		for p.next < len(p.list) {
 			cd := p.list[p.next]
 			p.next++
 			if c.tryShed(cd, now, minIdleAge) {
-				return true, 0
+				return true, 0, false
 			}
 		}
 		if wait > 0 || forRequest || !c.planStale() {
-			return false, wait
+			return false, wait, false
 		}
 		c.makePlan(now)
 	}
-	return false, wait
+	return false, wait, false
+}
+
+// slowLookAhead bounds how far past the next slow first request
+// nextSlowFor looks for one a newcomer may take.
+const slowLookAhead = 64
+
+// nextSlowFor moves to slow[slowNext] the next slow first request a
+// connection of newcomer's address may take the room of, and reports
+// whether there is one. An address with no slow first request of its own
+// (a visitor's, a NAT's) may take any. One that has some (a slowloris's)
+// may take only those of an address that holds more connections than it
+// does with the new one, so that room taken evens addresses out and stops
+// there; the first such of the next slowLookAhead.
+func (p *shedPlan) nextSlowFor(newcomer *clientEntry) bool {
+	if newcomer == nil || p.slowBy[newcomer] == 0 {
+		return true
+	}
+	n := newcomer.conns()
+	end := min(len(p.slow), p.slowNext+slowLookAhead)
+	for i := p.slowNext; i < end; i++ {
+		if e := p.slow[i].t.client; e == nil || e.conns() > n {
+			p.slow[p.slowNext], p.slow[i] = p.slow[i], p.slow[p.slowNext]
+			return true
+		}
+	}
+	return false
 }
 
 // tryShedSlow closes cd's connection if it is still on its first request,

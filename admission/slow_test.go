@@ -290,7 +290,7 @@ func TestAtTheBudgetARequestDoesNotCloseASlowFirstRequest(t *testing.T) {
 		t.Errorf("Snapshot = %d connections, want all %d slow ones still open", s.ClientConns, maxConns)
 	}
 	// An Accept at the budget does close one.
-	if ok, _ := c.makeRoom(); !ok {
+	if ok, _, _ := c.makeRoom(nil); !ok {
 		t.Error("makeRoom at the budget with slow first requests: no room, want one closed")
 	}
 	if err := closedByPeer(clients[0]); err != nil {

@@ -206,7 +206,13 @@ func New(opts Options) (*Proxy, error) {
 // connections are left to finish; the Proxy stays usable.
 func (p *Proxy) Close() {
 	p.transport.CloseIdleConnections()
-	p.pool.CloseIdle()
+	p.pool.CloseIdle(0)
+}
+
+// CloseIdle closes the pooled connections idle for at least idleFor (0:
+// every one), to give their descriptors back under pressure.
+func (p *Proxy) CloseIdle(idleFor time.Duration) {
+	p.pool.CloseIdle(idleFor)
 }
 
 // newTransport builds the one http.Transport every upstream shares; it keeps

@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -96,7 +97,7 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 
 	// The proxy is built with the controller's connection counting, so
 	// the controller reaches its idle pool through p.
-	closeIdleUpstreams := func() { p.proxy.Close() }
+	closeIdleUpstreams := func(idleFor time.Duration) { p.proxy.CloseIdle(idleFor) }
 	if p.admission, err = newAdmission(s, p.reg, closeIdleUpstreams, log); err != nil {
 		return nil, err
 	}
@@ -137,7 +138,7 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 
 // newAdmission derives the connection budget from the process's limits and
 // the overload flags, and says what it came to.
-func newAdmission(s settings, reg prometheus.Registerer, closeIdleUpstreams func(), log zerolog.Logger) (*admission.Controller, error) {
+func newAdmission(s settings, reg prometheus.Registerer, closeIdleUpstreams func(time.Duration), log zerolog.Logger) (*admission.Controller, error) {
 	alog := log.With().Str("component", "admission").Logger()
 	l, f, err := admission.Derive(s.limits, admission.System{Getenv: getenv, Files: os.DirFS("/")})
 	if err != nil {

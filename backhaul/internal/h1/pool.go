@@ -176,21 +176,31 @@ func (cp *Pool) sweep(addr string) {
 	}
 }
 
-// CloseIdle closes every idle connection. The pool stays usable.
-func (cp *Pool) CloseIdle() {
+// CloseIdle closes the connections idle for at least idleFor (0: every
+// one). The pool stays usable.
+func (cp *Pool) CloseIdle(idleFor time.Duration) {
+	cutoff := time.Now().Add(-idleFor)
+	var closing []*Conn
 	cp.mu.Lock()
-	hosts := cp.hosts
-	cp.hosts = map[string]*idleConns{}
-	for _, l := range hosts {
-		if l.timer != nil {
-			l.timer.Stop()
+	for addr, l := range cp.hosts {
+		// Oldest first: those idle long enough are a prefix.
+		n := 0
+		for n < len(l.conns) && (idleFor <= 0 || !l.conns[n].idleAt.After(cutoff)) {
+			n++
+		}
+		closing = append(closing, l.conns[:n]...)
+		l.conns = append(l.conns[:0], l.conns[n:]...)
+		clear(l.conns[len(l.conns):cap(l.conns)])
+		if len(l.conns) == 0 {
+			if l.timer != nil {
+				l.timer.Stop()
+			}
+			delete(cp.hosts, addr)
 		}
 	}
 	cp.mu.Unlock()
-	for _, l := range hosts {
-		for _, pc := range l.conns {
-			pc.NC.Close()
-		}
+	for _, pc := range closing {
+		pc.NC.Close()
 	}
 }
 

@@ -24,7 +24,7 @@ func TestPoolReusesAConnectionIdlePastItsReadDeadline(t *testing.T) {
 		}
 	}()
 	p := NewPool(time.Second, time.Minute, 0, 4, nil)
-	defer p.CloseIdle()
+	defer p.CloseIdle(0)
 	ctx, addr := context.Background(), ln.Addr().String()
 	pc, reused, err := p.Get(ctx, addr, time.Now())
 	if err != nil || reused {
@@ -69,7 +69,7 @@ func TestPoolClosesIdleConnectionsBeyondTheSixteenNewestAfterTheSurplusTimeout(t
 	// The idle timeout is a minute: only the surplus rule closes anything
 	// within this test.
 	p := NewPool(time.Second, time.Minute, 0, 100, nil)
-	defer p.CloseIdle()
+	defer p.CloseIdle(0)
 	ctx, addr := context.Background(), ln.Addr().String()
 	var conns []*Conn
 	upstream := map[string]net.Conn{} // the upstream's side, by the pool's local address
@@ -115,5 +115,55 @@ func TestPoolClosesIdleConnectionsBeyondTheSixteenNewestAfterTheSurplusTimeout(t
 			t.Fatalf("Get %d = reused %v, the %d-th newest %v, %v; want the idle connections newest first", i+1, reused, i+1, got == want, err)
 		}
 		got.NC.Close()
+	}
+}
+
+// Under pressure the edge gives back the descriptors of connections idle for
+// a while, not those its traffic reuses at once (closing them would have
+// every request dial again and free nothing).
+func TestPoolCloseIdleClosesOnlyThoseIdleLongEnough(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	p := NewPool(time.Second, time.Minute, 0, 100, nil)
+	defer p.CloseIdle(0)
+	ctx, addr := context.Background(), ln.Addr().String()
+	now := time.Now()
+	var conns []*Conn
+	for i, idleAt := range []time.Time{now.Add(-3 * time.Second), now.Add(-2 * time.Second), now} {
+		pc, err := p.Dial(ctx, addr)
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		conns = append(conns, pc)
+		p.Put(pc, idleAt)
+	}
+	p.CloseIdle(time.Second)
+	if got := p.IdleCount(addr); got != 1 {
+		t.Fatalf("IdleCount after CloseIdle(1s) = %d, want 1 (the one idle since now)", got)
+	}
+	for i, pc := range conns[:2] {
+		if _, err := pc.NC.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("connection %d, idle past 1s: write = %v, want it closed", i, err)
+		}
+	}
+	if got, reused, err := p.Get(ctx, addr, time.Now()); err != nil || !reused || got != conns[2] {
+		t.Fatalf("Get after CloseIdle(1s) = reused %v, same %v, %v; want the recent one", reused, got == conns[2], err)
+	}
+	p.Put(conns[2], time.Now())
+	p.CloseIdle(0)
+	if got := p.IdleCount(addr); got != 0 {
+		t.Errorf("IdleCount after CloseIdle(0) = %d, want 0", got)
 	}
 }
