@@ -18,7 +18,8 @@ type Limits struct {
 	// stops accepting.
 	MaxConns int
 	// ConnsPerClient is how many connections one client address (an IPv4
-	// address, an IPv6 /64) may hold; past it a new one is closed at once.
+	// address, an IPv6 /64) may hold while the box is under pressure; past
+	// it a new one is refused (held a second, then closed).
 	ConnsPerClient int
 	// RequestsPerClient is how many requests one client address may have
 	// in flight; past it, 429.

@@ -10,10 +10,11 @@ import (
 	"time"
 )
 
-// Listener returns l counted against the budget: Accept waits (leaving
-// connections in the kernel's backlog) while the budget is spent, and,
-// while the box is under pressure, closes at once a connection from a
-// client address that holds its share.
+// Listener returns l counted against the budget: at the budget, Accept
+// makes room for the connection it accepted or waits for room (leaving the
+// next connections in the kernel's backlog); while the box is under
+// pressure it refuses a connection from a client address that holds its
+// share (held a second, unread, then closed).
 // Wrap the raw listener, below the PROXY protocol and TLS: the peer it
 // counts is the one that connected. Set the servers' ConnState to
 // c.ConnState so that idle connections can be shed.
@@ -40,7 +41,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		var client *clientEntry
 		if key, ok := l.c.clientOfPeer(conn.RemoteAddr()); ok {
 			if client, ok = l.c.clients.addConn(key, l.c.contended.Load()); !ok {
-				l.c.refuseConn(conn)
+				l.c.refuseConn(conn, refusedClientConns)
 				continue
 			}
 		}
@@ -57,7 +58,7 @@ func (l *listener) Accept() (net.Conn, error) {
 			if client != nil {
 				l.c.clients.releaseConn(client)
 			}
-			l.c.refuseConn(conn)
+			l.c.refuseConn(conn, refusedClientSlow)
 			continue
 		}
 		l.c.clientConns.Add(1)
@@ -66,12 +67,12 @@ func (l *listener) Accept() (net.Conn, error) {
 	}
 }
 
-// refuseConn holds conn, refused for its address's share, until its hold
-// is over, and counts it.
-func (c *Controller) refuseConn(conn net.Conn) {
+// refuseConn holds conn, refused for reason, until its hold is over, and
+// counts it.
+func (c *Controller) refuseConn(conn net.Conn, reason string) {
 	c.refused.hold(conn, c.clock.Now())
-	c.m.refused(refusedClientConns)
-	c.logRefusal(refusedClientConns)
+	c.m.refused(reason)
+	c.logRefusal(reason)
 }
 
 func (l *listener) Close() error {

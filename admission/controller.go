@@ -53,7 +53,8 @@ const (
 	// it, an idle one is closed.
 	goAwayGrace = time.Second
 	// upstreamIdleUnderPressure: under pressure, the monitor closes the
-	// pooled upstream connections idle at least this long, once a tick.
+	// pooled upstream connections idle at least this long, once a tick,
+	// and so does Accept at the budget with no client connection to close.
 	upstreamIdleUnderPressure = time.Second
 	// tick is how often the controller samples memory and, under
 	// pressure, looks for idle connections to close.
@@ -236,13 +237,13 @@ func (c *Controller) released() {
 
 // awaitRoom returns true once one more connection, of newcomer's address
 // (nil: counted by no address), fits in MaxConns, or once done is closed;
-// false when it is to be refused: at the budget, the only connections to
-// close are slow first requests that are not its to take (shedRoom).
-// While it waits the listener does not call accept: new connections stay
+// false when it is to be refused: a slowloris's connection at the budget
+// with no room its to take (shedRoom). While it waits, with this one
+// connection accepted, the listener accepts no other: new connections stay
 // in the kernel's backlog rather than being accepted and reset.
 func (c *Controller) awaitRoom(done <-chan struct{}, newcomer *clientEntry) bool {
 	max := int64(c.limits.MaxConns)
-	for c.inUse() >= max {
+	for c.inUse() >= max && !isDone(done) {
 		// Make room at once where an idle connection or a slow first
 		// request can give it: a listener that waits lets its backlog
 		// fill, and a visitor's connection waits behind every one queued
@@ -252,6 +253,9 @@ func (c *Controller) awaitRoom(done <-chan struct{}, newcomer *clientEntry) bool
 			break
 		}
 		if refuse {
+			if c.waiting.Load() == 0 {
+				c.paused.Store(false)
+			}
 			return false
 		}
 		c.roomMu.Lock()
@@ -308,11 +312,11 @@ func (c *Controller) awaitRoom(done <-chan struct{}, newcomer *clientEntry) bool
 
 // makeRoom reports whether a descriptor is free, closing a connection to
 // free one if the budget is spent (shedRoom says which, for a connection
-// of newcomer's address), or, with none to
-// close, the idle upstream ones. If it is not, retry is when the rate of
-// slow first requests closed allows the next (0: none waits for it), and
-// refuse says that the newcomer is not to wait: the slow first requests
-// there are to close are not its to take.
+// of newcomer's address), or, with none to close, the upstream ones idle
+// for upstreamIdleUnderPressure (those the traffic reuses would only be
+// dialled again). If it is not, retry is when the rate of slow first
+// requests closed allows the next (0: none waits for it), and refuse says
+// that the newcomer is to be refused rather than wait (shedRoom).
 func (c *Controller) makeRoom(newcomer *clientEntry) (ok bool, retry time.Duration, refuse bool) {
 	max := int64(c.limits.MaxConns)
 	c.shedMu.Lock()
@@ -321,14 +325,14 @@ func (c *Controller) makeRoom(newcomer *clientEntry) (ok bool, retry time.Durati
 		return true, 0, false
 	}
 	now := c.clock.Now()
-	shed, wait, passedOver := c.shedRoom(now, false, newcomer)
-	if !shed && !passedOver && c.closeIdleUpstreams != nil {
-		c.closeIdleUpstreams(0)
+	shed, wait, refuse := c.shedRoom(now, false, newcomer)
+	if !shed && !refuse && c.closeIdleUpstreams != nil {
+		c.closeIdleUpstreams(upstreamIdleUnderPressure)
 	}
 	if c.inUse() < max {
 		return true, 0, false
 	}
-	return false, wait, passedOver
+	return false, wait, refuse
 }
 
 // isDone reports whether done is closed.

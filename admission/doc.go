@@ -9,17 +9,19 @@
 //
 //   - on every listener (Listener, QUICListener): connections are counted
 //     globally and per client address; while the box is under pressure, a
-//     new connection of a client address past its share is closed at once
-//     (a share binds only when someone else is short); at the global limit
-//     the edge first closes a connection to make room (an idle one of an
-//     address past its share, a slow first request, any idle one: below),
-//     and with none stops accepting, the kernel keeping new connections in
-//     its backlog. HTTP/3 connections, which hold no descriptor, take only
-//     what TCP leaves;
+//     new connection of a client address past its share is refused: held
+//     open, unread, for a second, then closed, so that a client that
+//     reconnects at once is not an accept loop (a share binds only when
+//     someone else is short); at the global limit the edge first closes a
+//     connection to make room (an idle one of an address past its share, a
+//     slow first request, any idle one: below), and with none stops
+//     accepting, the kernel keeping new connections in its backlog. HTTP/3
+//     connections, which hold no descriptor, take only what TCP leaves;
 //   - under pressure (connections or memory past their high-water marks),
-//     idle pooled upstream connections are closed, then idle client ones:
-//     those of the client addresses furthest past their share first, down
-//     to it, then the others oldest first (HTTP/2 ones after a GOAWAY), and
+//     pooled upstream connections idle for a second are closed, then idle
+//     client ones: those of the client addresses furthest past their share
+//     first, down to it, then the others oldest first (HTTP/2 ones after a
+//     GOAWAY), and
 //     idle connections get a short idle timeout, until the count is back
 //     under the low-water mark;
 //   - a connection still on its first request's headers (or TLS
@@ -28,7 +30,9 @@
 //     reconnects at once), but at the global limit it is room for a new
 //     connection, one for each accepted, those of addresses at or past
 //     their share first, oldest first, at most a sixteenth of the budget a
-//     second, so that the attacker's reconnections cannot turn the edge's
+//     second; and not for a connection of an address that has slow first
+//     requests of its own, unless it takes from an address that holds
+//     more: so that the attacker's reconnections cannot turn the edge's
 //     CPU into churn;
 //   - on every request about to be forwarded (Admit): past the memory
 //     high-water mark, or with the budget and its overdraft spent, new

@@ -20,8 +20,9 @@ const refuseHold = time.Second
 // refusedHold keeps refused connections until their hold is over, in the
 // order they were refused (which is the order their holds end). It is
 // bounded: past max, a refused connection is closed at once, as it would
-// be without the hold. Its descriptors come out of the half of the reserve
-// that the overdraft leaves the edge.
+// be without the hold. It holds at most half as many descriptors as the
+// overdraft (heldFor), out of the half of the reserve that the overdraft
+// leaves the edge.
 type refusedHold struct {
 	mu    sync.Mutex
 	conns []heldConn // a FIFO: conns[head:] are held

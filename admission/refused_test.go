@@ -20,11 +20,11 @@ import (
 // a visitor's idle connection. It is refused instead.
 func TestAtTheBudgetASlowlorisReconnectionTakesNoOtherAddressesRoom(t *testing.T) {
 	t.Parallel()
-	l := testLimits(4)
-	l.ConnsPerClient = 2
+	l := testLimits(6)
+	l.ConnsPerClient = 3
 	c, clk, addr := servedController(t, l)
 	conns := map[string]net.Conn{}
-	for _, name := range []string{"A1", "B1", "A2", "B2"} {
+	for _, name := range []string{"A1", "B1", "A2", "B2", "A3", "B3"} {
 		from := map[byte]string{'A': "127.0.0.2", 'B': "127.0.0.3"}[name[0]]
 		conns[name] = slowFrom(t, c, clk, from, addr)
 	}
@@ -47,16 +47,19 @@ func TestAtTheBudgetASlowlorisReconnectionTakesNoOtherAddressesRoom(t *testing.T
 
 	again := dialFrom(t, "127.0.0.2", addr)
 	testsupport.WaitFor(t, 10*time.Second, "the slowloris's reconnection to be refused", func() bool {
-		return c.shed(t, "client_conns") == 2
+		return c.shed(t, "client_slow_headers") == 1
 	})
 	if got := c.shed(t, "slow_headers"); got != 1 {
 		t.Errorf("scafo_edge_shed_total{reason=slow_headers} = %v, want 1 (the visitor's room only)", got)
 	}
-	if got := c.arrivingFirst(); got != 3 {
-		t.Errorf("%d slow first requests left, want A2, B1 and B2", got)
+	if got := c.arrivingFirst(); got != 5 {
+		t.Errorf("%d slow first requests left, want A2, A3 and B1 to B3", got)
 	}
 	if _, err := visitor.get("/"); err != nil {
 		t.Errorf("the visitor's idle connection after the slowloris reconnected: %v", err)
+	}
+	if s := c.Snapshot(); s.AcceptPaused {
+		t.Error("Snapshot().AcceptPaused after the reconnection was refused, want false: it waits for nothing")
 	}
 
 	clk.Advance(refuseHold)
@@ -238,5 +241,30 @@ func TestUnderPressureTheMonitorClosesOnlyUpstreamsIdleForAWhile(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("under pressure, the monitor closed no idle upstream connection within 10s")
+	}
+}
+
+// A visitor with one slow handshake or request of its own is no
+// slowloris: at the budget its next connection still takes the room of
+// the oldest slow first request.
+func TestAtTheBudgetAVisitorWithOneSlowFirstRequestStillGetsRoom(t *testing.T) {
+	t.Parallel()
+	c, clk, addr := servedController(t, testLimits(4))
+	var attack []net.Conn
+	for range 3 {
+		attack = append(attack, slowFrom(t, c, clk, "127.0.0.2", addr))
+	}
+	slowFrom(t, c, clk, "127.0.0.4", addr) // the visitor's slow one
+	clk.Advance(2 * slowAge)
+
+	next := dialH1At(t, "127.0.0.4", addr)
+	if _, err := next.get("/"); err != nil {
+		t.Fatalf("the visitor's next connection at the budget: %v", err)
+	}
+	if err := closedByPeer(attack[0]); err != nil {
+		t.Errorf("the oldest slow first request, once the visitor's connection came: %v", err)
+	}
+	if got := c.shed(t, "client_slow_headers"); got != 0 {
+		t.Errorf("scafo_edge_shed_total{reason=client_slow_headers} = %v, want 0", got)
 	}
 }

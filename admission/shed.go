@@ -333,24 +333,25 @@ func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
 
 // shedRoom closes one connection to make room for a new one at the
 // budget, in shedPlan's order: an idle one of an address past its share,
-// else a slow first request (as fast as c.slowShed allows) that the
-// newcomer may take (nextSlowFor; newcomer is the new connection's
-// address, nil for none), else any idle one; it makes a new plan once if
-// this one ran out. For a request's upstream leg (forRequest) it neither
-// makes a plan nor closes a slow first request: the overdraft covers a
-// leg, and the slowloris's reconnection, not the request, would take the
-// room. It reports whether it closed one; if not, when the rate of slow
-// first requests allows the next (0: none waits for it), and whether the
-// newcomer was passed over: there are slow first requests to close, none
-// of them its to take, and then no idle connection is either.
-// c.shedMu is held.
+// else a slow first request (as fast as c.slowShed allows), else any idle
+// one; it makes a new plan once if this one ran out. newcomer is the new
+// connection's address (nil for none). For a request's upstream leg
+// (forRequest) it neither makes a plan nor closes a slow first request:
+// the overdraft covers a leg, and the slowloris's reconnection, not the
+// request, would take the room. It reports whether it closed one; if not,
+// when the rate of slow first requests allows the next (0: none waits for
+// it), and whether the newcomer is to be refused rather than wait.
 //
-// Why the newcomer's address matters: a slowloris reconnects the moment
-// one of its connections is closed, and at the budget that reconnection
-// would take the room of another of its slow first requests, whose
+// A newcomer of a slowloris's address (slowly) is refused unless it can
+// take the room of a slow first request of an address that holds more
+// connections than its own (nextSlowFor), with the rate allowing one now;
+// it never takes an idle connection but of an address past its share. A
+// slowloris reconnects the moment one of its connections is closed, and at
+// the budget that reconnection would otherwise take the room of another
+// of its slow first requests, or of a visitor's idle connection, whose
 // reconnection would take the next: a close and an accept at a time, for
-// nobody.
-func (c *Controller) shedRoom(now time.Time, forRequest bool, newcomer *clientEntry) (shed bool, wait time.Duration, passedOver bool) {
+// nobody. c.shedMu is held.
+func (c *Controller) shedRoom(now time.Time, forRequest bool, newcomer *clientEntry) (shed bool, wait time.Duration, refuse bool) {
 	for range 2 {
 		p := &c.plan
 		for p.next < p.over {
@@ -360,14 +361,28 @@ func (c *Controller) shedRoom(now time.Time, forRequest bool, newcomer *clientEn
 				return true, 0, false
 			}
 		}
+		if !forRequest && p.slowly(newcomer) {
+			for p.slowNext < len(p.slow) && c.slowShed.TokensAt(now) >= 1 && p.nextSlowFor(newcomer) {
+				cd := p.slow[p.slowNext]
+				p.slowNext++
+				if c.tryShedSlow(cd, now) {
+					c.slowShed.AllowN(now, 1)
+					return true, 0, false
+				}
+			}
+			// Nothing else is its to take, and it does not wait for room:
+			// waiting, it would hold every visitor's connection up behind
+			// it in the backlog.
+			if !c.planStale() {
+				return false, 0, true
+			}
+			c.makePlan(now)
+			continue
+		}
 		for !forRequest && p.slowNext < len(p.slow) {
 			if tokens := c.slowShed.TokensAt(now); tokens < 1 {
 				wait = time.Duration((1 - tokens) / float64(c.slowShed.Limit()) * float64(time.Second))
 				break
-			}
-			if !p.nextSlowFor(newcomer) {
-				// Nor is another address's idle connection its to take.
-				return false, 0, true
 			}
 			cd := p.slow[p.slowNext]
 			p.slowNext++
@@ -388,24 +403,31 @@ func (c *Controller) shedRoom(now time.Time, forRequest bool, newcomer *clientEn
 		}
 		c.makePlan(now)
 	}
-	return false, wait, false
+	return false, wait, !forRequest && c.plan.slowly(newcomer)
+}
+
+// slowly reports whether newcomer's address is a slowloris's as the plan
+// saw it: two or more of its other connections, and more than half of
+// them, were slow first requests. A visitor with one slow handshake, or a
+// NAT with a few among thousands, is not.
+func (p *shedPlan) slowly(newcomer *clientEntry) bool {
+	if newcomer == nil {
+		return false
+	}
+	slow := p.slowBy[newcomer]
+	return slow >= 2 && slow > (newcomer.conns()-1)/2
 }
 
 // slowLookAhead bounds how far past the next slow first request
-// nextSlowFor looks for one a newcomer may take.
+// nextSlowFor looks for one a slowloris's newcomer may take.
 const slowLookAhead = 64
 
-// nextSlowFor moves to slow[slowNext] the next slow first request a
-// connection of newcomer's address may take the room of, and reports
-// whether there is one. An address with no slow first request of its own
-// (a visitor's, a NAT's) may take any. One that has some (a slowloris's)
-// may take only those of an address that holds more connections than it
-// does with the new one, so that room taken evens addresses out and stops
-// there; the first such of the next slowLookAhead.
+// nextSlowFor moves to slow[slowNext] the first of the next slowLookAhead
+// slow first requests of an address that holds more connections than
+// newcomer's does with the new one, and reports whether there is one (one
+// of no address, a proxy's, always qualifies): room a slowloris takes
+// evens addresses out and stops there.
 func (p *shedPlan) nextSlowFor(newcomer *clientEntry) bool {
-	if newcomer == nil || p.slowBy[newcomer] == 0 {
-		return true
-	}
 	n := newcomer.conns()
 	end := min(len(p.slow), p.slowNext+slowLookAhead)
 	for i := p.slowNext; i < end; i++ {

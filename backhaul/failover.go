@@ -7,7 +7,6 @@ import (
 	"iter"
 	"net/http"
 	"syscall"
-	"time"
 
 	"github.com/scafo/scafo-edge/backhaul/internal/h1"
 	"github.com/scafo/scafo-edge/node"
@@ -130,11 +129,10 @@ func (p *Proxy) inOrder(ups []node.Upstream) iter.Seq2[node.Upstream, *hostState
 }
 
 // answer is an upstream's response whose head has arrived: from the
-// transport (resp), or from the pooled client on pc, taken at start.
+// transport (resp), or from the pooled client on pc.
 type answer struct {
-	resp  *http.Response
-	pc    *h1.Conn
-	start time.Time
+	resp *http.Response
+	pc   *h1.Conn
 }
 
 // exchange sends out to addr and reads the response head, on out's path.

@@ -65,7 +65,7 @@ func (p *Proxy) exchangeH1(out *outbound, addr string) (answer, error) {
 	for {
 		resend, err := p.roundTripH1(pc, out, start, headBy)
 		if err == nil {
-			return answer{pc: pc, start: start}, nil
+			return answer{pc: pc}, nil
 		}
 		pc.NC.Close()
 		// A pooled connection may have been closed by the upstream just

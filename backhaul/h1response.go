@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/scafo/scafo-edge/backhaul/internal/h1"
 )
@@ -23,10 +24,10 @@ func (p *Proxy) relayH1(w http.ResponseWriter, out *outbound, ans answer, res *R
 	}
 	pc.End()
 	if clean && pc.Reusable() {
-		// Stamped with the exchange's start: the idle time is
-		// overestimated by the exchange, which only makes the idle
-		// timeout close it a little sooner.
-		p.pool.Put(pc, ans.start)
+		// Stamped now, not with the exchange's start: under pressure
+		// the edge closes the connections idle for a second, and a long
+		// poll's would look idle that long the moment it ended.
+		p.pool.Put(pc, time.Now())
 	} else {
 		pc.NC.Close()
 	}

@@ -38,7 +38,7 @@ import (
 
 // Messages of the admission log lines the tests count.
 const (
-	admMsgClientConns   = "closing new connections from a client address that holds its share"
+	admMsgClientConns   = "refusing new connections from a client address that holds its share"
 	admMsgPressureStart = "overload: "
 	admMsgPressureEnd   = "overload over"
 )
@@ -541,7 +541,7 @@ func TestAdmissionClientAddressPastItsConnectionShareIsServedUntilThePressure(t 
 		case werr == nil && rerr == nil:
 			t.Errorf("connection %d past the share under pressure was answered %d, want it closed", i, code)
 		case admTimeout(rerr):
-			t.Errorf("connection %d past the share was left open (%v), want it closed at once", i, rerr)
+			t.Errorf("connection %d past the share was left open (%v), want it closed once its hold is over", i, rerr)
 		case !admClosed(werr) && !admClosed(rerr):
 			t.Errorf("connection %d past the share: write %v, read %v; want EOF or a reset", i, werr, rerr)
 		}

@@ -92,7 +92,7 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	// The gate goes on last, right below TLS: it sees what each connection
 	// receives, to know when the ones accepted have arrived. Admission is
 	// first, on the socket itself: it counts the peer that connected, and
-	// waits before accept while the connection budget is spent.
+	// at the connection budget makes room or waits for it.
 	sv.httpLn = sv.gate.Listener(serving.WithProxyProtocol(serving.WithSendTimeout(p.admission.Listener(sv.httpLn), c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
 	if sv.httpsLn != nil {
 		sv.httpsLn = sv.gate.Listener(serving.WithProxyProtocol(serving.WithSendTimeout(p.admission.Listener(sv.httpsLn), c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
