@@ -56,6 +56,9 @@ const (
 	// pooled upstream connections idle at least this long, once a tick,
 	// and so does Accept at the budget with no client connection to close.
 	upstreamIdleUnderPressure = time.Second
+	// monitorPlanEvery is how often, at most, the monitor remakes the
+	// shedding plan under pressure.
+	monitorPlanEvery = time.Second
 	// tick is how often the controller samples memory and, under
 	// pressure, looks for idle connections to close.
 	tick = 250 * time.Millisecond
@@ -472,8 +475,13 @@ func (c *Controller) step() {
 			c.upstreamsClosed = wall
 			c.closeIdleUpstreams(upstreamIdleUnderPressure)
 		}
-		// Nor is the plan made at every wake: it walks every connection.
-		if c.planStale() {
+		// Nor is the plan made at every wake, nor every tick: it walks
+		// every connection (a twentieth of the edge's CPU, remade every
+		// tick, under 19,000 trickling ones), and what it finds for the
+		// monitor (connections idle past the short idle timeout, or
+		// those of addresses past their share) keeps a second. Accept
+		// remakes it sooner when it runs out.
+		if time.Since(c.plan.built) >= monitorPlanEvery && c.planStale() {
 			c.makePlan(now)
 		}
 	}
