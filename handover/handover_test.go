@@ -1049,18 +1049,70 @@ func TestGateSettlesWithHTTP2ConnectionsOpen(t *testing.T) {
 
 // gatedServer serves "answered" behind a gate, over TLS when tls is set.
 func gatedServer(t *testing.T, useTLS bool, clk clock.Clock) (*Gate, *httptest.Server) {
+	gate, srv, _ := countedGatedServer(t, useTLS, clk)
+	return gate, srv
+}
+
+// countedGatedServer is gatedServer, and the bytes its connections have
+// read so far, counted below the gate.
+func countedGatedServer(t *testing.T, useTLS bool, clk clock.Clock) (*Gate, *httptest.Server, *atomic.Int64) {
 	t.Helper()
 	gate := &Gate{clock: clk}
 	srv := httptest.NewUnstartedServer(named("answered"))
 	srv.Config.ConnState = gate.ConnState
-	srv.Listener = gate.Listener(srv.Listener)
+	read := new(atomic.Int64)
+	srv.Listener = gate.Listener(countingListener{Listener: srv.Listener, read: read})
 	if useTLS {
 		srv.StartTLS()
 	} else {
 		srv.Start()
 	}
 	t.Cleanup(srv.Close)
-	return gate, srv
+	return gate, srv, read
+}
+
+// countingListener adds what its connections' reads return to read.
+type countingListener struct {
+	net.Listener
+	read *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return readCountingConn{Conn: c, read: l.read}, nil
+}
+
+// readCountingConn adds what its reads return to read.
+type readCountingConn struct {
+	net.Conn
+	read *atomic.Int64
+}
+
+func (c readCountingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+// writeCountingConn adds what its writes return to written.
+type writeCountingConn struct {
+	net.Conn
+	written *atomic.Int64
+}
+
+func (c writeCountingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.written.Add(int64(n))
+	return n, err
+}
+
+// dialPlainCase is dialPlain for TestGateWaitsOnlyForConnectionsStillArriving:
+// it sends nothing.
+func dialPlainCase(t *testing.T, srv *httptest.Server, _ *atomic.Int64) net.Conn {
+	return dialPlain(t, srv)
 }
 
 func dialPlain(t *testing.T, srv *httptest.Server) net.Conn {
@@ -1075,26 +1127,34 @@ func TestGateWaitsOnlyForConnectionsStillArriving(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		tls  bool
-		// open opens a connection and leaves it as the case says.
-		open func(t *testing.T, srv *httptest.Server) net.Conn
+		// open opens a connection and leaves it as the case says; sent
+		// counts the bytes it writes.
+		open func(t *testing.T, srv *httptest.Server, sent *atomic.Int64) net.Conn
 		// trickle, if set, sends a byte of a request after Stop, the
 		// gate's clock having moved on by less than its quiet time.
 		trickle bool
 	}{
-		{"a connection opened ahead of need and silent does not hold it", false, dialPlain, false},
-		{"a TLS connection opened ahead of need, handshake done, does not hold it", true, func(t *testing.T, srv *httptest.Server) net.Conn {
-			c, err := tls.Dial("tcp", srv.Listener.Addr().String(), srv.Client().Transport.(*http.Transport).TLSClientConfig)
+		{"a connection opened ahead of need and silent does not hold it", false, dialPlainCase, false},
+		{"a TLS connection opened ahead of need, handshake done, does not hold it", true, func(t *testing.T, srv *httptest.Server, sent *atomic.Int64) net.Conn {
+			raw, err := net.Dial("tcp", srv.Listener.Addr().String())
 			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+			cfg.ServerName = "127.0.0.1" // as tls.Dial would from the address
+			c := tls.Client(writeCountingConn{Conn: raw, written: sent}, cfg)
+			if err := c.Handshake(); err != nil {
 				t.Fatal(err)
 			}
 			return c
 		}, false},
-		{"a request still trickling in holds it", false, dialPlain, true},
+		{"a request still trickling in holds it", false, dialPlainCase, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := clock.NewFake(time.Date(2026, 12, 1, 11, 0, 0, 0, time.UTC))
-			gate, srv := gatedServer(t, tc.tls, fake)
-			c := tc.open(t, srv)
+			gate, srv, read := countedGatedServer(t, tc.tls, fake)
+			var sent atomic.Int64
+			c := tc.open(t, srv, &sent)
 			defer c.Close()
 			var gc *gateConn
 			testsupport.WaitFor(t, 5*time.Second, "the connection to be accepted", func() bool {
@@ -1104,6 +1164,12 @@ func TestGateWaitsOnlyForConnectionsStillArriving(t *testing.T) {
 					gc = fresh
 				}
 				return len(gate.fresh) == 1
+			})
+			// The client's handshake ends before the server has read its
+			// last message: a read after the clock moves on would look
+			// like a request arriving.
+			testsupport.WaitFor(t, 5*time.Second, "the server to read all the client sent", func() bool {
+				return read.Load() >= sent.Load()
 			})
 			gate.Stop()
 			cancelled, cancel := context.WithCancel(context.Background())
@@ -1119,7 +1185,12 @@ func TestGateWaitsOnlyForConnectionsStillArriving(t *testing.T) {
 				}
 			}
 			fake.Advance(quiet)
-			if err := gate.Wait(cancelled); err != nil {
+			// Not at once: the server's Accept, which Stop interrupted,
+			// may not have returned yet, and until it does the gate
+			// counts a connection on its way.
+			settle, cancelSettle := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancelSettle()
+			if err := gate.Wait(settle); err != nil {
 				t.Errorf("Wait = %v once the connection was quiet for %v; want it settled", err, quiet)
 			}
 			// Drain does not guess: the connection holds it until its
