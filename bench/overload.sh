@@ -19,6 +19,9 @@ Usage: bench/overload.sh [flags]
 
   --quick              shorter windows: baseline 2s, window 5s, recovery
                        wait 15s (default 3s, 8s, 30s)
+  --window D           how long fast.test is measured under the load
+                       (default 8s; longer than a proxy's header or idle
+                       timeout shows what its timeouts firing cost)
   --proxies LIST       comma list of: scafo-edge,caddy,traefik,nginx,haproxy,
                        haproxy-queue (default: all)
   --rows LIST          comma list of rows, KIND:N[@ADDRS]:
@@ -102,6 +105,7 @@ CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench
 while (($#)); do
 	case $1 in
 	--quick) BASELINE=2s WINDOW=5s RECOVERY=15s RAMP=45s ;;
+	--window) WINDOW=$2; shift ;;
 	--proxies) PROXIES=$2; shift ;;
 	--rows) ROWS=$2; shift ;;
 	--edge-bin) EDGE_BIN_FLAG=$2; shift ;;

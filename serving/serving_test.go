@@ -213,3 +213,75 @@ func TestHTTPSResponsesAdvertiseHTTP3(t *testing.T) {
 		return rec.Header().Get("Alt-Svc") != ""
 	})
 }
+
+func TestSpreadStretchesOnlyDeadlinesStillToCome(t *testing.T) {
+	now := time.Date(2026, 12, 3, 6, 0, 0, 0, time.UTC)
+	c := &spreadConn{stretch: 1.25}
+	for _, tc := range []struct {
+		name     string
+		in, want time.Time
+	}{
+		{"none", time.Time{}, time.Time{}},
+		{"in the past: a read aborted at once", time.Unix(1, 0), time.Unix(1, 0)},
+		{"now", now, now},
+		{"ten seconds on", now.Add(10 * time.Second), now.Add(12500 * time.Millisecond)},
+	} {
+		if got := c.spread(tc.in, now); !got.Equal(tc.want) {
+			t.Errorf("%s: spread(%v) = %v, want %v", tc.name, tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestConnectionsOpenedTogetherTimeOutApart opens connections together
+// that never finish their headers: each is closed at or after the server's
+// header timeout, and not all at once.
+func TestConnectionsOpenedTogetherTimeOutApart(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.NotFoundHandler(), ReadHeaderTimeout: timeout}
+	go srv.Serve(WithSpreadDeadlines(ln))
+	t.Cleanup(func() { srv.Close() })
+
+	const n = 30
+	type end struct {
+		after time.Duration
+		err   error
+	}
+	ends := make(chan end, n)
+	for range n {
+		c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		opened := time.Now()
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: a.example\r\nX-Slow: "); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			c.SetReadDeadline(time.Now().Add(10 * time.Second)) // the test's bound, far past any spread
+			_, err := io.Copy(io.Discard, c)
+			ends <- end{time.Since(opened), err}
+		}()
+	}
+	first, last := time.Duration(1<<62), time.Duration(0)
+	for range n {
+		e := <-ends
+		if e.err != nil {
+			t.Fatalf("a slow connection was not closed by the server: %v", e.err)
+		}
+		first, last = min(first, e.after), max(last, e.after)
+	}
+	t.Logf("closed between %v and %v after opening", first.Round(time.Millisecond), last.Round(time.Millisecond))
+	if first < timeout {
+		t.Errorf("a connection was closed %v after opening, before the %v header timeout", first, timeout)
+	}
+	// Stretched by factors from [1, 1.5), thirty deadlines all within a
+	// sixth of the timeout of each other is a chance of about 1e-13.
+	if last-first < timeout/6 {
+		t.Errorf("closes spread over %v only, want at least %v: the deadlines were not spread", last-first, timeout/6)
+	}
+}

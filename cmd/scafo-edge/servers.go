@@ -92,10 +92,16 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	// The gate goes on last, right below TLS: it sees what each connection
 	// receives, to know when the ones accepted have arrived. Admission is
 	// first, on the socket itself: it counts the peer that connected, and
-	// at the connection budget makes room or waits for it.
-	sv.httpLn = sv.gate.Listener(serving.WithProxyProtocol(serving.WithSendTimeout(p.admission.Listener(sv.httpLn), c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
+	// at the connection budget makes room or waits for it. Each
+	// connection's read deadlines are spread, so that a flood opened in a
+	// burst does not time out in one.
+	client := func(l net.Listener) net.Listener {
+		l = serving.WithSendTimeout(serving.WithSpreadDeadlines(p.admission.Listener(l)), c.sendTimeout)
+		return sv.gate.Listener(serving.WithProxyProtocol(l, s.proxyFrom, c.readHeaderTimeout))
+	}
+	sv.httpLn = client(sv.httpLn)
 	if sv.httpsLn != nil {
-		sv.httpsLn = sv.gate.Listener(serving.WithProxyProtocol(serving.WithSendTimeout(p.admission.Listener(sv.httpsLn), c.sendTimeout), s.proxyFrom, c.readHeaderTimeout))
+		sv.httpsLn = client(sv.httpsLn)
 	}
 	sv.adminLn = sv.gate.Listener(sv.adminLn)
 	status := &admin.Server{Live: p.live, Source: p.source, Registry: p.reg, Proxy: p.proxy, Token: p.token,
