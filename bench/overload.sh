@@ -22,6 +22,11 @@ Usage: bench/overload.sh [flags]
   --window D           how long fast.test is measured under the load
                        (default 8s; longer than a proxy's header or idle
                        timeout shows what its timeouts firing cost)
+  --load-at-sink       aim the load of the slow rows at a bare net/http
+                       server (bench/overload sink) instead of the proxy,
+                       fast.test still measured through the proxy: what
+                       the load costs this box by itself, the floor the
+                       proxy's own row is measured against
   --proxies LIST       comma list of: scafo-edge,caddy,traefik,nginx,haproxy,
                        haproxy-queue (default: all)
   --rows LIST          comma list of rows, KIND:N[@ADDRS]:
@@ -100,12 +105,14 @@ HAPROXY_QUEUE_TIMEOUT=5s
 NGINX_WORKER_CONNECTIONS=4096
 UPSTREAMS=4 # processes of the applications, sharing their ports
 KEEP=0
+LOAD_AT_SINK=0
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/scafo-bench
 
 while (($#)); do
 	case $1 in
 	--quick) BASELINE=2s WINDOW=5s RECOVERY=15s RAMP=45s ;;
 	--window) WINDOW=$2; shift ;;
+	--load-at-sink) LOAD_AT_SINK=1 ;;
 	--proxies) PROXIES=$2; shift ;;
 	--rows) ROWS=$2; shift ;;
 	--edge-bin) EDGE_BIN_FLAG=$2; shift ;;
@@ -137,6 +144,7 @@ SLOW_PORT=$((PORT_BASE + 1))   # slow.test's application
 PX_PORT=$((PORT_BASE + 2))     # proxy, plain HTTP
 PX_TLS_PORT=$((PORT_BASE + 3)) # proxy, TLS (h2 rows)
 ADMIN_PORT=$((PORT_BASE + 4))  # scafo-edge admin: /healthz, /metrics
+SINK_PORT=$((PORT_BASE + 5))   # --load-at-sink: where the load goes
 CTRL_BASE=$((PORT_BASE + 10))  # the application processes' /stats, /release
 FAST_HOST=fast.test
 SLOW_HOST=slow.test
@@ -182,7 +190,7 @@ if has "$PROXIES" scafo-edge; then
 fi
 read -r -a EDGE_ARGV <<<"$EDGE_ARGS"
 
-check_ports "$FAST_PORT" "$SLOW_PORT" "$PX_PORT" "$PX_TLS_PORT" "$ADMIN_PORT" $(seq "$CTRL_BASE" $((CTRL_BASE + UPSTREAMS - 1)))
+check_ports "$FAST_PORT" "$SLOW_PORT" "$PX_PORT" "$PX_TLS_PORT" "$ADMIN_PORT" "$SINK_PORT" $(seq "$CTRL_BASE" $((CTRL_BASE + UPSTREAMS - 1)))
 
 # One self-signed ECDSA P-256 certificate for both hosts (h2 rows; Caddy,
 # Traefik); scafo-edge runs --tls internal and issues its own.
@@ -375,6 +383,20 @@ run_row() {
 		-baseline "$BASELINE" -window "$WINDOW" -recovery "$RECOVERY" -ramp "$RAMP"
 		-per-proc "$PER_PROC" -timeout 10s)
 	((tls)) && flags+=(-tls-addr "127.0.0.1:$PX_TLS_PORT")
+	local sink_pid=
+	if ((LOAD_AT_SINK)); then
+		start "$WORK/sink.log" env GOMAXPROCS="$WORKERS" "$OVERLOAD" sink -addr "127.0.0.1:$SINK_PORT"
+		sink_pid=$PID
+		flags+=(-load-addr "127.0.0.1:$SINK_PORT")
+		flags[3]="$proxy, load at a bare net/http server" # -proxy: the table's label
+		local deadline=$((SECONDS + 30))
+		until [[ $("$CURL" -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$SINK_PORT/" 2>/dev/null) == 404 ]]; do
+			if ((SECONDS >= deadline)) || ! kill -0 "$sink_pid" 2>/dev/null; then
+				die "the sink did not start: $(tail -1 "$WORK/sink.log")"
+			fi
+			sleep 0.1
+		done
+	fi
 	[[ $proxy == scafo-edge ]] && flags+=(-admin "http://127.0.0.1:$ADMIN_PORT")
 	# In the background and waited for, so that Ctrl-C reaches the trap at
 	# once; the trap stops it and its load processes.
@@ -382,6 +404,7 @@ run_row() {
 	local row_pid=$!
 	STARTED+=("$row_pid")
 	wait "$row_pid" || row "$proxy" "$spec" failed "bench/overload row failed (see the log above)"
+	[[ -n $sink_pid ]] && stop_tree "$sink_pid"
 	stop_tree "$pid"
 	stop_apps
 	return 0

@@ -26,7 +26,7 @@ type loadProcs struct {
 // startLoad runs the row's load as `overload conns` processes, each at
 // most perProc connections, so that none nears the descriptor limit.
 func startLoad(c rowConfig, life time.Duration) (*loadProcs, error) {
-	mode, target, host, path := c.spec.Kind, c.addr, c.slowHost, "/hold"
+	mode, target, host, path := c.spec.Kind, c.loadAddr, c.slowHost, "/hold"
 	per := c.perProc
 	switch c.spec.Kind {
 	case "idle", "nat", "slow":

@@ -17,6 +17,9 @@
 //	                            and new visitors measured under it, the
 //	                            proxy's descriptors, RSS and (scafo-edge)
 //	                            goroutines sampled, release, recovery
+//	overload sink [flags]       a bare net/http server answering 404, to
+//	                            aim a row's load at instead of the proxy
+//	                            (row -load-addr): the box's floor
 //	overload report [flags]     the Markdown table (or -json) of the rows
 //	overload tree PID           PID and its descendants, one a line
 //
@@ -33,7 +36,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: overload upstream|conns|row|report|tree [flags]")
+		fmt.Fprintln(os.Stderr, "usage: overload upstream|conns|row|sink|report|tree [flags]")
 		os.Exit(2)
 	}
 	if err := run(os.Args[1], os.Args[2:], os.Stdout); err != nil {
@@ -50,6 +53,8 @@ func run(cmd string, args []string, stdout io.Writer) error {
 		return connsCmd(args, os.Stdin, stdout)
 	case "row":
 		return rowCmd(args)
+	case "sink":
+		return sinkCmd(args)
 	case "report":
 		return reportCmd(args, stdout)
 	case "tree":

@@ -116,12 +116,12 @@ type Row struct {
 }
 
 type rowConfig struct {
-	results, proxy, addr, tlsAddr, fastHost, slowHost, admin, self string
-	control                                                        []string
-	spec                                                           Spec
-	fastSrc                                                        string
-	pid, fastClients, perProc, concurrency                         int
-	baseline, window, ramp, recovery, timeout                      time.Duration
+	results, proxy, addr, loadAddr, tlsAddr, fastHost, slowHost, admin, self string
+	control                                                                  []string
+	spec                                                                     Spec
+	fastSrc                                                                  string
+	pid, fastClients, perProc, concurrency                                   int
+	baseline, window, ramp, recovery, timeout                                time.Duration
 }
 
 func rowCmd(args []string) error {
@@ -133,6 +133,7 @@ func rowCmd(args []string) error {
 	fs.StringVar(&spec, "spec", "", "the row: KIND:N[@A], KIND one of held, idle, h2, h3, nat, slow")
 	fs.IntVar(&c.pid, "pid", 0, "the proxy's process (its whole tree is measured)")
 	fs.StringVar(&c.addr, "addr", "", "the proxy's HTTP address, 127.0.0.1:PORT")
+	fs.StringVar(&c.loadAddr, "load-addr", "", "where the load of the held, idle, nat and slow rows goes (default: -addr, the proxy); an overload sink here measures the box's floor")
 	fs.StringVar(&c.tlsAddr, "tls-addr", "", "the proxy's HTTPS address (h2 rows; h3 rows: its UDP port too)")
 	fs.StringVar(&c.fastHost, "fast-host", "fast.test", "the fast application's host")
 	fs.StringVar(&c.slowHost, "slow-host", "slow.test", "the slow application's host")
@@ -159,6 +160,9 @@ func rowCmd(args []string) error {
 		return errors.New("need -results, -proxy, -pid, -addr and -control")
 	}
 	c.control = strings.Split(control, ",")
+	if c.loadAddr == "" {
+		c.loadAddr = c.addr
+	}
 	if (c.spec.Kind == "h2" || c.spec.Kind == "h3") && c.tlsAddr == "" {
 		return fmt.Errorf("an %s row needs -tls-addr", c.spec.Kind)
 	}
