@@ -545,3 +545,44 @@ func TestASecondEdgeServingOtherAddressesTakesNothing(t *testing.T) {
 		t.Errorf(`scafo_edge_handovers_total{result="given"} = %v, want 0`, got)
 	}
 }
+
+// TestAHandingOverEdgeDoesNotWaitOutASilentConnection: a connection that
+// never sends its first request (a slowloris's, or a socket a browser
+// opened ahead of need) keeps the edge handing over for a short wait only,
+// not for the header timeout (60 s and more) nor the shutdown timeout.
+func TestAHandingOverEdgeDoesNotWaitOutASilentConnection(t *testing.T) {
+	const shutdownTimeout = 2 * time.Minute
+	args := []string{"serve", "--routes-file", oneRoute(t), "--tls", "off", "--state-dir", t.TempDir(),
+		"--http-addr", fmt.Sprintf("127.0.0.1:%d", testsupport.FreePort(t)),
+		"--admin-addr", fmt.Sprintf("127.0.0.1:%d", testsupport.FreePort(t)),
+		"--shutdown-timeout", shutdownTimeout.String(), "--read-header-timeout", "5m"}
+	old := startEdgeBinary(t, edgeBinary, nil, args...)
+	waitEdgeReady(t, old)
+
+	silent, err := net.Dial("tcp", old.HTTPAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	testsupport.WaitFor(t, 10*time.Second, "the old edge to accept the silent connection", func() bool {
+		return old.metric(t, "scafo_edge_conns", testsupport.Labels{"kind": "client"}) >= 1
+	})
+
+	replaced := time.Now()
+	successor := startEdgeBinary(t, edgeBinary, nil, args...)
+	waitEdgeReady(t, successor)
+	select {
+	case <-old.done:
+	case <-time.After(shutdownTimeout / 2):
+		t.Fatalf("the old edge still runs %v after its successor started, held by a connection that sent nothing\n%s", time.Since(replaced), old.logText())
+	}
+	t.Logf("figures: the old edge exited %v after its successor started, with a silent connection open", time.Since(replaced).Round(time.Millisecond))
+	if old.err != nil {
+		t.Errorf("the old edge exited with %v, want 0\n%s", old.err, old.output())
+	}
+	// The connection was the old edge's, and is closed with it.
+	silent.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := silent.Read(make([]byte, 1)); err == nil {
+		t.Errorf("the silent connection read %d bytes, want its end", n)
+	}
+}

@@ -190,7 +190,8 @@ func (g *Gate) Wait(ctx context.Context) error { return g.wait(ctx, true) }
 // guess, and a TLS handshake on a loaded box can pause longer: a server
 // whose keep-alives are off (so that each such connection closes after
 // its answer) calls Drain before Shutdown, which would read and drop the
-// request. The servers' header timeout bounds how long it takes.
+// request. ctx bounds how long it takes (the servers' header timeout
+// would too, but it is long).
 func (g *Gate) Drain(ctx context.Context) error { return g.wait(ctx, false) }
 
 // wait is Wait, and with quietEnds false, Drain.

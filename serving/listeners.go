@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -166,7 +167,10 @@ func (h *HTTP3) Advertise(next http.Handler) http.Handler {
 // same closes come at an even rate the edge absorbs.
 //
 // A deadline in the past (which aborts a read at once) and the zero
-// deadline (none) are passed on as they are.
+// deadline (none) are passed on as they are. Every future read deadline is
+// stretched, one a handler sets through http.ResponseController included
+// (the edge's set none but "now"); HTTP/2 keeps its own timers, so over it
+// only the TLS handshake's is.
 func WithSpreadDeadlines(l net.Listener) net.Listener {
 	return spreadListener{l}
 }
@@ -204,10 +208,11 @@ func (c *spreadConn) SetDeadline(t time.Time) error {
 	return c.Conn.SetWriteDeadline(t)
 }
 
-// spread returns deadline t, set at now, stretched by c's factor.
+// spread returns deadline t, set at now, stretched by c's factor. One so
+// far off that stretching it would overflow is as good as none, and kept.
 func (c *spreadConn) spread(t, now time.Time) time.Time {
 	d := t.Sub(now)
-	if t.IsZero() || d <= 0 {
+	if t.IsZero() || d <= 0 || float64(d) >= math.MaxInt64/c.stretch {
 		return t
 	}
 	return now.Add(time.Duration(float64(d) * c.stretch))

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -225,6 +226,7 @@ func TestSpreadStretchesOnlyDeadlinesStillToCome(t *testing.T) {
 		{"in the past: a read aborted at once", time.Unix(1, 0), time.Unix(1, 0)},
 		{"now", now, now},
 		{"ten seconds on", now.Add(10 * time.Second), now.Add(12500 * time.Millisecond)},
+		{"as far as time goes: stretched, it would wrap into the past", now.Add(math.MaxInt64), now.Add(math.MaxInt64)},
 	} {
 		if got := c.spread(tc.in, now); !got.Equal(tc.want) {
 			t.Errorf("%s: spread(%v) = %v, want %v", tc.name, tc.in, got, tc.want)
@@ -252,12 +254,14 @@ func TestConnectionsOpenedTogetherTimeOutApart(t *testing.T) {
 	}
 	ends := make(chan end, n)
 	for range n {
+		// Before the dial: the server may accept the connection and set its
+		// deadline before Dial returns.
+		opened := time.Now()
 		c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		opened := time.Now()
 		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: a.example\r\nX-Slow: "); err != nil {
 			t.Fatal(err)
 		}

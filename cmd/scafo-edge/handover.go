@@ -221,18 +221,29 @@ func handOff(h *handover.Handoff, c *config, p *parts, sv *servers, stopSource, 
 // handshake that paused past the gate's quiet time on a loaded box):
 // Shutdown would read that request and drop it. Keep-alives go first, so
 // each such connection closes after its answer and idle ones close now.
-// The successor is serving meanwhile; --read-header-timeout bounds the
-// wait, as it bounds any connection's first request.
+// The successor is serving meanwhile, so the wait is short: a first
+// request still not in after lateArrivalWait is a slowloris's or a
+// pre-connected socket's (browsers and Go's transport open some ahead of
+// need) far more often than a visitor's, and --read-header-timeout (60 s
+// and more, for the attacks it must not send back all at once) would keep
+// this process for the whole shutdown timeout.
 func (sv *servers) answerLateArrivals(deadline time.Time, log zerolog.Logger) {
 	for _, srv := range sv.all {
 		srv.SetKeepAlivesEnabled(false)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	ctx, cancelLate := context.WithTimeout(ctx, lateArrivalWait)
+	defer cancelLate()
 	if err := sv.gate.Drain(ctx); err != nil {
-		log.Warn().Msg("handover: shutdown timeout passed with connections still sending their first request; they are closed")
+		log.Warn().Dur("waited", lateArrivalWait).Msg("handover: connections still sending their first request are closed; the successor serves their clients' next attempts")
 	}
 }
+
+// lateArrivalWait is how long an edge handing over waits for the first
+// request of the connections it accepted: the header timeout it had before
+// 2026-12-03.
+const lateArrivalWait = 10 * time.Second
 
 // resetKey is the state directory's key for HTTP/3 stateless resets,
 // shared with the edges before and after this one; nil, and a log line,
