@@ -22,11 +22,12 @@ Usage: bench/overload.sh [flags]
   --window D           how long fast.test is measured under the load
                        (default 8s; longer than a proxy's header or idle
                        timeout shows what its timeouts firing cost)
-  --load-at-sink       aim the load of the slow rows at a bare net/http
-                       server (bench/overload sink) instead of the proxy,
-                       fast.test still measured through the proxy: what
-                       the load costs this box by itself, the floor the
-                       proxy's own row is measured against
+  --load-at-sink       aim each row's load (held, idle, nat and slow rows)
+                       at a bare net/http server (bench/overload sink)
+                       instead of the proxy, fast.test still measured
+                       through the proxy: what the load costs this box by
+                       itself, the floor the proxy's own row is measured
+                       against
   --proxies LIST       comma list of: scafo-edge,caddy,traefik,nginx,haproxy,
                        haproxy-queue (default: all)
   --rows LIST          comma list of rows, KIND:N[@ADDRS]:
@@ -302,18 +303,21 @@ stop_apps() {
 
 # wait_ok URL HOST PID [CURL-FLAGS...]: until URL (with Host: HOST, if
 # any) answers 200, while PID lives, at most 30 s.
-wait_ok() {
-	local url=$1 host=$2 pid=$3 out deadline=$((SECONDS + 30))
-	shift 3
+wait_ok() { wait_status 200 "$@"; }
+
+# wait_status CODE URL HOST PID [CURL-FLAGS...]: wait_ok for another status.
+wait_status() {
+	local want=$1 url=$2 host=$3 pid=$4 out deadline=$((SECONDS + 30))
+	shift 4
 	local hdr=()
 	[[ -n $host ]] && hdr=(-H "Host: $host")
 	while ((SECONDS < deadline)); do
 		out=$("$CURL" -sk -o /dev/null -w '%{http_code}' --max-time 5 "${hdr[@]}" "$@" "$url" 2>/dev/null) || true
-		[[ $out == 200 ]] && return 0
+		[[ $out == "$want" ]] && return 0
 		kill -0 "$pid" 2>/dev/null || return 1
 		sleep 0.1
 	done
-	log "$url ($host): last answer '$out', wanted 200"
+	log "$url ($host): last answer '$out', wanted $want"
 	return 1
 }
 
@@ -378,7 +382,9 @@ run_row() {
 		stop_apps
 		return
 	fi
-	local flags=(-results "$RESULTS" -proxy "$proxy" -spec "$spec" -pid "$pid"
+	local label=$proxy
+	((LOAD_AT_SINK)) && label="$proxy, load at a bare net/http server"
+	local flags=(-results "$RESULTS" -proxy "$label" -spec "$spec" -pid "$pid"
 		-addr "127.0.0.1:$PX_PORT" -control "$CONTROL" -self "$OVERLOAD"
 		-baseline "$BASELINE" -window "$WINDOW" -recovery "$RECOVERY" -ramp "$RAMP"
 		-per-proc "$PER_PROC" -timeout 10s)
@@ -388,14 +394,8 @@ run_row() {
 		start "$WORK/sink.log" env GOMAXPROCS="$WORKERS" "$OVERLOAD" sink -addr "127.0.0.1:$SINK_PORT"
 		sink_pid=$PID
 		flags+=(-load-addr "127.0.0.1:$SINK_PORT")
-		flags[3]="$proxy, load at a bare net/http server" # -proxy: the table's label
-		local deadline=$((SECONDS + 30))
-		until [[ $("$CURL" -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$SINK_PORT/" 2>/dev/null) == 404 ]]; do
-			if ((SECONDS >= deadline)) || ! kill -0 "$sink_pid" 2>/dev/null; then
-				die "the sink did not start: $(tail -1 "$WORK/sink.log")"
-			fi
-			sleep 0.1
-		done
+		wait_status 404 "http://127.0.0.1:$SINK_PORT/" '' "$sink_pid" ||
+			die "the sink did not start: $(tail -1 "$WORK/sink.log")"
 	fi
 	[[ $proxy == scafo-edge ]] && flags+=(-admin "http://127.0.0.1:$ADMIN_PORT")
 	# In the background and waited for, so that Ctrl-C reaches the trap at

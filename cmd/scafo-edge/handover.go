@@ -231,12 +231,14 @@ func (sv *servers) answerLateArrivals(deadline time.Time, log zerolog.Logger) {
 	for _, srv := range sv.all {
 		srv.SetKeepAlivesEnabled(false)
 	}
+	started := time.Now()
+	if late := started.Add(lateArrivalWait); late.Before(deadline) {
+		deadline = late
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	ctx, cancelLate := context.WithTimeout(ctx, lateArrivalWait)
-	defer cancelLate()
 	if err := sv.gate.Drain(ctx); err != nil {
-		log.Warn().Dur("waited", lateArrivalWait).Msg("handover: connections still sending their first request are closed; the successor serves their clients' next attempts")
+		log.Warn().Dur("waited", time.Since(started)).Msg("handover: connections still sending their first request are closed; the successor serves their clients' next attempts")
 	}
 }
 
