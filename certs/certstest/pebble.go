@@ -134,14 +134,14 @@ func StartPebble(t testing.TB, cfg PebbleConfig) *Pebble {
 	}
 
 	dnsAddr := freeUDPAndTCPAddr(t)
-	chMgmt := testsupport.ClosedAddr(t)
+	chMgmt := testsupport.FreeAddr(t)
 	p.ChallSrvURL = "http://" + chMgmt
 	p.start(t, "challtestsrv", exec.Command(filepath.Join(toolDir, "pebble-challtestsrv"),
 		"-http01", "", "-https01", "", "-tlsalpn01", "", "-doh", "",
 		"-dnsserver", dnsAddr, "-management", chMgmt,
 		"-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""), nil)
 
-	listen, mgmt := testsupport.ClosedAddr(t), testsupport.ClosedAddr(t)
+	listen, mgmt := testsupport.FreeAddr(t), testsupport.FreeAddr(t)
 	conf := map[string]any{"pebble": map[string]any{
 		"listenAddress":                  listen,
 		"managementListenAddress":        mgmt,
