@@ -312,7 +312,8 @@ func (h *addrHeap) Pop() any {
 
 // shedNext closes the next connection of the plan still idle as planned
 // and idle at least age at now, making a new plan once if this one ran
-// out; it reports whether it shed one. c.shedMu is held.
+// out and the monitor may make one (monitorMayPlan); it reports whether it
+// shed one. c.shedMu is held.
 func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
 	for range 2 {
 		p := &c.plan
@@ -323,12 +324,23 @@ func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
 				return true
 			}
 		}
-		if !c.planStale() {
+		if !c.monitorMayPlan() {
 			return false
 		}
 		c.makePlan(now)
 	}
 	return false
+}
+
+// monitorMayPlan reports whether the monitor may remake the plan: once a
+// monitorPlanEvery at most, as well as planStale. The plan walks every
+// connection, and what the monitor finds in it (connections idle past the
+// short idle timeout, those of addresses past their share) keeps that
+// long; a plan with nothing to shed, as under a slowloris, is the one
+// remade most often otherwise. Accept remakes it sooner when it needs
+// room. c.shedMu is held.
+func (c *Controller) monitorMayPlan() bool {
+	return time.Since(c.plan.built) >= monitorPlanEvery && c.planStale()
 }
 
 // shedRoom closes one connection to make room for a new one at the

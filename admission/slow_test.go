@@ -297,3 +297,72 @@ func TestAtTheBudgetARequestDoesNotCloseASlowFirstRequest(t *testing.T) {
 		t.Errorf("the oldest slow first request, after makeRoom: %v", err)
 	}
 }
+
+// Under pressure, with nothing idle to close (a slowloris at the budget),
+// the monitor walks the connections for a plan once a monitorPlanEvery,
+// not at each of its ticks: under 19,000 trickling connections the walk
+// was a fifth of the edge's CPU.
+func TestTheMonitorRemakesAPlanWithNothingToShedOnceASecond(t *testing.T) {
+	t.Parallel()
+	const maxConns = 4
+	clk := newFakeClock()
+	c := newController(t, Options{Limits: testLimits(maxConns), Clock: clk})
+	ln := listen(t)
+	cl := c.Listener(ln)
+	t.Cleanup(func() { cl.Close() })
+	for range maxConns {
+		client := dialFrom(t, "127.0.0.2", ln.Addr().String())
+		t.Cleanup(func() { client.Close() })
+		conn, err := cl.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		c.ConnState(conn, http.StateNew)
+		if _, err := io.WriteString(client, slowHeaders); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(conn, make([]byte, len(slowHeaders))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Advance(2 * slowAge)
+
+	// built is the wall time the plan was made at; moving it back stands
+	// for the wall time a tick takes.
+	made := func() time.Time {
+		c.shedMu.Lock()
+		defer c.shedMu.Unlock()
+		return c.plan.built
+	}
+	age := func(d time.Duration) {
+		c.shedMu.Lock()
+		defer c.shedMu.Unlock()
+		c.plan.built = c.plan.built.Add(-d)
+	}
+	c.step()
+	first := made()
+	if first.IsZero() {
+		t.Fatal("no plan made under pressure")
+	}
+	if s := c.Snapshot(); !s.Pressure || s.ClientConns != maxConns {
+		t.Fatalf("Snapshot = pressure %v, %d connections; want pressure, all %d slow ones open", s.Pressure, s.ClientConns, maxConns)
+	}
+	for i := 1; time.Duration(i)*tick < monitorPlanEvery; i++ {
+		age(tick)
+		clk.Advance(tick)
+		c.step()
+		if got, want := made(), first.Add(-time.Duration(i)*tick); !got.Equal(want) {
+			t.Fatalf("tick %d, %v after the plan: plan remade, want it kept for %v", i, time.Duration(i)*tick, monitorPlanEvery)
+		}
+	}
+	age(tick)
+	clk.Advance(tick)
+	c.step()
+	if got := made(); !got.After(first) {
+		t.Errorf("%v after the plan: not remade, want a new one", monitorPlanEvery)
+	}
+	if got := c.shed(t, "slow_headers"); got != 0 {
+		t.Errorf("scafo_edge_shed_total{reason=slow_headers} = %v, want 0: the monitor closes no slow first request", got)
+	}
+}
