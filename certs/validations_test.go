@@ -42,6 +42,13 @@ func TestFailedValidationsStayUnderTheCALimit(t *testing.T) {
 		DialContext: dialRoutes(e.httpLn.Addr().String(), nil),
 	})
 	opts.Clock = clk
+	// A back-off of minutes, not the default's hour-long doubling: the
+	// budget, not the back-off, must be what keeps the name under the
+	// CA's limit. With the default, attempts at 0, 5, 15 and 35 minutes
+	// may all be prefetch's, one failure each, and the next comes after
+	// the hour, so which of the two holds the name back depended on
+	// whether prefetch or a visitor won each race (1 run in 40).
+	opts.FailureBackoffBase, opts.FailureBackoffMax = time.Minute, 4*time.Minute
 	m := e.start(t, t.TempDir(), opts)
 	m.Prefetch([]string{"broken.test"})
 
