@@ -475,9 +475,8 @@ func (c *Controller) step() {
 			c.upstreamsClosed = wall
 			c.closeIdleUpstreams(upstreamIdleUnderPressure)
 		}
-		// Nor is the plan made at every wake, nor every tick: under
-		// 19,000 trickling connections, remade as often as planStale
-		// allows, it took a fifth of the edge's CPU.
+		// Nor is the plan made at every wake, nor at every tick unless
+		// the last walk paid for itself (monitorMayPlan).
 		if c.monitorMayPlan() {
 			c.makePlan(now)
 		}

@@ -118,9 +118,11 @@ type candidate struct {
 // share, then the rest, oldest first. They are never closed to bring the
 // count down: a slowloris reconnects at once, so that would only churn.
 //
-// It is made by walking every connection, so it is made at most once a
-// tick and when the last one ran out, and never more often than planEvery
-// allows: an Accept at the budget takes the next one from it.
+// It is made by walking every connection, so it is made only when needed
+// and never more often than planEvery allows: by Accept at the budget
+// when the last one ran out, and by the monitor once a monitorPlanEvery,
+// or at its next tick when the last walk paid for itself
+// (monitorMayPlan).
 type shedPlan struct {
 	list     []candidate
 	next     int // list[:next] have been tried
@@ -130,6 +132,7 @@ type shedPlan struct {
 	slowBy   map[*clientEntry]int // how many of slow are each address's
 	built    time.Time            // wall clock: a test's fake clock may stand still
 	took     time.Duration        // how long making it took
+	walked   int                  // how many connections it walked
 }
 
 // planEvery is how soon a spent plan may be made again: at least this, and
@@ -155,10 +158,12 @@ func (c *Controller) makePlan(now time.Time) {
 	p.list, p.next, p.over, p.built = p.list[:0], 0, 0, time.Now()
 	p.slow, p.slowNext = p.slow[:0], 0
 	clear(p.slowBy)
+	p.walked = 0
 	defer func() { p.took = time.Since(p.built) }()
 	cutoff := now.Add(-minIdleAge).UnixNano()
 	slowCutoff := now.Add(-slowAge).UnixNano()
 	c.conns.each(func(t *trackedConn, outer net.Conn) {
+		p.walked++
 		cd, ok := idleCandidate(t, outer, cutoff)
 		switch {
 		case !ok:
@@ -311,36 +316,37 @@ func (h *addrHeap) Pop() any {
 }
 
 // shedNext closes the next connection of the plan still idle as planned
-// and idle at least age at now, making a new plan once if this one ran
-// out and the monitor may make one (monitorMayPlan); it reports whether it
-// shed one. c.shedMu is held.
+// and idle at least age at now, and reports whether it shed one; the
+// monitor remakes the plan before it calls this (step). c.shedMu is held.
 func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
-	for range 2 {
-		p := &c.plan
-		for p.next < len(p.list) {
-			cd := p.list[p.next]
-			p.next++
-			if c.tryShed(cd, now, age) {
-				return true
-			}
+	p := &c.plan
+	for p.next < len(p.list) {
+		cd := p.list[p.next]
+		p.next++
+		if c.tryShed(cd, now, age) {
+			return true
 		}
-		if !c.monitorMayPlan() {
-			return false
-		}
-		c.makePlan(now)
 	}
 	return false
 }
 
-// monitorMayPlan reports whether the monitor may remake the plan: once a
-// monitorPlanEvery at most, as well as planStale. The plan walks every
-// connection, and what the monitor finds in it (connections idle past the
-// short idle timeout, those of addresses past their share) keeps that
-// long; a plan with nothing to shed, as under a slowloris, is the one
-// remade most often otherwise. Accept remakes it sooner when it needs
-// room. c.shedMu is held.
+// planYield is how many connections a walk may visit for each idle one it
+// finds and still be worth repeating at the monitor's next tick.
+const planYield = 64
+
+// monitorMayPlan reports whether the monitor may remake the plan, as
+// planStale allows: once a monitorPlanEvery, or sooner when the last walk
+// found an idle connection for every planYield it visited. A walk that
+// finds little is not worth repeating before then: under a slowloris at
+// the budget nothing is idle, and remade at every tick the plan took a
+// fifth of the edge's CPU for the attack. One that finds many is: idle
+// connections arriving faster than a plan a second closes them would
+// otherwise take the box to the budget, where Accept makes room by
+// closing slow first requests. c.shedMu is held.
 func (c *Controller) monitorMayPlan() bool {
-	return time.Since(c.plan.built) >= monitorPlanEvery && c.planStale()
+	p := &c.plan
+	due := time.Since(p.built) >= monitorPlanEvery || len(p.list)*planYield >= max(p.walked, 1)
+	return due && c.planStale()
 }
 
 // shedRoom closes one connection to make room for a new one at the

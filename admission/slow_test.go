@@ -298,6 +298,66 @@ func TestAtTheBudgetARequestDoesNotCloseASlowFirstRequest(t *testing.T) {
 	}
 }
 
+// monitoredConns is a controller of maxConns connections driven by hand
+// (step), and a listener counted by it whose connections are accepted one
+// at a time (open).
+type monitoredConns struct {
+	*testController
+	clk *clock.Fake
+	cl  net.Listener
+	ln  net.Listener
+}
+
+func newMonitoredConns(t *testing.T, maxConns int) *monitoredConns {
+	t.Helper()
+	clk := newFakeClock()
+	c := newController(t, Options{Limits: testLimits(maxConns), Clock: clk})
+	ln := listen(t)
+	cl := c.Listener(ln)
+	t.Cleanup(func() { cl.Close() })
+	return &monitoredConns{testController: c, clk: clk, cl: cl, ln: ln}
+}
+
+// open accepts a connection that sends first (nothing: an idle one) and
+// returns its client's end once the server has read it.
+func (m *monitoredConns) open(t *testing.T, first string) net.Conn {
+	t.Helper()
+	client := dialFrom(t, "127.0.0.2", m.ln.Addr().String())
+	t.Cleanup(func() { client.Close() })
+	conn, err := m.cl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	m.ConnState(conn, http.StateNew)
+	if first != "" {
+		if _, err := io.WriteString(client, first); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(conn, make([]byte, len(first))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return client
+}
+
+// planMade returns the wall time the plan was made at.
+func (m *monitoredConns) planMade() time.Time {
+	m.shedMu.Lock()
+	defer m.shedMu.Unlock()
+	return m.plan.built
+}
+
+// tick moves both clocks a monitor tick on, the fake one and the wall
+// time the plan was made at, and runs the monitor once.
+func (m *monitoredConns) tick() {
+	m.shedMu.Lock()
+	m.plan.built = m.plan.built.Add(-tick)
+	m.shedMu.Unlock()
+	m.clk.Advance(tick)
+	m.step()
+}
+
 // Under pressure, with nothing idle to close (a slowloris at the budget),
 // the monitor walks the connections for a plan once a monitorPlanEvery,
 // not at each of its ticks: under 19,000 trickling connections the walk
@@ -305,64 +365,60 @@ func TestAtTheBudgetARequestDoesNotCloseASlowFirstRequest(t *testing.T) {
 func TestTheMonitorRemakesAPlanWithNothingToShedOnceASecond(t *testing.T) {
 	t.Parallel()
 	const maxConns = 4
-	clk := newFakeClock()
-	c := newController(t, Options{Limits: testLimits(maxConns), Clock: clk})
-	ln := listen(t)
-	cl := c.Listener(ln)
-	t.Cleanup(func() { cl.Close() })
+	m := newMonitoredConns(t, maxConns)
 	for range maxConns {
-		client := dialFrom(t, "127.0.0.2", ln.Addr().String())
-		t.Cleanup(func() { client.Close() })
-		conn, err := cl.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		c.ConnState(conn, http.StateNew)
-		if _, err := io.WriteString(client, slowHeaders); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadFull(conn, make([]byte, len(slowHeaders))); err != nil {
-			t.Fatal(err)
-		}
+		m.open(t, slowHeaders)
 	}
-	clk.Advance(2 * slowAge)
-
-	// built is the wall time the plan was made at; moving it back stands
-	// for the wall time a tick takes.
-	made := func() time.Time {
-		c.shedMu.Lock()
-		defer c.shedMu.Unlock()
-		return c.plan.built
-	}
-	age := func(d time.Duration) {
-		c.shedMu.Lock()
-		defer c.shedMu.Unlock()
-		c.plan.built = c.plan.built.Add(-d)
-	}
-	c.step()
-	first := made()
+	m.clk.Advance(2 * slowAge)
+	m.step()
+	first := m.planMade()
 	if first.IsZero() {
 		t.Fatal("no plan made under pressure")
 	}
-	if s := c.Snapshot(); !s.Pressure || s.ClientConns != maxConns {
+	if s := m.Snapshot(); !s.Pressure || s.ClientConns != maxConns {
 		t.Fatalf("Snapshot = pressure %v, %d connections; want pressure, all %d slow ones open", s.Pressure, s.ClientConns, maxConns)
 	}
 	for i := 1; time.Duration(i)*tick < monitorPlanEvery; i++ {
-		age(tick)
-		clk.Advance(tick)
-		c.step()
-		if got, want := made(), first.Add(-time.Duration(i)*tick); !got.Equal(want) {
+		m.tick()
+		if got, want := m.planMade(), first.Add(-time.Duration(i)*tick); !got.Equal(want) {
 			t.Fatalf("tick %d, %v after the plan: plan remade, want it kept for %v", i, time.Duration(i)*tick, monitorPlanEvery)
 		}
 	}
-	age(tick)
-	clk.Advance(tick)
-	c.step()
-	if got := made(); !got.After(first) {
+	m.tick()
+	if got := m.planMade(); !got.After(first) {
 		t.Errorf("%v after the plan: not remade, want a new one", monitorPlanEvery)
 	}
-	if got := c.shed(t, "slow_headers"); got != 0 {
-		t.Errorf("scafo_edge_shed_total{reason=slow_headers} = %v, want 0: the monitor closes no slow first request", got)
+}
+
+// Under pressure, idle connections that arrive after a plan that found
+// many are closed at the monitor's next tick, not a second later: arriving
+// faster than one plan a second closes them, they would take the box to
+// the budget, where slow first requests would be closed for room.
+func TestTheMonitorClosesIdleArrivalsAtItsNextTick(t *testing.T) {
+	t.Parallel()
+	const maxConns = 8 // low water at 6.4
+	m := newMonitoredConns(t, maxConns)
+	for range 6 {
+		m.open(t, slowHeaders)
+	}
+	m.open(t, "")
+	m.open(t, "")
+	m.clk.Advance(2 * slowAge)
+	// At the budget: the idle two go, the slow ones stay.
+	m.step()
+	if s := m.Snapshot(); !s.Pressure || s.ClientConns != 6 {
+		t.Fatalf("Snapshot after the first tick = pressure %v, %d connections; want pressure, the 6 slow ones", s.Pressure, s.ClientConns)
+	}
+	// Two more arrive and go idle: at the budget again.
+	late := []net.Conn{m.open(t, ""), m.open(t, "")}
+	m.clk.Advance(minIdleAge)
+	m.tick()
+	for i, conn := range late {
+		if err := closedByPeer(conn); err != nil {
+			t.Errorf("idle connection %d, arrived after the plan, a tick later: %v", i+1, err)
+		}
+	}
+	if got := m.shed(t, "slow_headers"); got != 0 {
+		t.Errorf("scafo_edge_shed_total{reason=slow_headers} = %v, want 0", got)
 	}
 }
