@@ -133,6 +133,10 @@ type shedPlan struct {
 	built    time.Time            // wall clock: a test's fake clock may stand still
 	took     time.Duration        // how long making it took
 	walked   int                  // how many connections it walked
+
+	// Scratch space for ordering slow, kept from one plan to the next.
+	spare     []candidate
+	slowFirst []bool
 }
 
 // planEvery is how soon a spent plan may be made again: at least this, and
@@ -182,7 +186,9 @@ func (c *Controller) makePlan(now time.Time) {
 	slices.SortFunc(p.slow, func(a, b candidate) int { return cmp.Compare(a.since, b.since) })
 	if len(p.slow) > 0 {
 		left := map[*clientEntry]int{} // how many more of an address's go first
-		first := make([]bool, len(p.slow))
+		first := slices.Grow(p.slowFirst[:0], len(p.slow))[:len(p.slow)]
+		clear(first)
+		p.slowFirst = first
 		if p.slowBy == nil {
 			p.slowBy = map[*clientEntry]int{}
 		}
@@ -202,7 +208,7 @@ func (c *Controller) makePlan(now time.Time) {
 			}
 			left[e] = n
 		}
-		ordered := make([]candidate, 0, len(p.slow))
+		ordered := slices.Grow(p.spare[:0], len(p.slow))
 		for i, cd := range p.slow {
 			if first[i] {
 				ordered = append(ordered, cd)
@@ -213,7 +219,10 @@ func (c *Controller) makePlan(now time.Time) {
 				ordered = append(ordered, cd)
 			}
 		}
-		p.slow = ordered
+		// The two lists trade places, so that a plan of a million slow
+		// first requests does not leave 32 MB to the collector each time.
+		p.slow, p.spare = ordered, p.slow
+		clear(p.spare)
 	}
 
 	// Step 1: each address past its share, as a queue of its
