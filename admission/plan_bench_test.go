@@ -24,10 +24,10 @@ func BenchmarkMakePlan(b *testing.B) {
 				ballast := make([][]byte, 0, n)
 				for i := range n {
 					t := &trackedConn{c: c, client: e, shardIdx: uint8(i % connShards)}
-					t.state.Store(uint32(stateNew))
 					if kind == "idle" {
 						t.state.Store(uint32(stateIdle))
 					} else {
+						t.state.Store(uint32(stateNew))
 						t.arriving.Store(true)
 					}
 					t.since.Store(since + int64(i))

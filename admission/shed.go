@@ -133,10 +133,7 @@ type shedPlan struct {
 	built    time.Time            // wall clock: a test's fake clock may stand still
 	took     time.Duration        // how long making it took
 	walked   int                  // how many connections it walked
-
-	// Scratch space for ordering slow, kept from one plan to the next.
-	spare     []candidate
-	slowFirst []bool
+	slowRest []candidate          // scratch space for ordering slow
 }
 
 // planEvery is how soon a spent plan may be made again: at least this, and
@@ -186,43 +183,33 @@ func (c *Controller) makePlan(now time.Time) {
 	slices.SortFunc(p.slow, func(a, b candidate) int { return cmp.Compare(a.since, b.since) })
 	if len(p.slow) > 0 {
 		left := map[*clientEntry]int{} // how many more of an address's go first
-		first := slices.Grow(p.slowFirst[:0], len(p.slow))[:len(p.slow)]
-		clear(first)
-		p.slowFirst = first
 		if p.slowBy == nil {
 			p.slowBy = map[*clientEntry]int{}
 		}
-		for i, cd := range p.slow {
-			e := cd.t.client
-			if e == nil {
-				continue
+		// A stable partition in place: those that go first move up, the
+		// rest wait in slowRest (kept from one plan to the next, so that a
+		// plan of a million slow first requests leaves nothing to the
+		// collector) and follow them.
+		first, rest := 0, p.slowRest[:0]
+		for _, cd := range p.slow {
+			if e := cd.t.client; e != nil {
+				p.slowBy[e]++
+				n, seen := left[e]
+				if !seen {
+					n = max(0, e.conns()-c.clients.share()+1)
+				}
+				left[e] = max(0, n-1)
+				if n > 0 {
+					p.slow[first] = cd
+					first++
+					continue
+				}
 			}
-			p.slowBy[e]++
-			n, seen := left[e]
-			if !seen {
-				n = max(0, e.conns()-c.clients.share()+1)
-			}
-			if n > 0 {
-				first[i] = true
-				n--
-			}
-			left[e] = n
+			rest = append(rest, cd)
 		}
-		ordered := slices.Grow(p.spare[:0], len(p.slow))
-		for i, cd := range p.slow {
-			if first[i] {
-				ordered = append(ordered, cd)
-			}
-		}
-		for i, cd := range p.slow {
-			if !first[i] {
-				ordered = append(ordered, cd)
-			}
-		}
-		// The two lists trade places, so that a plan of a million slow
-		// first requests does not leave 32 MB to the collector each time.
-		p.slow, p.spare = ordered, p.slow
-		clear(p.spare)
+		copy(p.slow[first:], rest)
+		clear(rest)
+		p.slowRest = rest[:0]
 	}
 
 	// Step 1: each address past its share, as a queue of its
