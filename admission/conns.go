@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/scafo/scafo-edge/internal/clock"
 )
 
 // Listener returns l counted against the budget: at the budget, Accept
@@ -63,7 +65,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		l.c.clientConns.Add(1)
 		l.c.opened()
-		return &trackedConn{Conn: conn, c: l.c, client: client, shardIdx: uint8(l.c.connSeq.Add(1) % connShards)}, nil
+		return &trackedConn{Conn: conn, c: l.c, client: client, shardIdx: uint8(l.c.connSeq.Add(1) % connShards), gone: make(chan struct{})}, nil
 	}
 }
 
@@ -161,6 +163,16 @@ type trackedConn struct {
 	// goAwayMu is held while a GOAWAY is written to the connection, and
 	// waited on before it turns active (see goAway).
 	goAwayMu sync.Mutex
+
+	// gone is closed when the connection is, so that a read waiting its
+	// turn (pace.go) ends with it; nil for an upstream connection, which
+	// is never paced.
+	gone chan struct{}
+	// Its first request's reads so far, for pacing: touched by its
+	// reader only.
+	trickles  uint8 // short reads, up to trickleReads
+	readAt    int64 // when the last one returned bytes, Unix ns of c.clock
+	paceTimer clock.Timer
 }
 
 // NetConn returns the connection underneath, as tls.Conn's does.
@@ -169,10 +181,19 @@ func (t *trackedConn) NetConn() net.Conn { return t.Conn }
 // Read notes that bytes arrived: a connection listed as idle (or new) that
 // receives some has a TLS handshake or a request on its way, which its
 // server reports only once the request's headers are in.
+// A first request that trickles in is read at the edge's pace (pace.go).
 func (t *trackedConn) Read(p []byte) (int, error) {
+	if t.paced() {
+		t.awaitTurn()
+	}
 	n, err := t.Conn.Read(p)
-	if n > 0 && !t.arriving.Load() {
-		t.arriving.Store(true)
+	if n > 0 {
+		if !t.arriving.Load() {
+			t.arriving.Store(true)
+		}
+		if t.gone != nil && connState(t.state.Load()) == stateNew {
+			t.noteFirstRequestRead(n, len(p))
+		}
 	}
 	return n, err
 }
@@ -184,6 +205,9 @@ func (t *trackedConn) Close() error {
 	// later by that one.
 	if !t.closed.CompareAndSwap(false, true) {
 		return t.Conn.Close()
+	}
+	if t.gone != nil {
+		close(t.gone)
 	}
 	err := t.Conn.Close()
 	t.c.connClosed(t)

@@ -30,6 +30,7 @@ var ShedReasons = []string{shedIdle, shedSlow, refusedClientConns, refusedClient
 type metrics struct {
 	shed         *prometheus.CounterVec
 	acceptPauses prometheus.Counter
+	paced        prometheus.Counter
 	pressure     prometheus.Gauge
 	episodes     prometheus.Counter
 	appInFlight  *prometheus.GaugeVec
@@ -50,6 +51,10 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		acceptPauses: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "scafo_edge_accept_pauses_total",
 			Help: "Times the edge stopped accepting connections because its connection budget was spent (new ones waited in the kernel's backlog).",
+		}),
+		paced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "scafo_edge_paced_conns_total",
+			Help: "Connections whose first request (or TLS handshake) trickled in, a few bytes a read, and was read at the edge's pace from then on: once a second at most.",
 		}),
 		pressure: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "scafo_edge_pressure",
@@ -76,7 +81,7 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f)
 	}
 	connsHelp := "Connections held now that count against the budget, by kind (client: accepted over TCP; http3: QUIC, which take what TCP leaves; upstream: dialed)."
-	err := promreg.Register(reg, m.shed, m.acceptPauses, m.pressure, m.episodes, m.appInFlight, m.appQueued,
+	err := promreg.Register(reg, m.shed, m.acceptPauses, m.paced, m.pressure, m.episodes, m.appInFlight, m.appQueued,
 		gauge("scafo_edge_conns", connsHelp, prometheus.Labels{"kind": "client"}, func() float64 { return float64(c.clientConns.Load()) }),
 		gauge("scafo_edge_conns", connsHelp, prometheus.Labels{"kind": "upstream"}, func() float64 { return float64(c.upstreamConns.Load()) }),
 		gauge("scafo_edge_conns", connsHelp, prometheus.Labels{"kind": "http3"}, func() float64 { return float64(c.quicConns.Load()) }),
