@@ -164,14 +164,23 @@ type trackedConn struct {
 	// waited on before it turns active (see goAway).
 	goAwayMu sync.Mutex
 
-	// gone is closed when the connection is, so that a read waiting its
-	// turn (pace.go) ends with it; nil for an upstream connection, which
-	// is never paced.
-	gone chan struct{}
-	// Its first request's reads so far, for pacing: touched by its
-	// reader only.
-	trickles  uint8 // short reads, up to trickleReads
-	readAt    int64 // when the last one returned bytes, Unix ns of c.clock
+	// For pacing (pace.go). gone is closed when the connection is, so that
+	// a read waiting its turn ends with it; nil for an upstream
+	// connection, which is never paced. readDeadline is the server's, Unix
+	// ns (0: none). h2 is set, and protocolNoted, by the ConnState hook.
+	gone          chan struct{}
+	readDeadline  atomic.Int64
+	h2            atomic.Bool
+	protocolNoted bool
+	// heads counts the connection's idle periods, each one's reads being
+	// those of a new request head. The head being read, touched by the
+	// connection's reader only: which (heads when counted), its short
+	// reads so far (up to trickleReads), when the last read returned
+	// bytes.
+	heads     atomic.Uint32
+	head      uint32
+	trickles  uint8
+	readAt    time.Time
 	paceTimer clock.Timer
 }
 
@@ -180,10 +189,10 @@ func (t *trackedConn) NetConn() net.Conn { return t.Conn }
 
 // Read notes that bytes arrived: a connection listed as idle (or new) that
 // receives some has a TLS handshake or a request on its way, which its
-// server reports only once the request's headers are in.
-// A first request that trickles in is read at the edge's pace (pace.go).
+// server reports only once the request's headers are in. A request head
+// that trickles in is read at the edge's pace (pace.go).
 func (t *trackedConn) Read(p []byte) (int, error) {
-	if t.paced() {
+	if t.trickles >= trickleReads && t.paced() {
 		t.awaitTurn()
 	}
 	n, err := t.Conn.Read(p)
@@ -191,8 +200,8 @@ func (t *trackedConn) Read(p []byte) (int, error) {
 		if !t.arriving.Load() {
 			t.arriving.Store(true)
 		}
-		if t.gone != nil && connState(t.state.Load()) == stateNew {
-			t.noteFirstRequestRead(n, len(p))
+		if t.gone != nil && t.onHead() {
+			t.noteHeadRead(n, len(p))
 		}
 	}
 	return n, err
@@ -275,6 +284,8 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		t.since.Store(c.clock.Now().UnixNano())
 		c.conns.add(t, conn)
 	case http.StateIdle:
+		t.noteProtocol(conn)
+		t.heads.Add(1)
 		t.arriving.Store(false)
 		t.since.Store(c.clock.Now().UnixNano())
 		if !t.setState(stateIdle) {
@@ -287,6 +298,7 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 			c.closeIfIdleAfter(t, goAwayGrace)
 		}
 	case http.StateActive:
+		t.noteProtocol(conn)
 		t.setState(stateActive)
 		if t.goingAway.Load() {
 			// A GOAWAY may be on its way out: the stream's first frame

@@ -34,6 +34,11 @@
 //     requests of its own, unless it takes from an address that holds
 //     more: so that the attacker's reconnections cannot turn the edge's
 //     CPU into churn;
+//   - a request head (a connection's first with its TLS handshake, or
+//     the next on a keep-alive HTTP/1 connection) that trickles in, a
+//     few bytes a read, is read at the edge's pace after six such reads:
+//     once a second, at a moment of the edge's choosing, not at each of
+//     its client's bytes (pace.go);
 //   - on every request about to be forwarded (Admit): past the memory
 //     high-water mark, or with the budget and its overdraft spent, new
 //     requests are refused (503); past a client address's share of

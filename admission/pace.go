@@ -1,36 +1,41 @@
 package admission
 
 import (
+	"crypto/tls"
 	"math/rand/v2"
+	"net"
 	"time"
 )
 
-// A first request (its TLS handshake included) that keeps arriving a few
-// bytes at a time is read at the edge's pace, not its client's. Each read
-// of a connection wakes a goroutine, and a client that trickles its headers
-// chooses how often that happens: 19,000 connections sending a byte every
-// 100 ms made the edge wake 190,000 times a second and left a 2-core box
-// serving other applications 50 requests a second, p50 40 ms (bench/README:
-// "A first request read at the edge's pace"); a byte a second from each, all
-// sent in the same 300 ms, queued visitors' requests behind those wake-ups
-// for a third of every second.
+// A request head (its TLS handshake included, for a connection's first)
+// that keeps arriving a few bytes at a time is read at the edge's pace, not
+// its client's. Each read of a connection wakes a goroutine, and a client
+// that trickles its headers chooses how often that happens: 19,000
+// connections sending a byte every 100 ms left a 2-core box serving another
+// application 324 requests in 8 s, p99 362 ms (bench/README: "A request head
+// read at the edge's pace"). A byte a second from each, all sent in the
+// same 300 ms, queues visitors' requests behind those wake-ups for a third
+// of every second.
 //
-// So, once a first request has come in trickleReads short reads, each
-// further read of it waits until paceEvery, and a random part of
-// paceJitter, have passed since the one before: the edge then wakes for
-// such a connection at most once a second whatever its client sends, and
-// at moments of its own choosing, spread, rather than in the client's
-// bursts. The bytes wait in the kernel meanwhile (a second's worth of a
-// trickle, a few hundred bytes of socket memory).
+// So, once a head has come in trickleReads short reads, each further read
+// of it waits until paceEvery, and a random part of paceJitter, have passed
+// since the one before: the edge then wakes for such a connection at most
+// once a second, at moments of its own choosing, spread rather than in the
+// client's bursts. The bytes wait in the kernel meanwhile; a read that
+// finds trickleBytes or more waiting ends the pacing (a backlog is not a
+// trickle, and reading it keeps the kernel's socket memory and
+// --max-header-bytes doing their work), until the head trickles again.
+// A read is never held past its connection's read deadline.
 //
-// A visitor's first request is never paced: a client sends its request
-// at once, in full segments and a short last one that ends it (no read
-// follows); its TLS handshake adds two short reads at most (its
-// ClientHello, then its Finished), a PROXY protocol header one, and a
-// connection opened ahead of need (a browser's preconnect) none while it
-// waits. A read of fewer bytes than its buffer had room for is not short
-// when the buffer was nearly full: net/http's reader then had less than
-// trickleBytes to offer.
+// A visitor's request head is never paced: a client sends it at once, in
+// full segments and a short last one that ends it (no read follows); a
+// connection's first adds its TLS handshake's short reads (a ClientHello,
+// two after a HelloRetryRequest, a Finished) and a PROXY protocol header's;
+// a connection opened ahead of need (a browser's preconnect) makes none
+// while it waits. A read of fewer bytes than its buffer had room for is not
+// short when the buffer was nearly full: the server had less than
+// trickleBytes to offer. HTTP/2 connections are not paced: their frames are
+// often short, and the HTTP/2 server bounds a connection's work itself.
 const (
 	trickleReads = 6
 	trickleBytes = 512
@@ -38,30 +43,46 @@ const (
 	paceJitter   = paceEvery / 2
 )
 
-// noteFirstRequestRead counts a read of n bytes into a buffer of size, while
-// t is on its first request. Only t's reader calls it.
-func (t *trackedConn) noteFirstRequestRead(n, size int) {
-	t.readAt = t.c.clock.Now().UnixNano()
-	if t.trickles >= trickleReads || n >= min(trickleBytes, size) {
-		return
+// onHead reports whether t's server is reading a request head: its first
+// (or its TLS handshake) or, between requests, the next. Not over HTTP/2.
+func (t *trackedConn) onHead() bool {
+	st := connState(t.state.Load())
+	return (st == stateNew || st == stateIdle) && !t.h2.Load()
+}
+
+// noteHeadRead counts a read of n bytes into a buffer of size while t's
+// server reads a request head. Only t's reader calls it.
+func (t *trackedConn) noteHeadRead(n, size int) {
+	if head := t.heads.Load(); head != t.head {
+		t.head, t.trickles = head, 0
 	}
-	t.trickles++
-	if t.trickles == trickleReads {
-		t.c.m.paced.Inc()
+	t.readAt = t.c.clock.Now()
+	switch {
+	case n >= min(trickleBytes, size):
+		t.trickles = 0
+	case t.trickles < trickleReads:
+		t.trickles++
+		if t.trickles == trickleReads {
+			t.c.m.paced.Inc()
+		}
 	}
 }
 
-// paced reports whether t's next read waits its turn: its first request
-// trickles in.
+// paced reports whether t's next read waits its turn.
 func (t *trackedConn) paced() bool {
-	return t.trickles >= trickleReads && connState(t.state.Load()) == stateNew
+	return t.trickles >= trickleReads && t.onHead() && t.heads.Load() == t.head
 }
 
-// awaitTurn waits until t may be read again, or it is closed.
+// awaitTurn waits until t may be read again, its read deadline comes, or
+// it is closed.
 func (t *trackedConn) awaitTurn() {
-	turn := time.Unix(0, t.readAt).Add(paceEvery + rand.N(paceJitter))
+	turn := t.readAt.Add(paceEvery + rand.N(paceJitter))
 	wait := turn.Sub(t.c.clock.Now())
 	if wait <= 0 {
+		return
+	}
+	if dl := t.readDeadline.Load(); dl != 0 && time.Until(time.Unix(0, dl)) < wait {
+		// Read now, and let the deadline end the read as it would have.
 		return
 	}
 	if t.paceTimer == nil {
@@ -72,8 +93,40 @@ func (t *trackedConn) awaitTurn() {
 	select {
 	case <-t.paceTimer.C():
 	case <-t.gone:
-		// The read that follows fails as a read of a closed connection
-		// does.
 		t.paceTimer.Stop()
+	}
+}
+
+func (t *trackedConn) SetReadDeadline(d time.Time) error {
+	t.noteReadDeadline(d)
+	return t.Conn.SetReadDeadline(d)
+}
+
+func (t *trackedConn) SetDeadline(d time.Time) error {
+	t.noteReadDeadline(d)
+	return t.Conn.SetDeadline(d)
+}
+
+func (t *trackedConn) noteReadDeadline(d time.Time) {
+	if t.gone == nil {
+		return // an upstream connection: never paced
+	}
+	if d.IsZero() {
+		t.readDeadline.Store(0)
+	} else {
+		t.readDeadline.Store(d.UnixNano())
+	}
+}
+
+// noteProtocol notes, once, whether conn (t's server's connection) speaks
+// HTTP/2: called from its server's ConnState hook, once the handshake is
+// done.
+func (t *trackedConn) noteProtocol(conn net.Conn) {
+	if t.protocolNoted {
+		return
+	}
+	t.protocolNoted = true
+	if tc, ok := conn.(*tls.Conn); ok && tc.ConnectionState().NegotiatedProtocol == "h2" {
+		t.h2.Store(true)
 	}
 }

@@ -3,10 +3,13 @@ package admission
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -116,6 +119,10 @@ func TestAFirstRequestThatTricklesInIsReadOnceASecond(t *testing.T) {
 			t.Fatalf("byte %d: read %d bytes before its turn", i, n)
 		}
 		clk.Advance(paceEvery - time.Millisecond)
+		// The same timer still armed: the read has not had its turn.
+		if d, ok := clk.Next(); !ok || d > paceJitter+time.Millisecond {
+			t.Fatalf("byte %d: %v after the last read the turn's timer is not armed (next in %v, %v)", i, paceEvery-time.Millisecond, d, ok)
+		}
 		if n, ok := r.readNow(); ok {
 			t.Fatalf("byte %d: read %d bytes %v after the last read, before its turn", i, n, paceEvery-time.Millisecond)
 		}
@@ -164,42 +171,151 @@ func TestAVisitorsFirstRequestIsNeverPaced(t *testing.T) {
 	}
 }
 
-func TestAPacedConnectionIsReadAtOnceWhenItsRequestBegins(t *testing.T) {
-	t.Parallel()
-	clk := newFakeClock()
-	tc := newController(t, Options{Limits: testLimits(100), Clock: clk})
+// syncConn is a connection accepted through a controller on a fake clock
+// (its monitor not running), its edge side read by the test itself, one
+// read at a time, as a server reads a request head: the server reports the
+// head in after the read that ends it returns.
+func syncConn(t *testing.T) (tc *testController, clk *clock.Fake, client, server net.Conn) {
+	t.Helper()
+	clk = newFakeClock()
+	tc = newController(t, Options{Limits: testLimits(100), Clock: clk})
 	ln := listen(t)
 	ch := acceptLoop(t, tc.Listener(ln))
-	client := dialFrom(t, "127.0.0.1", ln.Addr().String())
-	server := accepted(t, ch, "the client's connection")
+	client = dialFrom(t, "127.0.0.1", ln.Addr().String())
+	server = accepted(t, ch, "the client's connection")
 	t.Cleanup(func() { server.Close() })
 	tc.ConnState(server, http.StateNew)
-	// Read here, one read a byte, as a server reads a request: the last
-	// read returns before the request's headers are reported in.
-	buf := make([]byte, 4096)
+	return tc, clk, client, server
+}
+
+// readOne sends b and reads it on the edge's side in one read, failing if
+// that read waits for its turn (the clock does not move).
+func readOne(t *testing.T, client, server net.Conn, b string) {
+	t.Helper()
+	if _, err := io.WriteString(client, b); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		n, err := server.Read(buf)
+		if err == nil && n != len(b) {
+			err = fmt.Errorf("read %d bytes of %d", n, len(b))
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("read %q: %v", b, err)
+		}
+	case <-time.After(10 * time.Second):
+		server.Close() // ends the read
+		<-got
+		t.Fatalf("read %q: it waited for a turn, the clock standing still", b)
+	}
+}
+
+// Between requests, an HTTP/1 connection's next request head is counted
+// afresh: a visitor's short keep-alive requests never add up to pacing,
+// and a head that trickles is paced as a first one is.
+func TestEachRequestHeadIsCountedAfresh(t *testing.T) {
+	t.Parallel()
+	tc, clk, client, server := syncConn(t)
 	for range trickleReads {
-		if _, err := io.WriteString(client, "a"); err != nil {
-			t.Fatal(err)
-		}
-		server.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if _, err := server.Read(buf); err != nil {
-			t.Fatalf("a read before pacing: %v", err)
-		}
+		readOne(t, client, server, "a")
 	}
 	if got := tc.pacedConns(t); got != 1 {
-		t.Fatalf("scafo_edge_paced_conns_total = %v, want 1", got)
+		t.Fatalf("scafo_edge_paced_conns_total = %v after the first head's %d short reads, want 1", got, trickleReads)
 	}
-	// Its server reports the request's headers in: the connection is
-	// active, then idle between requests, and its reads are its own again.
+	// The first head is in: its server turns the connection active, then
+	// idle. Keep-alive requests of a short read each are not paced.
+	for range 3 * trickleReads {
+		tc.ConnState(server, http.StateActive)
+		tc.ConnState(server, http.StateIdle)
+		readOne(t, client, server, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	}
+	// A head that trickles is, once it has come in trickleReads short reads.
 	tc.ConnState(server, http.StateActive)
 	tc.ConnState(server, http.StateIdle)
-	server.SetReadDeadline(time.Time{})
-	r := startReader(server, 4096)
-	for range trickleReads + 2 {
-		trickle(t, client, r, "b")
+	for range trickleReads {
+		readOne(t, client, server, "b")
 	}
-	if n := clk.Waiting(); n != 0 {
-		t.Errorf("%d reads wait for a turn after the first request, want none", n)
+	if got := tc.pacedConns(t); got != 2 {
+		t.Fatalf("scafo_edge_paced_conns_total = %v after a trickling keep-alive head, want 2", got)
+	}
+	waitsItsTurn(t, clk, client, server)
+}
+
+// waitsItsTurn checks that server's next read waits for its turn: it
+// returns once the connection is closed, not before.
+func waitsItsTurn(t *testing.T, clk *clock.Fake, client, server net.Conn) {
+	t.Helper()
+	if _, err := io.WriteString(client, "c"); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan int, 1)
+	go func() {
+		n, _ := server.Read(make([]byte, 16))
+		got <- n
+	}()
+	testsupport.WaitFor(t, 10*time.Second, "the read to wait for its turn", func() bool { return clk.Waiting() == 1 })
+	select {
+	case n := <-got:
+		t.Fatalf("read %d bytes before its turn", n)
+	default:
+	}
+	server.Close()
+	<-got
+}
+
+// A read is not held past the connection's read deadline: it fails at the
+// deadline as an unpaced read would.
+func TestAPacedReadEndsAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	_, _, client, server := syncConn(t)
+	for range trickleReads {
+		readOne(t, client, server, "a")
+	}
+	server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	got := make(chan error, 1)
+	go func() {
+		_, err := server.Read(make([]byte, 16))
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("the read past its deadline: %v, want a timeout", err)
+		}
+	case <-time.After(10 * time.Second):
+		server.Close()
+		<-got
+		t.Fatal("the read waited for its turn past its deadline, the clock standing still")
+	}
+}
+
+// A read that finds a backlog ends the pacing: the client is sending
+// faster than a trickle, and the server reads it at once (so that the
+// kernel holds little of it, and --max-header-bytes ends a head too large).
+func TestABacklogEndsPacing(t *testing.T) {
+	t.Parallel()
+	tc, clk, client, server := syncConn(t)
+	for range trickleReads {
+		readOne(t, client, server, "a")
+	}
+	if _, err := io.WriteString(client, strings.Repeat("x", trickleBytes)); err != nil {
+		t.Fatal(err)
+	}
+	r := startReader(server, 4096)
+	testsupport.WaitFor(t, 10*time.Second, "the read to wait for its turn", func() bool { return clk.Waiting() == 1 })
+	clk.Advance(paceEvery + paceJitter)
+	r.receive(t, trickleBytes, "the backlog, at its turn")
+	for range trickleReads - 1 {
+		trickle(t, client, r, "d")
+	}
+	if got := tc.pacedConns(t); got != 1 {
+		t.Errorf("scafo_edge_paced_conns_total = %v, want 1", got)
 	}
 }
 
@@ -307,7 +423,7 @@ func (c *countedClient) answer() <-chan error {
 // pacingServer serves "ok" over TLS through a controller on a fake clock,
 // its monitor running; dial opens a connection from a loopback address
 // and completes its handshake.
-func pacingServer(t *testing.T) (tc *testController, clk *clock.Fake, dial func(from string) *countedClient) {
+func pacingServer(t *testing.T) (tc *testController, clk *clock.Fake, dial func(from, proto string) *countedClient) {
 	t.Helper()
 	clk = newFakeClock()
 	tc = newController(t, Options{Limits: testLimits(100), Clock: clk})
@@ -326,10 +442,10 @@ func pacingServer(t *testing.T) (tc *testController, clk *clock.Fake, dial func(
 		srv.Close()
 		<-done
 	})
-	return tc, clk, func(from string) *countedClient {
+	return tc, clk, func(from, proto string) *countedClient {
 		c := &countedClient{}
 		c.Conn = tls.Client(writeCounter{Conn: dialFrom(t, from, ln.Addr().String()), c: c},
-			&tls.Config{RootCAs: roots, ServerName: "localhost", NextProtos: []string{"http/1.1"}})
+			&tls.Config{RootCAs: roots, ServerName: "localhost", NextProtos: []string{proto}})
 		select {
 		case c.server = <-counted.accepted:
 		case <-time.After(10 * time.Second):
@@ -337,6 +453,9 @@ func pacingServer(t *testing.T) (tc *testController, clk *clock.Fake, dial func(
 		}
 		if err := c.Handshake(); err != nil {
 			t.Fatalf("handshake from %s: %v", from, err)
+		}
+		if got := c.ConnectionState().NegotiatedProtocol; got != proto {
+			t.Fatalf("handshake from %s: protocol %q, want %q", from, got, proto)
 		}
 		c.waitRead(t, "the server to read the handshake")
 		return c
@@ -370,7 +489,7 @@ func TestOverTLSAPreconnectedRequestIsServedAtOnceAndATricklingOneInTurns(t *tes
 	t.Parallel()
 	tc, clk, dial := pacingServer(t)
 
-	pre := dial("127.0.0.2")
+	pre := dial("127.0.0.2", "http/1.1")
 	clk.Advance(30 * time.Second)
 	req := "GET / HTTP/1.1\r\nHost: app.example\r\nCookie: " + strings.Repeat("c", 3000) + "\r\n"
 	pre.send(t, req[:1400])
@@ -384,7 +503,7 @@ func TestOverTLSAPreconnectedRequestIsServedAtOnceAndATricklingOneInTurns(t *tes
 		t.Fatalf("scafo_edge_paced_conns_total = %v after the preconnected request, want 0", got)
 	}
 
-	slow := dial("127.0.0.3")
+	slow := dial("127.0.0.3", "http/1.1")
 	slow.send(t, "GET / HTTP/1.1\r\nHost: app.example\r\nX-Slow: ")
 	// The handshake's short reads count: a byte at a time until the
 	// connection is paced, within trickleReads of them.
@@ -399,4 +518,24 @@ func TestOverTLSAPreconnectedRequestIsServedAtOnceAndATricklingOneInTurns(t *tes
 		t.Fatal(err)
 	}
 	awaitAnswer(t, got, clk, paceEvery+paceJitter, "the trickled request, the clock moving a turn at a time")
+}
+
+// HTTP/2 frames are often short (a WINDOW_UPDATE, a PING), and the HTTP/2
+// server bounds a connection's work itself: once its preface is in, its
+// reads are never paced.
+func TestHTTP2ConnectionsAreNotPaced(t *testing.T) {
+	t.Parallel()
+	tc, _, dial := pacingServer(t)
+	c := dial("127.0.0.2", "h2")
+	// The preface and an empty SETTINGS at once, as clients send them.
+	c.send(t, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"+"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+	ping := "\x00\x00\x08\x06\x00\x00\x00\x00\x00" + "12345678"
+	for range 3 {
+		for i := range len(ping) {
+			c.send(t, ping[i:i+1]) // a TLS record each, read each: the clock never moves
+		}
+	}
+	if got := tc.pacedConns(t); got != 0 {
+		t.Errorf("scafo_edge_paced_conns_total = %v, want 0", got)
+	}
 }

@@ -30,7 +30,7 @@ Usage: bench/overload.sh [flags]
                        against
   --proxies LIST       comma list of: scafo-edge,caddy,traefik,nginx,haproxy,
                        haproxy-queue (default: all)
-  --rows LIST          comma list of rows, KIND:N[@ADDRS]:
+  --rows LIST          comma list of rows, KIND:N[@ADDRS][/EVERY]:
                          held:N     N requests to slow.test, each on its own
                                     HTTP/1.1 connection, held until released
                          idle:N     N keep-alive connections to fast.test,
@@ -49,7 +49,10 @@ Usage: bench/overload.sh [flags]
                                     headers, a byte a second (slowloris),
                                     reopened when the proxy ends one
                        @A: from A client addresses, 127.0.0.2 onwards
-                       (default one, 127.0.0.1). Default:
+                       (default one, 127.0.0.1); /EVERY (nat and slow):
+                       a request or a header byte every EVERY instead of
+                       every second (slow:19000@16/100ms: a fast
+                       trickle, not in "all"). Default:
                        held:2000,held:9900,held:12500,held:12500@8,
                        held:30000@8,idle:19000,idle:50000@8,nat:4000,
                        slow:19000@16
@@ -421,7 +424,8 @@ for p in scafo-edge caddy traefik nginx haproxy haproxy-queue; do
 done
 IFS=, read -r -a row_list <<<"$ROWS"
 for spec in "${row_list[@]}"; do
-	[[ $spec =~ ^(held|idle|h2|h3|nat|slow):[0-9]+k?(@[0-9]+)?$ ]] || die "row $spec: want held:N, idle:N, h2:N, h3:N, nat:N or slow:N, optionally @ADDRESSES"
+	[[ $spec =~ ^(held|idle|h2|h3|nat|slow):[0-9]+k?(@[0-9]+)?$ || $spec =~ ^(nat|slow):[0-9]+k?(@[0-9]+)?/[0-9]+(ms|s)$ ]] ||
+		die "row $spec: want held:N, idle:N, h2:N, h3:N, nat:N or slow:N, optionally @ADDRESSES, and for nat and slow /INTERVAL (100ms, 2s)"
 done
 
 for spec in "${row_list[@]}"; do

@@ -47,6 +47,9 @@ func startLoad(c rowConfig, life time.Duration) (*loadProcs, error) {
 			"-n", strconv.Itoa(n), "-src", srcs, "-offset", strconv.Itoa(offset),
 			"-dial-timeout", c.timeout.String(), "-timeout", life.String(),
 			"-concurrency", strconv.Itoa(c.concurrency))
+		if c.spec.Every > 0 {
+			cmd.Args = append(cmd.Args, "-interval", c.spec.Every.String())
+		}
 		offset += n
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()

@@ -27,22 +27,39 @@ type Spec struct {
 	Kind  string // "held", "idle", "h2", "h3", "nat" or "slow"
 	N     int    // held requests, idle, NAT or slow connections, h2 or h3 streams
 	Addrs int    // client source addresses: 1 is 127.0.0.1, 8 is 127.0.0.2..9
+	// Every is, for nat and slow, the time between a connection's
+	// requests or header bytes; 0: the load's default, a second.
+	Every time.Duration
 }
 
-// String is the spec as written on the command line: held:9900, idle:50000@8.
+// String is the spec as written on the command line: held:9900,
+// idle:50000@8, slow:19000@16/100ms.
 func (s Spec) String() string {
+	out := fmt.Sprintf("%s:%d", s.Kind, s.N)
 	if s.Addrs > 1 {
-		return fmt.Sprintf("%s:%d@%d", s.Kind, s.N, s.Addrs)
+		out += fmt.Sprintf("@%d", s.Addrs)
 	}
-	return fmt.Sprintf("%s:%d", s.Kind, s.N)
+	if s.Every > 0 {
+		out += "/" + s.Every.String()
+	}
+	return out
 }
 
 // Holds reports whether the spec's load is requests held by slow.test
 // (rather than connections to fast.test).
 func (s Spec) Holds() bool { return s.Kind == "held" || s.Kind == "h2" || s.Kind == "h3" }
 
-// ParseSpec reads KIND:N[@ADDRS]; N may be written 30000 or 30k.
+// ParseSpec reads KIND:N[@ADDRS][/EVERY]; N may be written 30000 or 30k,
+// and EVERY (nat and slow only) is a duration: slow:19000@16/100ms.
 func ParseSpec(s string) (Spec, error) {
+	s, everyText, hasEvery := strings.Cut(s, "/")
+	var every time.Duration
+	if hasEvery {
+		var err error
+		if every, err = time.ParseDuration(everyText); err != nil || every <= 0 {
+			return Spec{}, fmt.Errorf("row %q: interval %q is not a positive duration", s, everyText)
+		}
+	}
 	kind, rest, ok := strings.Cut(s, ":")
 	if !ok {
 		return Spec{}, fmt.Errorf("row %q: want KIND:N[@ADDRS] (held:9900, idle:50000@8, h2:12500)", s)
@@ -65,7 +82,10 @@ func ParseSpec(s string) (Spec, error) {
 			return Spec{}, fmt.Errorf("row %q: addresses %q is not 1..250", s, addrs)
 		}
 	}
-	return Spec{Kind: kind, N: n, Addrs: a}, nil
+	if hasEvery && kind != "nat" && kind != "slow" {
+		return Spec{}, fmt.Errorf("row %q: only nat and slow rows take an interval", s)
+	}
+	return Spec{Kind: kind, N: n, Addrs: a, Every: every}, nil
 }
 
 func parseCount(s string) (int, error) {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestParseSpec(t *testing.T) {
@@ -18,23 +19,32 @@ func TestParseSpec(t *testing.T) {
 		in   string
 		want Spec
 	}{
-		{"held:9900", Spec{"held", 9900, 1}},
-		{"held:30000@8", Spec{"held", 30000, 8}},
-		{"idle:50k@8", Spec{"idle", 50000, 8}},
-		{"h2:12500", Spec{"h2", 12500, 1}},
-		{"h3:30000", Spec{"h3", 30000, 1}},
-		{"nat:4000", Spec{"nat", 4000, 1}},
-		{"slow:19000@16", Spec{"slow", 19000, 16}},
+		{"held:9900", Spec{"held", 9900, 1, 0}},
+		{"held:30000@8", Spec{"held", 30000, 8, 0}},
+		{"idle:50k@8", Spec{"idle", 50000, 8, 0}},
+		{"h2:12500", Spec{"h2", 12500, 1, 0}},
+		{"h3:30000", Spec{"h3", 30000, 1, 0}},
+		{"nat:4000", Spec{"nat", 4000, 1, 0}},
+		{"slow:19000@16", Spec{"slow", 19000, 16, 0}},
+		{"slow:19000@16/100ms", Spec{"slow", 19000, 16, 100 * time.Millisecond}},
+		{"nat:4000/2s", Spec{"nat", 4000, 1, 2 * time.Second}},
 	} {
 		got, err := ParseSpec(tc.in)
 		if err != nil || got != tc.want {
 			t.Errorf("ParseSpec(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
 		}
 	}
-	if s := (Spec{"idle", 50000, 8}).String(); s != "idle:50000@8" {
-		t.Errorf("String = %q", s)
+	for spec, want := range map[Spec]string{
+		{"idle", 50000, 8, 0}:                       "idle:50000@8",
+		{"slow", 19000, 16, 100 * time.Millisecond}: "slow:19000@16/100ms",
+		{"nat", 4000, 1, time.Second}:               "nat:4000/1s",
+	} {
+		if s := spec.String(); s != want {
+			t.Errorf("String = %q, want %q", s, want)
+		}
 	}
-	for _, bad := range []string{"", "held", "held:", "held:-3", "held:0", "fast:10", "held:10@0", "held:10@x", "held:10@300"} {
+	for _, bad := range []string{"", "held", "held:", "held:-3", "held:0", "fast:10", "held:10@0", "held:10@x", "held:10@300",
+		"held:10/1s", "slow:10/", "slow:10/0s", "slow:10/-1s", "slow:10@2/x"} {
 		if _, err := ParseSpec(bad); err == nil {
 			t.Errorf("ParseSpec(%q): no error", bad)
 		}
@@ -42,10 +52,10 @@ func TestParseSpec(t *testing.T) {
 }
 
 func TestSourceAddrs(t *testing.T) {
-	if a := (Spec{"held", 1, 1}).SourceAddrs(); a != nil {
+	if a := (Spec{"held", 1, 1, 0}).SourceAddrs(); a != nil {
 		t.Errorf("one address: %v, want none (the kernel's 127.0.0.1)", a)
 	}
-	a := (Spec{"held", 1, 8}).SourceAddrs()
+	a := (Spec{"held", 1, 8, 0}).SourceAddrs()
 	if len(a) != 8 || a[0] != "127.0.0.2" || a[7] != "127.0.0.9" {
 		t.Errorf("eight addresses: %v", a)
 	}
