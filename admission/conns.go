@@ -175,11 +175,12 @@ type trackedConn struct {
 	// heads counts the connection's idle periods, each one's reads being
 	// those of a new request head. The head being read, touched by the
 	// connection's reader only: which (heads when counted), its short
-	// reads so far (up to trickleReads), when the last read returned
-	// bytes.
+	// reads so far (up to trickleReads), whether the last found a
+	// backlog, when the last returned bytes.
 	heads     atomic.Uint32
 	head      uint32
 	trickles  uint8
+	backlog   bool // the last read found trickleBytes or more
 	readAt    time.Time
 	paceTimer clock.Timer
 }

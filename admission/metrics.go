@@ -53,8 +53,8 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 			Help: "Times the edge stopped accepting connections because its connection budget was spent (new ones waited in the kernel's backlog).",
 		}),
 		paced: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "scafo_edge_paced_conns_total",
-			Help: "Connections whose first request (or TLS handshake) trickled in, a few bytes a read, and was read at the edge's pace from then on: once a second at most.",
+			Name: "scafo_edge_paced_heads_total",
+			Help: "Request heads (a connection's first, with its TLS handshake, or a keep-alive HTTP/1 connection's next) that trickled in, a few bytes a read, and were read at the edge's pace from then on: once a second at most.",
 		}),
 		pressure: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "scafo_edge_pressure",

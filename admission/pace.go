@@ -20,10 +20,11 @@ import (
 // since the one before: the edge then wakes for such a connection at most
 // once a second, at moments of its own choosing, spread rather than in the
 // client's bursts. The bytes wait in the kernel meanwhile; a read that
-// finds trickleBytes or more waiting ends the pacing (a backlog is not a
-// trickle, and reading it keeps the kernel's socket memory and
-// --max-header-bytes doing their work), until the head trickles again.
-// A read is never held past its connection's read deadline.
+// finds trickleBytes or more waiting is followed by one at once, and so on
+// while they find as much (a backlog is read as it comes, so that the
+// kernel holds little and --max-header-bytes ends a head too large), and
+// the next short read waits its turn again. A read waits at most until
+// its connection's read deadline, then fails as an unpaced one would have.
 //
 // A visitor's request head is never paced: a client sends it at once, in
 // full segments and a short last one that ends it (no read follows); a
@@ -55,20 +56,19 @@ func (t *trackedConn) noteHeadRead(n, size int) {
 		t.head, t.trickles = head, 0
 	}
 	t.readAt = t.c.clock.Now()
-	switch {
-	case n >= min(trickleBytes, size):
-		t.trickles = 0
-	case t.trickles < trickleReads:
-		t.trickles++
-		if t.trickles == trickleReads {
-			t.c.m.paced.Inc()
-		}
+	t.backlog = n >= min(trickleBytes, size)
+	if t.backlog || t.trickles >= trickleReads {
+		return
+	}
+	t.trickles++
+	if t.trickles == trickleReads {
+		t.c.m.paced.Inc()
 	}
 }
 
 // paced reports whether t's next read waits its turn.
 func (t *trackedConn) paced() bool {
-	return t.trickles >= trickleReads && t.onHead() && t.heads.Load() == t.head
+	return t.trickles >= trickleReads && !t.backlog && t.onHead() && t.heads.Load() == t.head
 }
 
 // awaitTurn waits until t may be read again, its read deadline comes, or
@@ -79,9 +79,21 @@ func (t *trackedConn) awaitTurn() {
 	if wait <= 0 {
 		return
 	}
-	if dl := t.readDeadline.Load(); dl != 0 && time.Until(time.Unix(0, dl)) < wait {
-		// Read now, and let the deadline end the read as it would have.
-		return
+	if dl := t.readDeadline.Load(); dl != 0 {
+		if untilDeadline := time.Until(time.Unix(0, dl)); untilDeadline < wait {
+			// Wait for the deadline, on the wall clock it is set by; the
+			// read after it fails at once, as an unpaced one would have
+			// then. Once a connection at most: it ends at its deadline.
+			if untilDeadline > 0 {
+				deadline := time.NewTimer(untilDeadline)
+				select {
+				case <-deadline.C:
+				case <-t.gone:
+				}
+				deadline.Stop()
+			}
+			return
+		}
 	}
 	if t.paceTimer == nil {
 		t.paceTimer = t.c.clock.NewTimer(wait)
@@ -109,7 +121,7 @@ func (t *trackedConn) noteReadDeadline(d time.Time) {
 	if t.gone == nil {
 		return // an upstream connection: never paced
 	}
-	if d.IsZero() {
+	if d.IsZero() || d.Year() > 2200 { // none, or as good as none (and past UnixNano's range)
 		t.readDeadline.Store(0)
 	} else {
 		t.readDeadline.Store(d.UnixNano())

@@ -95,9 +95,9 @@ func trickle(t *testing.T, client net.Conn, r *edgeReader, b string) {
 	r.receive(t, len(b), "send "+b)
 }
 
-func (tc *testController) pacedConns(t *testing.T) float64 {
+func (tc *testController) pacedHeads(t *testing.T) float64 {
 	t.Helper()
-	return tc.metric(t, "scafo_edge_paced_conns_total", nil)
+	return tc.metric(t, "scafo_edge_paced_heads_total", nil)
 }
 
 func TestAFirstRequestThatTricklesInIsReadOnceASecond(t *testing.T) {
@@ -107,8 +107,8 @@ func TestAFirstRequestThatTricklesInIsReadOnceASecond(t *testing.T) {
 	for range trickleReads - 1 {
 		trickle(t, client, r, "a")
 	}
-	if got := tc.pacedConns(t); got != 1 {
-		t.Fatalf("scafo_edge_paced_conns_total = %v after %d short reads, want 1", got, trickleReads)
+	if got := tc.pacedHeads(t); got != 1 {
+		t.Fatalf("scafo_edge_paced_heads_total = %v after %d short reads, want 1", got, trickleReads)
 	}
 	for i := range 3 {
 		if _, err := io.WriteString(client, "b"); err != nil {
@@ -129,8 +129,8 @@ func TestAFirstRequestThatTricklesInIsReadOnceASecond(t *testing.T) {
 		clk.Advance(paceJitter + time.Millisecond)
 		r.receive(t, 1, "a paced byte, once its turn came")
 	}
-	if got := tc.pacedConns(t); got != 1 {
-		t.Errorf("scafo_edge_paced_conns_total = %v, want 1: a connection is counted once", got)
+	if got := tc.pacedHeads(t); got != 1 {
+		t.Errorf("scafo_edge_paced_heads_total = %v, want 1: a connection is counted once", got)
 	}
 }
 
@@ -164,8 +164,8 @@ func TestAVisitorsFirstRequestIsNeverPaced(t *testing.T) {
 			if n := clk.Waiting(); n != 0 {
 				t.Errorf("%d reads wait for a turn, want none", n)
 			}
-			if got := tc.pacedConns(t); got != 0 {
-				t.Errorf("scafo_edge_paced_conns_total = %v, want 0", got)
+			if got := tc.pacedHeads(t); got != 0 {
+				t.Errorf("scafo_edge_paced_heads_total = %v, want 0", got)
 			}
 		})
 	}
@@ -225,8 +225,8 @@ func TestEachRequestHeadIsCountedAfresh(t *testing.T) {
 	for range trickleReads {
 		readOne(t, client, server, "a")
 	}
-	if got := tc.pacedConns(t); got != 1 {
-		t.Fatalf("scafo_edge_paced_conns_total = %v after the first head's %d short reads, want 1", got, trickleReads)
+	if got := tc.pacedHeads(t); got != 1 {
+		t.Fatalf("scafo_edge_paced_heads_total = %v after the first head's %d short reads, want 1", got, trickleReads)
 	}
 	// The first head is in: its server turns the connection active, then
 	// idle. Keep-alive requests of a short read each are not paced.
@@ -241,8 +241,8 @@ func TestEachRequestHeadIsCountedAfresh(t *testing.T) {
 	for range trickleReads {
 		readOne(t, client, server, "b")
 	}
-	if got := tc.pacedConns(t); got != 2 {
-		t.Fatalf("scafo_edge_paced_conns_total = %v after a trickling keep-alive head, want 2", got)
+	if got := tc.pacedHeads(t); got != 2 {
+		t.Fatalf("scafo_edge_paced_heads_total = %v after a trickling keep-alive head, want 2", got)
 	}
 	waitsItsTurn(t, clk, client, server)
 }
@@ -269,36 +269,46 @@ func waitsItsTurn(t *testing.T, clk *clock.Fake, client, server net.Conn) {
 	<-got
 }
 
-// A read is not held past the connection's read deadline: it fails at the
-// deadline as an unpaced read would.
+// A read waits at most until the connection's read deadline, and then
+// fails, as an unpaced read would have: with bytes waiting too.
 func TestAPacedReadEndsAtItsDeadline(t *testing.T) {
 	t.Parallel()
-	_, _, client, server := syncConn(t)
-	for range trickleReads {
-		readOne(t, client, server, "a")
-	}
-	server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-	got := make(chan error, 1)
-	go func() {
-		_, err := server.Read(make([]byte, 16))
-		got <- err
-	}()
-	select {
-	case err := <-got:
-		if !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("the read past its deadline: %v, want a timeout", err)
+	for _, waiting := range []string{"", "c"} {
+		_, _, client, server := syncConn(t)
+		for range trickleReads {
+			readOne(t, client, server, "a")
 		}
-	case <-time.After(10 * time.Second):
-		server.Close()
-		<-got
-		t.Fatal("the read waited for its turn past its deadline, the clock standing still")
+		if _, err := io.WriteString(client, waiting); err != nil {
+			t.Fatal(err)
+		}
+		server.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		got := make(chan error, 1)
+		go func() {
+			n, err := server.Read(make([]byte, 16))
+			if n > 0 {
+				err = fmt.Errorf("read %d bytes before its turn", n)
+			}
+			got <- err
+		}()
+		select {
+		case err := <-got:
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("%d bytes waiting: the read past its deadline: %v, want a timeout", len(waiting), err)
+			}
+		case <-time.After(10 * time.Second):
+			server.Close()
+			<-got
+			t.Fatalf("%d bytes waiting: the read waited for its turn past its deadline, the clock standing still", len(waiting))
+		}
 	}
 }
 
-// A read that finds a backlog ends the pacing: the client is sending
-// faster than a trickle, and the server reads it at once (so that the
-// kernel holds little of it, and --max-header-bytes ends a head too large).
-func TestABacklogEndsPacing(t *testing.T) {
+// A read that finds a backlog is followed by one at once, and a short one
+// after it waits its turn again: a client sending faster than a trickle
+// is read as it sends (so that the kernel holds little of it, and
+// --max-header-bytes ends a head too large), and a burst buys no unpaced
+// trickle.
+func TestABacklogIsReadAsItComesAndBuysNoTrickle(t *testing.T) {
 	t.Parallel()
 	tc, clk, client, server := syncConn(t)
 	for range trickleReads {
@@ -311,35 +321,22 @@ func TestABacklogEndsPacing(t *testing.T) {
 	testsupport.WaitFor(t, 10*time.Second, "the read to wait for its turn", func() bool { return clk.Waiting() == 1 })
 	clk.Advance(paceEvery + paceJitter)
 	r.receive(t, trickleBytes, "the backlog, at its turn")
-	for range trickleReads - 1 {
-		trickle(t, client, r, "d")
+	for range 3 {
+		trickle(t, client, r, strings.Repeat("y", trickleBytes)) // read at once, the clock standing still
 	}
-	if got := tc.pacedConns(t); got != 1 {
-		t.Errorf("scafo_edge_paced_conns_total = %v, want 1", got)
+	if _, err := io.WriteString(client, "d"); err != nil {
+		t.Fatal(err)
 	}
-}
-
-func TestClosingAPacedConnectionEndsTheReadWaitingForItsTurn(t *testing.T) {
-	t.Parallel()
-	tc, clk, client, server, r := pacedConn(t, 4096)
-	for range trickleReads {
-		trickle(t, client, r, "a")
+	r.receive(t, 1, "the short read after a backlog")
+	if _, err := io.WriteString(client, "e"); err != nil {
+		t.Fatal(err)
 	}
-	testsupport.WaitFor(t, 10*time.Second, "the next read to wait for its turn", func() bool { return clk.Waiting() == 1 })
-	// Closed as shedding closes one, from another goroutine: the
-	// descriptor is given back at once, and the reader is not left
-	// waiting a second on the clock (which does not move here).
-	server.Close()
-	select {
-	case _, ok := <-r.reads:
-		if ok {
-			t.Fatal("a paced read returned bytes after its connection was closed")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a paced read still waits 10s after its connection was closed")
+	testsupport.WaitFor(t, 10*time.Second, "the read after a short one to wait for its turn", func() bool { return clk.Waiting() == 1 })
+	if n, ok := r.readNow(); ok {
+		t.Fatalf("read %d bytes before its turn", n)
 	}
-	if n := tc.Snapshot().ClientConns; n != 0 {
-		t.Errorf("client connections = %d after the close, want 0", n)
+	if got := tc.pacedHeads(t); got != 1 {
+		t.Errorf("scafo_edge_paced_heads_total = %v, want 1", got)
 	}
 }
 
@@ -499,17 +496,17 @@ func TestOverTLSAPreconnectedRequestIsServedAtOnceAndATricklingOneInTurns(t *tes
 		t.Fatal(err)
 	}
 	awaitAnswer(t, got, clk, 0, "the preconnected connection's request, the clock standing still")
-	if got := tc.pacedConns(t); got != 0 {
-		t.Fatalf("scafo_edge_paced_conns_total = %v after the preconnected request, want 0", got)
+	if got := tc.pacedHeads(t); got != 0 {
+		t.Fatalf("scafo_edge_paced_heads_total = %v after the preconnected request, want 0", got)
 	}
 
 	slow := dial("127.0.0.3", "http/1.1")
 	slow.send(t, "GET / HTTP/1.1\r\nHost: app.example\r\nX-Slow: ")
 	// The handshake's short reads count: a byte at a time until the
 	// connection is paced, within trickleReads of them.
-	for i := 0; tc.pacedConns(t) == 0; i++ {
+	for i := 0; tc.pacedHeads(t) == 0; i++ {
 		if i == trickleReads {
-			t.Fatalf("scafo_edge_paced_conns_total = 0 after %d short reads of a request, want 1", i+1)
+			t.Fatalf("scafo_edge_paced_heads_total = 0 after %d short reads of a request, want 1", i+1)
 		}
 		slow.send(t, "a")
 	}
@@ -535,7 +532,7 @@ func TestHTTP2ConnectionsAreNotPaced(t *testing.T) {
 			c.send(t, ping[i:i+1]) // a TLS record each, read each: the clock never moves
 		}
 	}
-	if got := tc.pacedConns(t); got != 0 {
-		t.Errorf("scafo_edge_paced_conns_total = %v, want 0", got)
+	if got := tc.pacedHeads(t); got != 0 {
+		t.Errorf("scafo_edge_paced_heads_total = %v, want 0", got)
 	}
 }
