@@ -171,7 +171,7 @@ type trackedConn struct {
 	gone          chan struct{}
 	readDeadline  atomic.Int64
 	h2            atomic.Bool
-	protocolNoted bool
+	protocolNoted atomic.Bool
 	// heads counts the connection's idle periods, each one's reads being
 	// those of a new request head. The head being read, touched by the
 	// connection's reader only: which (heads when counted), its short

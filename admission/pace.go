@@ -107,11 +107,14 @@ func (t *trackedConn) awaitTurn() {
 	}
 }
 
+// SetReadDeadline sets the read deadline, and notes it: a paced read
+// waits no longer.
 func (t *trackedConn) SetReadDeadline(d time.Time) error {
 	t.noteReadDeadline(d)
 	return t.Conn.SetReadDeadline(d)
 }
 
+// SetDeadline sets both deadlines, and notes the read one.
 func (t *trackedConn) SetDeadline(d time.Time) error {
 	t.noteReadDeadline(d)
 	return t.Conn.SetDeadline(d)
@@ -121,21 +124,23 @@ func (t *trackedConn) noteReadDeadline(d time.Time) {
 	if t.gone == nil {
 		return // an upstream connection: never paced
 	}
-	if d.IsZero() || d.Year() > 2200 { // none, or as good as none (and past UnixNano's range)
+	if d.IsZero() || d.After(farDeadline) { // none, or as good as none (and past UnixNano's range)
 		t.readDeadline.Store(0)
 	} else {
 		t.readDeadline.Store(d.UnixNano())
 	}
 }
 
+var farDeadline = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+
 // noteProtocol notes, once, whether conn (t's server's connection) speaks
 // HTTP/2: called from its server's ConnState hook, once the handshake is
 // done.
 func (t *trackedConn) noteProtocol(conn net.Conn) {
-	if t.protocolNoted {
+	if t.protocolNoted.Load() {
 		return
 	}
-	t.protocolNoted = true
+	t.protocolNoted.Store(true)
 	if tc, ok := conn.(*tls.Conn); ok && tc.ConnectionState().NegotiatedProtocol == "h2" {
 		t.h2.Store(true)
 	}
