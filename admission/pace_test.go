@@ -70,10 +70,10 @@ func (r *edgeReader) readNow() (int, bool) {
 	}
 }
 
-// pacedConn accepts a connection through a controller on a fake clock whose
-// monitor does not run, so that the clock's only timers are pacing's; the
-// edge's side is read with a buffer of bufSize.
-func pacedConn(t *testing.T, bufSize int) (tc *testController, clk *clock.Fake, client, server net.Conn, r *edgeReader) {
+// acceptedConn accepts a connection through a controller on a fake clock
+// whose monitor does not run, so that the clock's only timers are
+// pacing's.
+func acceptedConn(t *testing.T) (tc *testController, clk *clock.Fake, client, server net.Conn) {
 	t.Helper()
 	clk = newFakeClock()
 	tc = newController(t, Options{Limits: testLimits(100), Clock: clk})
@@ -82,6 +82,14 @@ func pacedConn(t *testing.T, bufSize int) (tc *testController, clk *clock.Fake, 
 	client = dialFrom(t, "127.0.0.1", ln.Addr().String())
 	server = accepted(t, ch, "the client's connection")
 	t.Cleanup(func() { server.Close() })
+	return tc, clk, client, server
+}
+
+// pacedConn is acceptedConn with the edge's side read as it arrives, with a
+// buffer of bufSize.
+func pacedConn(t *testing.T, bufSize int) (tc *testController, clk *clock.Fake, client, server net.Conn, r *edgeReader) {
+	t.Helper()
+	tc, clk, client, server = acceptedConn(t)
 	return tc, clk, client, server, startReader(server, bufSize)
 }
 
@@ -177,13 +185,7 @@ func TestAVisitorsFirstRequestIsNeverPaced(t *testing.T) {
 // head in after the read that ends it returns.
 func syncConn(t *testing.T) (tc *testController, clk *clock.Fake, client, server net.Conn) {
 	t.Helper()
-	clk = newFakeClock()
-	tc = newController(t, Options{Limits: testLimits(100), Clock: clk})
-	ln := listen(t)
-	ch := acceptLoop(t, tc.Listener(ln))
-	client = dialFrom(t, "127.0.0.1", ln.Addr().String())
-	server = accepted(t, ch, "the client's connection")
-	t.Cleanup(func() { server.Close() })
+	tc, clk, client, server = acceptedConn(t)
 	tc.ConnState(server, http.StateNew)
 	return tc, clk, client, server
 }
