@@ -176,7 +176,7 @@ type trackedConn struct {
 	// those of a new request head. The head being read, touched by the
 	// connection's reader only: which (heads when counted), its short
 	// reads so far (up to trickleReads), whether the last found a
-	// backlog, when the last returned bytes.
+	// backlog, and, once paced, when the last returned bytes.
 	heads     atomic.Uint32
 	head      uint32
 	trickles  uint8
@@ -193,7 +193,7 @@ func (t *trackedConn) NetConn() net.Conn { return t.Conn }
 // server reports only once the request's headers are in. A request head
 // that trickles in is read at the edge's pace (pace.go).
 func (t *trackedConn) Read(p []byte) (int, error) {
-	if t.trickles >= trickleReads && t.paced() {
+	if t.paced() {
 		t.awaitTurn()
 	}
 	n, err := t.Conn.Read(p)

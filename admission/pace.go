@@ -55,15 +55,19 @@ func (t *trackedConn) noteHeadRead(n, size int) {
 	if head := t.heads.Load(); head != t.head {
 		t.head, t.trickles = head, 0
 	}
-	t.readAt = t.c.clock.Now()
 	t.backlog = n >= min(trickleBytes, size)
-	if t.backlog || t.trickles >= trickleReads {
+	if t.backlog {
 		return
 	}
-	t.trickles++
-	if t.trickles == trickleReads {
+	if t.trickles < trickleReads {
+		t.trickles++
+		if t.trickles < trickleReads {
+			return // a visitor's head ends here: no clock read on its path
+		}
 		t.c.m.paced.Inc()
 	}
+	// Paced: the next read's turn counts from this one.
+	t.readAt = t.c.clock.Now()
 }
 
 // paced reports whether t's next read waits its turn.
