@@ -15,7 +15,10 @@ import (
 // application 395 requests in 8 s, p99 0.8 s (bench/README: "a request head
 // read at the edge's pace").
 //
-// So, once a head has come in trickleReads short reads, each further read
+// So, once a head has come in trickleReads short reads, and has been on
+// its way slowAge (since the accept or the connection's last request, so
+// that an attacker's connection is paced only after it held its socket
+// that long itself: a paced wait does not hear the client go), each further read
 // of it waits until paceEvery, and a random part of paceJitter, have passed
 // since the one before: the edge then wakes for such a connection at most
 // once a second, at moments of its own choosing, spread rather than in the
@@ -59,15 +62,24 @@ func (t *trackedConn) noteHeadRead(n, size int) {
 	if t.backlog {
 		return
 	}
-	if t.trickles < trickleReads {
+	if t.trickles < trickleReads-1 {
 		t.trickles++
-		if t.trickles < trickleReads {
-			return // a visitor's head ends here: no clock read on its path
+		return // a visitor's head ends here: no clock read on its path
+	}
+	now := t.c.clock.Now()
+	if t.trickles < trickleReads {
+		if now.UnixNano()-t.since.Load() < int64(slowAge) {
+			// Not before the head has been on its way slowAge: a client
+			// that trickles a few bytes and resets would otherwise leave
+			// its connection waiting a turn, counted against the budget,
+			// long after it went (a paced wait does not hear a close).
+			return
 		}
+		t.trickles++
 		t.c.m.paced.Inc()
 	}
 	// Paced: the next read's turn counts from this one.
-	t.readAt = t.c.clock.Now()
+	t.readAt = now
 }
 
 // paced reports whether t's next read waits its turn.

@@ -187,6 +187,7 @@ func syncConn(t *testing.T) (tc *testController, clk *clock.Fake, client, server
 	t.Helper()
 	tc, clk, client, server = acceptedConn(t)
 	tc.ConnState(server, http.StateNew)
+	clk.Advance(slowAge) // the head has been on its way long enough to be paced
 	return tc, clk, client, server
 }
 
@@ -240,6 +241,7 @@ func TestEachRequestHeadIsCountedAfresh(t *testing.T) {
 	// A head that trickles is, once it has come in trickleReads short reads.
 	tc.ConnState(server, http.StateActive)
 	tc.ConnState(server, http.StateIdle)
+	clk.Advance(slowAge)
 	for range trickleReads {
 		readOne(t, client, server, "b")
 	}
@@ -503,6 +505,7 @@ func TestOverTLSAPreconnectedRequestIsServedAtOnceAndATricklingOneInTurns(t *tes
 	}
 
 	slow := dial("127.0.0.3", "http/1.1")
+	clk.Advance(slowAge)
 	slow.send(t, "GET / HTTP/1.1\r\nHost: app.example\r\nX-Slow: ")
 	// The handshake's short reads count: a byte at a time until the
 	// connection is paced, within trickleReads of them.
@@ -537,4 +540,25 @@ func TestHTTP2ConnectionsAreNotPaced(t *testing.T) {
 	if got := tc.pacedHeads(t); got != 0 {
 		t.Errorf("scafo_edge_paced_heads_total = %v, want 0", got)
 	}
+}
+
+// A head is paced only once it has been on its way slowAge: a client that
+// trickles a few bytes and goes would otherwise leave its connection
+// waiting a turn, counted against the budget, after it went.
+func TestAHeadIsPacedOnlyAfterItsFirstSecond(t *testing.T) {
+	t.Parallel()
+	tc, clk, client, server := acceptedConn(t)
+	tc.ConnState(server, http.StateNew)
+	for range 2 * trickleReads {
+		readOne(t, client, server, "a") // the clock standing still: never waits
+	}
+	if got := tc.pacedHeads(t); got != 0 {
+		t.Fatalf("scafo_edge_paced_heads_total = %v within the head's first second, want 0", got)
+	}
+	clk.Advance(slowAge)
+	readOne(t, client, server, "a")
+	if got := tc.pacedHeads(t); got != 1 {
+		t.Fatalf("scafo_edge_paced_heads_total = %v once the head was on its way %v, want 1", got, slowAge)
+	}
+	waitsItsTurn(t, clk, client, server)
 }
