@@ -176,11 +176,13 @@ type trackedConn struct {
 	// those of a new request head. The head being read, touched by the
 	// connection's reader only: which (heads when counted), its short
 	// reads so far (up to trickleReads), whether the last found a
-	// backlog, and, once paced, when the last returned bytes.
+	// backlog, and, once paced, the turns it has taken since it was paced
+	// or found one (up to paceDoublings) and when the last returned bytes.
 	heads     atomic.Uint32
 	head      uint32
 	trickles  uint8
 	backlog   bool // the last read found trickleBytes or more
+	turns     uint8
 	readAt    time.Time
 	paceTimer clock.Timer
 }

@@ -37,8 +37,9 @@
 //   - a request head (a connection's first with its TLS handshake, or
 //     the next on a keep-alive HTTP/1 connection) that trickles in, a
 //     few bytes a read, is read at the edge's pace after six such reads:
-//     once a second, at a moment of the edge's choosing, not at each of
-//     its client's bytes (pace.go);
+//     at moments of the edge's choosing, not at each of its client's
+//     bytes, a second apart and then, while it keeps trickling, twice as
+//     far each time, up to 8 s (pace.go);
 //   - on every request about to be forwarded (Admit): past the memory
 //     high-water mark, or with the budget and its overdraft spent, new
 //     requests are refused (503); past a client address's share of

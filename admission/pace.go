@@ -18,16 +18,21 @@ import (
 // So, once a head has come in trickleReads short reads, and has been on
 // its way slowAge (since the accept or the connection's last request, so
 // that an attacker's connection is paced only after it held its socket
-// that long itself: a paced wait does not hear the client go), each further read
-// of it waits until paceEvery, and a random part of paceJitter, have passed
-// since the one before: the edge then wakes for such a connection at most
-// once a second, at moments of its own choosing, spread rather than in the
-// client's bursts. The bytes wait in the kernel meanwhile; a read that
-// finds trickleBytes or more waiting is followed by one at once, and so on
-// while they find as much (a backlog is read as it comes, so that the
-// kernel holds little and --max-header-bytes ends a head too large), and
-// the next short read waits its turn again. A read waits at most until
-// its connection's read deadline, then fails as an unpaced one would have.
+// that long itself: a paced wait does not hear the client go), each further
+// read of it waits its turn: paceEvery after the one before, and a random
+// part of half that, so that the edge wakes for such a connection at
+// moments of its own choosing, spread rather than in the client's bursts.
+// Each turn taken doubles the next wait, up to paceEvery<<paceDoublings:
+// every read is a system call and a wake-up (7 µs on a 2-core VM), and a
+// head still trickling after a few turns is read once every 8 to 12 s
+// instead of once a second. A read that finds trickleBytes or more waiting
+// is followed by one at once, and so on while they find as much (a
+// backlog is read as it comes, so that the kernel holds little and
+// --max-header-bytes ends a head too large); the next short read waits its
+// turn again, from paceEvery: whatever the client's rate, a connection's
+// bytes waiting in the kernel stay about trickleBytes or fewer. A read
+// waits at most until its connection's read deadline, then fails as an
+// unpaced one would have.
 //
 // A visitor's request head is never paced: a client sends it at once, in
 // full segments and a short last one that ends it (no read follows); a
@@ -39,10 +44,10 @@ import (
 // trickleBytes to offer. HTTP/2 connections are not paced: their frames are
 // often short, and the HTTP/2 server bounds a connection's work itself.
 const (
-	trickleReads = 6
-	trickleBytes = 512
-	paceEvery    = time.Second
-	paceJitter   = paceEvery / 2
+	trickleReads  = 6
+	trickleBytes  = 512
+	paceEvery     = time.Second
+	paceDoublings = 3
 )
 
 // onHead reports whether t's server is reading a request head: its first
@@ -56,10 +61,11 @@ func (t *trackedConn) onHead() bool {
 // server reads a request head. Only t's reader calls it.
 func (t *trackedConn) noteHeadRead(n, size int) {
 	if head := t.heads.Load(); head != t.head {
-		t.head, t.trickles = head, 0
+		t.head, t.trickles, t.turns = head, 0, 0
 	}
 	t.backlog = n >= min(trickleBytes, size)
 	if t.backlog {
+		t.turns = 0
 		return
 	}
 	if t.trickles < trickleReads-1 {
@@ -90,7 +96,11 @@ func (t *trackedConn) paced() bool {
 // awaitTurn waits until t may be read again, its read deadline comes, or
 // it is closed.
 func (t *trackedConn) awaitTurn() {
-	turn := t.readAt.Add(paceEvery + rand.N(paceJitter))
+	every := paceEvery << t.turns
+	if t.turns < paceDoublings {
+		t.turns++
+	}
+	turn := t.readAt.Add(every + rand.N(every/2))
 	wait := turn.Sub(t.c.clock.Now())
 	if wait <= 0 {
 		return

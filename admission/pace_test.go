@@ -108,7 +108,11 @@ func (tc *testController) pacedHeads(t *testing.T) float64 {
 	return tc.metric(t, "scafo_edge_paced_heads_total", nil)
 }
 
-func TestAFirstRequestThatTricklesInIsReadOnceASecond(t *testing.T) {
+// A head that trickles in is read in turns, each twice as far from the one
+// before as the last, up to paceEvery<<paceDoublings: a turn's timer is
+// armed a millisecond before it, and the byte waiting is read once it
+// comes.
+func TestATricklingHeadIsReadLessOftenTheLongerItTrickles(t *testing.T) {
 	t.Parallel()
 	tc, clk, client, _, r := pacedConn(t, 4096)
 	trickle(t, client, r, slowHeaders)
@@ -118,27 +122,28 @@ func TestAFirstRequestThatTricklesInIsReadOnceASecond(t *testing.T) {
 	if got := tc.pacedHeads(t); got != 1 {
 		t.Fatalf("scafo_edge_paced_heads_total = %v after %d short reads, want 1", got, trickleReads)
 	}
-	for i := range 3 {
+	for i := range paceDoublings + 2 {
+		every := paceEvery << min(i, paceDoublings)
 		if _, err := io.WriteString(client, "b"); err != nil {
 			t.Fatal(err)
 		}
 		testsupport.WaitFor(t, 10*time.Second, "the read to wait for its turn", func() bool { return clk.Waiting() == 1 })
 		if n, ok := r.readNow(); ok {
-			t.Fatalf("byte %d: read %d bytes before its turn", i, n)
+			t.Fatalf("turn %d: read %d bytes before its turn", i, n)
 		}
-		clk.Advance(paceEvery - time.Millisecond)
+		clk.Advance(every - time.Millisecond)
 		// The same timer still armed: the read has not had its turn.
-		if d, ok := clk.Next(); !ok || d > paceJitter+time.Millisecond {
-			t.Fatalf("byte %d: %v after the last read the turn's timer is not armed (next in %v, %v)", i, paceEvery-time.Millisecond, d, ok)
+		if d, ok := clk.Next(); !ok || d > every/2+time.Millisecond {
+			t.Fatalf("turn %d: %v after the last read the turn's timer is not armed (next in %v, %v)", i, every-time.Millisecond, d, ok)
 		}
 		if n, ok := r.readNow(); ok {
-			t.Fatalf("byte %d: read %d bytes %v after the last read, before its turn", i, n, paceEvery-time.Millisecond)
+			t.Fatalf("turn %d: read %d bytes %v after the last read, before its turn", i, n, every-time.Millisecond)
 		}
-		clk.Advance(paceJitter + time.Millisecond)
+		clk.Advance(every/2 + time.Millisecond)
 		r.receive(t, 1, "a paced byte, once its turn came")
 	}
 	if got := tc.pacedHeads(t); got != 1 {
-		t.Errorf("scafo_edge_paced_heads_total = %v, want 1: a connection is counted once", got)
+		t.Errorf("scafo_edge_paced_heads_total = %v, want 1: a head is counted once", got)
 	}
 }
 
@@ -323,7 +328,7 @@ func TestABacklogIsReadAsItComesAndBuysNoTrickle(t *testing.T) {
 	}
 	r := startReader(server, 4096)
 	testsupport.WaitFor(t, 10*time.Second, "the read to wait for its turn", func() bool { return clk.Waiting() == 1 })
-	clk.Advance(paceEvery + paceJitter)
+	clk.Advance(paceEvery * 3 / 2)
 	r.receive(t, trickleBytes, "the backlog, at its turn")
 	for range 3 {
 		trickle(t, client, r, strings.Repeat("y", trickleBytes)) // read at once, the clock standing still
@@ -339,6 +344,10 @@ func TestABacklogIsReadAsItComesAndBuysNoTrickle(t *testing.T) {
 	if n, ok := r.readNow(); ok {
 		t.Fatalf("read %d bytes before its turn", n)
 	}
+	// Its turn counts from paceEvery again: the backlog undid the turn
+	// taken before it, which would have made this one twice as far.
+	clk.Advance(paceEvery * 3 / 2)
+	r.receive(t, 1, "the short read after a backlog, a first turn on")
 	if got := tc.pacedHeads(t); got != 1 {
 		t.Errorf("scafo_edge_paced_heads_total = %v, want 1", got)
 	}
@@ -519,7 +528,7 @@ func TestOverTLSAPreconnectedRequestIsServedAtOnceAndATricklingOneInTurns(t *tes
 	if _, err := io.WriteString(slow, "\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	awaitAnswer(t, got, clk, paceEvery+paceJitter, "the trickled request, the clock moving a turn at a time")
+	awaitAnswer(t, got, clk, paceEvery*3/2, "the trickled request, the clock moving a turn at a time")
 }
 
 // HTTP/2 frames are often short (a WINDOW_UPDATE, a PING), and the HTTP/2
