@@ -177,7 +177,8 @@ type trackedConn struct {
 	// connection's reader only: which (heads when counted), its short
 	// reads so far (up to trickleReads), whether the last found a
 	// backlog, and, once paced, the turns it has taken since it was paced
-	// or found one (up to paceDoublings) and when the last returned bytes.
+	// or its last backlog (up to paceDoublings) and when the last returned
+	// bytes.
 	heads     atomic.Uint32
 	head      uint32
 	trickles  uint8

@@ -39,7 +39,7 @@
 //     few bytes a read, is read at the edge's pace after six such reads:
 //     at moments of the edge's choosing, not at each of its client's
 //     bytes, a second apart and then, while it keeps trickling, twice as
-//     far each time, up to 8 s (pace.go);
+//     far each time, up to 4 to 6 s (pace.go);
 //   - on every request about to be forwarded (Admit): past the memory
 //     high-water mark, or with the budget and its overdraft spent, new
 //     requests are refused (503); past a client address's share of

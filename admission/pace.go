@@ -23,16 +23,21 @@ import (
 // part of half that, so that the edge wakes for such a connection at
 // moments of its own choosing, spread rather than in the client's bursts.
 // Each turn taken doubles the next wait, up to paceEvery<<paceDoublings:
-// every read is a system call and a wake-up (7 µs on a 2-core VM), and a
-// head still trickling after a few turns is read once every 8 to 12 s
-// instead of once a second. A read that finds trickleBytes or more waiting
-// is followed by one at once, and so on while they find as much (a
-// backlog is read as it comes, so that the kernel holds little and
-// --max-header-bytes ends a head too large); the next short read waits its
-// turn again, from paceEvery: whatever the client's rate, a connection's
-// bytes waiting in the kernel stay about trickleBytes or fewer. A read
-// waits at most until its connection's read deadline, then fails as an
-// unpaced one would have.
+// every read is a system call and a wake-up (about 7 µs on a 2-core VM),
+// and a head still trickling after two turns is read once every 4 to 6 s
+// instead of once a second. No further: the bytes wait in the kernel
+// meanwhile, each segment in a buffer of its own unless the kernel can
+// merge it into the one before (it can on loopback; from some network
+// cards it cannot, and a buffer is then 1 to 4 KiB for a byte). A read
+// that finds trickleBytes or more waiting is followed by one at once, and
+// so on while they find as much (a backlog is read as it comes, so that
+// --max-header-bytes ends a head too large), and the next short read waits
+// its turn again, from paceEvery: a client trickling at a steady rate has
+// up to about three times trickleBytes waiting, one that sends in bursts
+// up to its socket's receive buffer. A read whose turn falls after its
+// connection's read deadline is made paceDeadlineLead before it instead:
+// bytes that came in time are read, and with none the read fails at the
+// deadline, as an unpaced one would have.
 //
 // A visitor's request head is never paced: a client sends it at once, in
 // full segments and a short last one that ends it (no read follows); a
@@ -44,10 +49,11 @@ import (
 // trickleBytes to offer. HTTP/2 connections are not paced: their frames are
 // often short, and the HTTP/2 server bounds a connection's work itself.
 const (
-	trickleReads  = 6
-	trickleBytes  = 512
-	paceEvery     = time.Second
-	paceDoublings = 3
+	trickleReads     = 6
+	trickleBytes     = 512
+	paceEvery        = time.Second
+	paceDoublings    = 2
+	paceDeadlineLead = 50 * time.Millisecond
 )
 
 // onHead reports whether t's server is reading a request head: its first
@@ -107,11 +113,12 @@ func (t *trackedConn) awaitTurn() {
 	}
 	if dl := t.readDeadline.Load(); dl != 0 {
 		if untilDeadline := time.Until(time.Unix(0, dl)); untilDeadline < wait {
-			// Wait for the deadline, on the wall clock it is set by; the
-			// read after it fails at once, as an unpaced one would have
-			// then. Once a connection at most: it ends at its deadline.
-			if untilDeadline > 0 {
-				deadline := time.NewTimer(untilDeadline)
+			// Read a little before the deadline, on the wall clock it is
+			// set by: what came in time is read, and a read that finds
+			// nothing fails at the deadline. Reads in the deadline's last
+			// paceDeadlineLead go at once; the connection ends with it.
+			if lead := untilDeadline - paceDeadlineLead; lead > 0 {
+				deadline := time.NewTimer(lead)
 				select {
 				case <-deadline.C:
 				case <-t.gone:

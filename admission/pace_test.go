@@ -244,15 +244,7 @@ func TestEachRequestHeadIsCountedAfresh(t *testing.T) {
 		readOne(t, client, server, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 	}
 	// A head that trickles is, once it has come in trickleReads short reads.
-	tc.ConnState(server, http.StateActive)
-	tc.ConnState(server, http.StateIdle)
-	clk.Advance(slowAge)
-	for range trickleReads {
-		readOne(t, client, server, "b")
-	}
-	if got := tc.pacedHeads(t); got != 2 {
-		t.Fatalf("scafo_edge_paced_heads_total = %v after a trickling keep-alive head, want 2", got)
-	}
+	trickleNextHead(t, tc, clk, client, server, 2)
 	waitsItsTurn(t, clk, client, server)
 }
 
@@ -260,12 +252,21 @@ func TestEachRequestHeadIsCountedAfresh(t *testing.T) {
 // returns once the connection is closed, not before.
 func waitsItsTurn(t *testing.T, clk *clock.Fake, client, server net.Conn) {
 	t.Helper()
-	if _, err := io.WriteString(client, "c"); err != nil {
+	got := readInTurn(t, clk, client, server, "c")
+	server.Close()
+	<-got
+}
+
+// readInTurn sends b and starts a read of it on the edge's side, which it
+// checks waits for its turn; the read's byte count comes on the channel.
+func readInTurn(t *testing.T, clk *clock.Fake, client, server net.Conn, b string) <-chan int {
+	t.Helper()
+	if _, err := io.WriteString(client, b); err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan int, 1)
 	go func() {
-		n, _ := server.Read(make([]byte, 16))
+		n, _ := server.Read(make([]byte, 4096))
 		got <- n
 	}()
 	testsupport.WaitFor(t, 10*time.Second, "the read to wait for its turn", func() bool { return clk.Waiting() == 1 })
@@ -274,12 +275,12 @@ func waitsItsTurn(t *testing.T, clk *clock.Fake, client, server net.Conn) {
 		t.Fatalf("read %d bytes before its turn", n)
 	default:
 	}
-	server.Close()
-	<-got
+	return got
 }
 
-// A read waits at most until the connection's read deadline, and then
-// fails, as an unpaced read would have: with bytes waiting too.
+// A read whose turn falls after the connection's read deadline is made a
+// little before the deadline: a byte that came in time is read, and with
+// none the read fails at the deadline, as an unpaced read would have.
 func TestAPacedReadEndsAtItsDeadline(t *testing.T) {
 	t.Parallel()
 	for _, waiting := range []string{"", "c"} {
@@ -290,24 +291,37 @@ func TestAPacedReadEndsAtItsDeadline(t *testing.T) {
 		if _, err := io.WriteString(client, waiting); err != nil {
 			t.Fatal(err)
 		}
-		server.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-		got := make(chan error, 1)
+		deadline := time.Now().Add(2 * paceDeadlineLead)
+		server.SetReadDeadline(deadline)
+		type result struct {
+			n   int
+			err error
+			at  time.Time
+		}
+		got := make(chan result, 1)
 		go func() {
 			n, err := server.Read(make([]byte, 16))
-			if n > 0 {
-				err = fmt.Errorf("read %d bytes before its turn", n)
-			}
-			got <- err
+			got <- result{n, err, time.Now()}
 		}()
+		var r result
 		select {
-		case err := <-got:
-			if !errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Fatalf("%d bytes waiting: the read past its deadline: %v, want a timeout", len(waiting), err)
-			}
+		case r = <-got:
 		case <-time.After(10 * time.Second):
 			server.Close()
 			<-got
 			t.Fatalf("%d bytes waiting: the read waited for its turn past its deadline, the clock standing still", len(waiting))
+		}
+		if waiting == "" {
+			if !errors.Is(r.err, os.ErrDeadlineExceeded) {
+				t.Fatalf("nothing waiting: the read at its deadline: %d bytes, %v, want a timeout", r.n, r.err)
+			}
+			continue
+		}
+		if r.n != len(waiting) || r.err != nil {
+			t.Fatalf("%q waiting: the read before its deadline: %d bytes, %v, want %d", waiting, r.n, r.err, len(waiting))
+		}
+		if !r.at.Before(deadline) {
+			t.Fatalf("%q waiting: read %v after its deadline", waiting, r.at.Sub(deadline))
 		}
 	}
 }
@@ -350,6 +364,65 @@ func TestABacklogIsReadAsItComesAndBuysNoTrickle(t *testing.T) {
 	r.receive(t, 1, "the short read after a backlog, a first turn on")
 	if got := tc.pacedHeads(t); got != 1 {
 		t.Errorf("scafo_edge_paced_heads_total = %v, want 1", got)
+	}
+}
+
+// takeTurn sends b and reads it on the edge's side in one read that waits
+// its turn of every: its timer armed a millisecond before, b read once
+// every and its jitter have passed.
+func takeTurn(t *testing.T, clk *clock.Fake, client, server net.Conn, b string, every time.Duration) {
+	t.Helper()
+	got := readInTurn(t, clk, client, server, b)
+	clk.Advance(every - time.Millisecond)
+	if d, ok := clk.Next(); !ok || d > every/2+time.Millisecond {
+		t.Fatalf("a turn of %v: %v on, its timer is not armed (next in %v, %v)", every, every-time.Millisecond, d, ok)
+	}
+	clk.Advance(every/2 + time.Millisecond)
+	select {
+	case n := <-got:
+		if n != len(b) {
+			t.Fatalf("a turn of %v: read %d bytes, want %d", every, n, len(b))
+		}
+	case <-time.After(10 * time.Second):
+		server.Close()
+		<-got
+		t.Fatalf("a turn of %v: not read %v on", every, every*3/2)
+	}
+}
+
+// A backlog found at the longest turn, and the next head of a keep-alive
+// connection, start the turns from paceEvery again.
+func TestTurnsStartFromASecondAfterABacklogAndForEachHead(t *testing.T) {
+	t.Parallel()
+	tc, clk, client, server := syncConn(t)
+	for range trickleReads {
+		readOne(t, client, server, "a")
+	}
+	for i := range paceDoublings {
+		takeTurn(t, clk, client, server, "b", paceEvery<<i)
+	}
+	takeTurn(t, clk, client, server, strings.Repeat("x", trickleBytes), paceEvery<<paceDoublings) // a backlog
+	readOne(t, client, server, "c")                                                               // at once, after it
+	takeTurn(t, clk, client, server, "d", paceEvery)
+	takeTurn(t, clk, client, server, "e", 2*paceEvery)
+
+	trickleNextHead(t, tc, clk, client, server, 2)
+	takeTurn(t, clk, client, server, "g", paceEvery)
+}
+
+// trickleNextHead ends server's request and sends the next head a byte a
+// read, trickleReads of them, slowAge after the last request: it is
+// paced, the wantPaced'th head so.
+func trickleNextHead(t *testing.T, tc *testController, clk *clock.Fake, client, server net.Conn, wantPaced float64) {
+	t.Helper()
+	tc.ConnState(server, http.StateActive)
+	tc.ConnState(server, http.StateIdle)
+	clk.Advance(slowAge)
+	for range trickleReads {
+		readOne(t, client, server, "b")
+	}
+	if got := tc.pacedHeads(t); got != wantPaced {
+		t.Fatalf("scafo_edge_paced_heads_total = %v after a trickling keep-alive head, want %v", got, wantPaced)
 	}
 }
 
