@@ -119,10 +119,7 @@ func (t *trackedConn) awaitTurn() {
 			// paceDeadlineLead go at once; the connection ends with it.
 			if lead := untilDeadline - paceDeadlineLead; lead > 0 {
 				deadline := time.NewTimer(lead)
-				select {
-				case <-deadline.C:
-				case <-t.gone:
-				}
+				t.waitUntil(deadline.C)
 				deadline.Stop()
 			}
 			return
@@ -133,10 +130,15 @@ func (t *trackedConn) awaitTurn() {
 	} else {
 		t.paceTimer.Reset(wait)
 	}
+	t.waitUntil(t.paceTimer.C())
+	t.paceTimer.Stop()
+}
+
+// waitUntil waits for fired, or for t to be closed.
+func (t *trackedConn) waitUntil(fired <-chan time.Time) {
 	select {
-	case <-t.paceTimer.C():
+	case <-fired:
 	case <-t.gone:
-		t.paceTimer.Stop()
 	}
 }
 
