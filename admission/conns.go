@@ -186,6 +186,7 @@ type trackedConn struct {
 	turns     uint8
 	readAt    time.Time
 	paceTimer clock.Timer
+	socket    syscall.RawConn // found once paced; nil if none (a test's pipe)
 }
 
 // NetConn returns the connection underneath, as tls.Conn's does.

@@ -196,6 +196,17 @@ func syncConn(t *testing.T) (tc *testController, clk *clock.Fake, client, server
 	return tc, clk, client, server
 }
 
+// pacedSyncConn is syncConn with its head's trickleReads short reads made:
+// its next read waits its turn.
+func pacedSyncConn(t *testing.T) (tc *testController, clk *clock.Fake, client, server net.Conn) {
+	t.Helper()
+	tc, clk, client, server = syncConn(t)
+	for range trickleReads {
+		readOne(t, client, server, "a")
+	}
+	return tc, clk, client, server
+}
+
 // readOne sends b and reads it on the edge's side in one read, failing if
 // that read waits for its turn (the clock does not move).
 func readOne(t *testing.T, client, server net.Conn, b string) {
@@ -284,10 +295,7 @@ func readInTurn(t *testing.T, clk *clock.Fake, client, server net.Conn, b string
 func TestAPacedReadEndsAtItsDeadline(t *testing.T) {
 	t.Parallel()
 	for _, waiting := range []string{"", "c"} {
-		_, _, client, server := syncConn(t)
-		for range trickleReads {
-			readOne(t, client, server, "a")
-		}
+		_, _, client, server := pacedSyncConn(t)
 		if _, err := io.WriteString(client, waiting); err != nil {
 			t.Fatal(err)
 		}
@@ -394,10 +402,7 @@ func takeTurn(t *testing.T, clk *clock.Fake, client, server net.Conn, b string, 
 // connection, start the turns from paceEvery again.
 func TestTurnsStartFromASecondAfterABacklogAndForEachHead(t *testing.T) {
 	t.Parallel()
-	tc, clk, client, server := syncConn(t)
-	for range trickleReads {
-		readOne(t, client, server, "a")
-	}
+	tc, clk, client, server := pacedSyncConn(t)
 	for i := range paceDoublings {
 		takeTurn(t, clk, client, server, "b", paceEvery<<i)
 	}
