@@ -32,8 +32,11 @@ import (
 // cards it cannot, and a buffer is then 1 to 4 KiB for a byte).
 //
 // While a read waits its turn, the kernel is asked not to wake the edge's
-// poller for the connection until trickleBytes wait (or it ends): each
-// segment would be a wake-up still, if a cheaper one. Before each wait, a
+// poller for the connection until trickleBytes wait (or it ends, or its
+// receive memory or window runs short): each segment would be a wake-up
+// still, if a cheaper one. That costs three system calls a turn, and a
+// wake-up when it is undone for the read with bytes waiting: at a byte a
+// second, about what it saves; at ten, much less. Before each wait, a
 // connection its client has closed or reset is read at once instead, so
 // that it is let go a turn after its client went, not two (the read after
 // a reset returns what came before it).
@@ -123,6 +126,23 @@ func (t *trackedConn) awaitTurn() {
 	if wait <= 0 {
 		return
 	}
+	// The turn's timer, or one that fires a little before the read
+	// deadline, on the wall clock it is set by, when that comes first:
+	// what came in time is read, and a read that finds nothing fails at
+	// the deadline. Reads in the deadline's last paceDeadlineLead go at
+	// once; the connection ends with it.
+	var fired <-chan time.Time
+	if dl := t.readDeadline.Load(); dl != 0 {
+		if untilDeadline := time.Until(time.Unix(0, dl)); untilDeadline < wait {
+			lead := untilDeadline - paceDeadlineLead
+			if lead <= 0 {
+				return
+			}
+			deadline := time.NewTimer(lead)
+			defer deadline.Stop()
+			fired = deadline.C
+		}
+	}
 	if t.socket != nil {
 		if peerGone(t.socket) {
 			// The read returns what came before the client's close or
@@ -130,34 +150,24 @@ func (t *trackedConn) awaitTurn() {
 			// a connection its client left is let go a turn after, not two.
 			return
 		}
-		// Nor does the poller wake for it meanwhile: 19,000 connections
-		// trickling a byte a second each were otherwise 19,000 wake-ups a
-		// second, most of the edge's CPU for them once paced. The turn's
-		// read is made as before, woken by the first byte if none waits.
+		// Nor does the poller wake for it meanwhile, but for its end:
+		// each segment would (at a byte every 100 ms from 19,000
+		// connections, 0.41 of a core against 0.24; bench/README). The
+		// read is made with this undone, so that one that finds nothing
+		// is woken by the next byte.
 		setRcvLowat(t.socket, trickleBytes)
 		defer setRcvLowat(t.socket, 1)
 	}
-	if dl := t.readDeadline.Load(); dl != 0 {
-		if untilDeadline := time.Until(time.Unix(0, dl)); untilDeadline < wait {
-			// Read a little before the deadline, on the wall clock it is
-			// set by: what came in time is read, and a read that finds
-			// nothing fails at the deadline. Reads in the deadline's last
-			// paceDeadlineLead go at once; the connection ends with it.
-			if lead := untilDeadline - paceDeadlineLead; lead > 0 {
-				deadline := time.NewTimer(lead)
-				t.waitUntil(deadline.C)
-				deadline.Stop()
-			}
-			return
+	if fired == nil {
+		if t.paceTimer == nil {
+			t.paceTimer = t.c.clock.NewTimer(wait)
+		} else {
+			t.paceTimer.Reset(wait)
 		}
+		defer t.paceTimer.Stop()
+		fired = t.paceTimer.C()
 	}
-	if t.paceTimer == nil {
-		t.paceTimer = t.c.clock.NewTimer(wait)
-	} else {
-		t.paceTimer.Reset(wait)
-	}
-	t.waitUntil(t.paceTimer.C())
-	t.paceTimer.Stop()
+	t.waitUntil(fired)
 }
 
 // waitUntil waits for fired, or for t to be closed.

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -207,6 +208,46 @@ func pacedSyncConn(t *testing.T) (tc *testController, clk *clock.Fake, client, s
 	return tc, clk, client, server
 }
 
+// readingInIOWait reports whether a read of conn is parked in the poller,
+// waiting for its socket to be readable.
+func readingInIOWait(conn net.Conn) bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	read := fmt.Sprintf("(*trackedConn).Read(%p", conn)
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, " [IO wait") && strings.Contains(g, read) {
+			return true
+		}
+	}
+	return false
+}
+
+// readParked starts a read of server, waits until it is parked in the
+// poller, and sends b, which must wake it: a read that is not paced is
+// woken by the first byte.
+func readParked(t *testing.T, client, server net.Conn, b string) {
+	t.Helper()
+	got := make(chan int, 1)
+	go func() {
+		n, _ := server.Read(make([]byte, 4096))
+		got <- n
+	}()
+	testsupport.WaitFor(t, 10*time.Second, "the read to wait for bytes", func() bool { return readingInIOWait(server) })
+	if _, err := io.WriteString(client, b); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-got:
+		if n == 0 {
+			t.Fatalf("read %q: the connection ended", b)
+		}
+	case <-time.After(10 * time.Second):
+		server.Close()
+		<-got
+		t.Fatalf("%q sent to a parked read did not wake it in 10s", b)
+	}
+}
+
 // readOne sends b and reads it on the edge's side in one read, failing if
 // that read waits for its turn (the clock does not move).
 func readOne(t *testing.T, client, server net.Conn, b string) {
@@ -295,7 +336,7 @@ func readInTurn(t *testing.T, clk *clock.Fake, client, server net.Conn, b string
 func TestAPacedReadEndsAtItsDeadline(t *testing.T) {
 	t.Parallel()
 	for _, waiting := range []string{"", "c"} {
-		_, _, client, server := pacedSyncConn(t)
+		tc, _, client, server := pacedSyncConn(t)
 		if _, err := io.WriteString(client, waiting); err != nil {
 			t.Fatal(err)
 		}
@@ -331,6 +372,10 @@ func TestAPacedReadEndsAtItsDeadline(t *testing.T) {
 		if !r.at.Before(deadline) {
 			t.Fatalf("%q waiting: read %v after its deadline", waiting, r.at.Sub(deadline))
 		}
+		// That read ended the head: a short body after it wakes a read.
+		tc.ConnState(server, http.StateActive)
+		server.SetReadDeadline(time.Time{})
+		readParked(t, client, server, "body")
 	}
 }
 

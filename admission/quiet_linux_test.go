@@ -4,8 +4,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"runtime"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -64,9 +62,7 @@ func TestAPacedHeadWakesTheEdgeOnlyAtItsTurns(t *testing.T) {
 	}()
 	testsupport.WaitFor(t, 10*time.Second, "the read to wait for its turn", func() bool { return clk.Waiting() == 1 })
 	clk.Advance(4 * paceEvery)
-	testsupport.WaitFor(t, 10*time.Second, "the turn's read to wait for a byte", func() bool {
-		return readingInIOWait("TestAPacedHeadWakesTheEdgeOnlyAtItsTurns")
-	})
+	testsupport.WaitFor(t, 10*time.Second, "the turn's read to wait for a byte", func() bool { return readingInIOWait(server) })
 	if _, err := io.WriteString(client, "c"); err != nil {
 		t.Fatal(err)
 	}
@@ -83,21 +79,7 @@ func TestAPacedHeadWakesTheEdgeOnlyAtItsTurns(t *testing.T) {
 
 	// The head is in; its body's few bytes are read as they come.
 	tc.ConnState(server, http.StateActive)
-	readOne(t, client, server, "body")
-	readOne(t, client, server, "!")
-}
-
-// readingInIOWait reports whether a goroutine started by test is parked in
-// the poller, waiting for a socket to be readable.
-func readingInIOWait(test string) bool {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, " [IO wait") && strings.Contains(g, test+".func") {
-			return true
-		}
-	}
-	return false
+	readParked(t, client, server, "body")
 }
 
 // A client that closes or resets its connection while a paced read waits

@@ -4,8 +4,8 @@ package admission
 
 import "syscall"
 
-// setRcvLowat does nothing here: the edge ships on Linux, and other
-// kernels' SO_RCVLOWAT does not keep a poller from waking.
+// setRcvLowat does nothing here: the edge ships on Linux, and is measured
+// there only.
 func setRcvLowat(rc syscall.RawConn, bytes int) {}
 
 // peerGone reports false: a paced read hears its peer go when it reads.
