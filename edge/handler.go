@@ -249,14 +249,14 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		// Go's HTTP/2 server starts a handler for a stream the client
 		// may reset in the next frame; once reset, forwarding it would
 		// cost the upstream a request nobody reads.
-		h.canceled(r, rec)
+		h.canceled(w, r, rec)
 		return
 	}
 	ticket, refusal := h.Admission.Admit(r, shareKey(res.Route))
 	switch refusal {
 	case admission.Admitted:
 	case admission.RefusedCanceled:
-		h.canceled(r, rec)
+		h.canceled(w, r, rec)
 		return
 	default:
 		h.answer(w, rec, refusalReasons[refusal])
@@ -273,7 +273,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 	case errors.Is(err, backhaul.ErrNoUpstream):
 		h.answer(w, rec, ReasonNoUpstream)
 	case errors.Is(err, context.Canceled) && result.Status == 0:
-		h.canceled(r, rec)
+		h.canceled(w, r, rec)
 	case errors.Is(err, context.Canceled):
 		// The client went away mid-response: a download or a stream it
 		// stopped reading, not a request it never wanted.
@@ -292,12 +292,22 @@ func shareKey(route *Route) string {
 }
 
 // canceled records a request its client cancelled before any response was
-// written; nobody is left to answer. 499 is nginx's name for this, kept for
-// logs and metrics only.
-func (h *Handler) canceled(r *http.Request, rec *Record) {
+// written. 499 is nginx's name for this, kept for logs and metrics only.
+//
+// Over HTTP/1, Go's server takes the end of a client's input for a cancel,
+// and a client that half-closed after its request may still be reading:
+// left to itself, the server would answer it 200 with an empty body, a
+// success that never was. Its connection is closed instead, with no
+// answer, as nginx closes it. An HTTP/2 stream reset has nobody to answer.
+func (h *Handler) canceled(w http.ResponseWriter, r *http.Request, rec *Record) {
 	rec.Reason, rec.Status = ReasonCanceled, 499
 	if h.Canceled != nil {
 		h.Canceled(r)
+	}
+	if r.ProtoMajor == 1 {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
 	}
 }
 

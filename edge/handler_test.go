@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/internal/testsupport"
@@ -298,5 +299,50 @@ func TestHandlerRefusesTargetsThatCannotBeForwardedVerbatim(t *testing.T) {
 		if w.Code != 400 || !strings.Contains(w.Body.String(), "request target") || f.goapp.hits() != 0 {
 			t.Errorf("target %q: %d %q, upstream hits %d; want 400 and nothing forwarded", target, w.Code, w.Body, f.goapp.hits())
 		}
+	}
+}
+
+// A client that half-closes after its request (as `nc -N` and some
+// HTTP/1.0 clients do) is taken by Go's server for one that cancelled it.
+// It may still be reading: it must not be told 200 with an empty body, a
+// success that never was, but see its connection closed with no answer.
+func TestHandlerAnswersNoHalfClosedClientASuccessThatNeverWas(t *testing.T) {
+	f := newHandlerFixture(t)
+	// An upstream that never answers: whether the edge forwarded the
+	// request before it saw the half-close or not, the client's answer can
+	// only be the edge's. (Close waits for its handler, which the edge's
+	// giving up on the request ends.)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+	}))
+	t.Cleanup(slow.Close)
+	f.load(t, node.Route{Host: "slow.example", Upstreams: []node.Upstream{{Node: "a", Address: slow.Listener.Addr().String()}}})
+
+	c, err := net.Dial("tcp", f.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /report HTTP/1.1\r\nHost: slow.example\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("reading after the half-close: %v (%q so far)", err, got)
+	}
+	if len(got) != 0 {
+		t.Fatalf("the half-closed client was answered %q, want its connection closed with no answer", got)
+	}
+	testsupport.WaitFor(t, 10*time.Second, "the request's record", func() bool {
+		f.obs.mu.Lock()
+		defer f.obs.mu.Unlock()
+		return len(f.obs.recs) > 0
+	})
+	if rec := f.obs.last(); rec.Status != 499 || rec.Reason != ReasonCanceled {
+		t.Errorf("recorded %d %q, want 499 %q", rec.Status, rec.Reason, ReasonCanceled)
 	}
 }
