@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net/http"
 	"strings"
@@ -42,6 +43,7 @@ const (
 	ReasonTimeout     Reason = "timeout"
 	ReasonMethod      Reason = "method_not_allowed"
 	ReasonCanceled    Reason = "client_canceled"
+	ReasonBadBody     Reason = "bad_body"
 	ReasonOverloaded  Reason = "overloaded"
 	ReasonAppBusy     Reason = "app_busy"
 	ReasonClientBusy  Reason = "client_busy"
@@ -50,7 +52,7 @@ const (
 
 // Reasons lists every Reason, for metrics that pre-create their series.
 var Reasons = []Reason{ReasonNoDocument, ReasonBadHost, ReasonBadTarget, ReasonMisdirected, ReasonDenied,
-	ReasonNoRoute, ReasonNoUpstream, ReasonTimeout, ReasonMethod, ReasonCanceled,
+	ReasonNoRoute, ReasonNoUpstream, ReasonTimeout, ReasonMethod, ReasonCanceled, ReasonBadBody,
 	ReasonOverloaded, ReasonAppBusy, ReasonClientBusy, ReasonClientRate}
 
 // selfAnswers are the statuses and bodies of the responses the edge writes
@@ -68,6 +70,7 @@ var selfAnswers = map[Reason]struct {
 	ReasonNoUpstream:  {http.StatusBadGateway, "scafo-edge: no upstream could be reached\n"},
 	ReasonTimeout:     {http.StatusGatewayTimeout, "scafo-edge: upstream did not answer in time\n"},
 	ReasonMethod:      {http.StatusMethodNotAllowed, "scafo-edge: CONNECT is not supported\n"},
+	ReasonBadBody:     {http.StatusBadRequest, "scafo-edge: the request's body broke off\n"},
 	ReasonOverloaded:  {http.StatusServiceUnavailable, "scafo-edge: overloaded, retry shortly\n"},
 	ReasonAppBusy:     {http.StatusServiceUnavailable, "scafo-edge: this application has its share of the edge in use, retry shortly\n"},
 	ReasonClientBusy:  {http.StatusTooManyRequests, "scafo-edge: too many requests in flight from your address\n"},
@@ -163,7 +166,8 @@ type Handler struct {
 	// it was forwarded or while the edge waited for the upstream. The
 	// caller decides what a connection that keeps doing so deserves (an
 	// HTTP/2 rapid reset costs the upstream a request per stream). It must
-	// be quick. Nil: such requests are only recorded, as status 499.
+	// be quick. Nil: such requests are only recorded, as status 499 (and
+	// over HTTP/1 their connections closed, see canceled).
 	Canceled func(r *http.Request)
 	// Admission, if non-nil, decides whether a resolved request may go to
 	// its upstreams now (fair shares per application and client address,
@@ -272,6 +276,11 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		h.answer(w, rec, ReasonTimeout)
 	case errors.Is(err, backhaul.ErrNoUpstream):
 		h.answer(w, rec, ReasonNoUpstream)
+	case errors.Is(err, context.Canceled) && result.Status == 0 && r.Context().Err() == nil:
+		// The body broke off (malformed, or shorter than it said) on a
+		// connection its server still holds: its client may be waiting
+		// for an answer, and nginx gives it 400 too.
+		h.answer(w, rec, ReasonBadBody)
 	case errors.Is(err, context.Canceled) && result.Status == 0:
 		h.canceled(w, r, rec)
 	case errors.Is(err, context.Canceled):
@@ -298,7 +307,9 @@ func shareKey(route *Route) string {
 // and a client that half-closed after its request may still be reading:
 // left to itself, the server would answer it 200 with an empty body, a
 // success that never was. Its connection is closed instead, with no
-// answer, as nginx closes it. An HTTP/2 stream reset has nobody to answer.
+// answer, as nginx closes it: the TCP connection itself, as a TLS
+// close_notify could wait on a client that does not read. An HTTP/2 stream
+// reset has nobody to answer.
 func (h *Handler) canceled(w http.ResponseWriter, r *http.Request, rec *Record) {
 	rec.Reason, rec.Status = ReasonCanceled, 499
 	if h.Canceled != nil {
@@ -306,6 +317,9 @@ func (h *Handler) canceled(w http.ResponseWriter, r *http.Request, rec *Record) 
 	}
 	if r.ProtoMajor == 1 {
 		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			if tc, ok := conn.(*tls.Conn); ok {
+				conn = tc.NetConn()
+			}
 			conn.Close()
 		}
 	}

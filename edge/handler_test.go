@@ -57,6 +57,18 @@ func (r *recorder) Observe(rec *Record) {
 	r.mu.Unlock()
 }
 
+// awaitLast waits for a record, which the handler makes after the
+// response (or the close) the client sees, and returns the last.
+func (r *recorder) awaitLast(t *testing.T) Record {
+	t.Helper()
+	testsupport.WaitFor(t, 10*time.Second, "the request's record", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.recs) > 0
+	})
+	return r.last()
+}
+
 func (r *recorder) last() Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -337,12 +349,23 @@ func TestHandlerAnswersNoHalfClosedClientASuccessThatNeverWas(t *testing.T) {
 	if len(got) != 0 {
 		t.Fatalf("the half-closed client was answered %q, want its connection closed with no answer", got)
 	}
-	testsupport.WaitFor(t, 10*time.Second, "the request's record", func() bool {
-		f.obs.mu.Lock()
-		defer f.obs.mu.Unlock()
-		return len(f.obs.recs) > 0
-	})
-	if rec := f.obs.last(); rec.Status != 499 || rec.Reason != ReasonCanceled {
+	if rec := f.obs.awaitLast(t); rec.Status != 499 || rec.Reason != ReasonCanceled {
 		t.Errorf("recorded %d %q, want 499 %q", rec.Status, rec.Reason, ReasonCanceled)
+	}
+}
+
+// A request whose body breaks off while its client is still connected (a
+// malformed chunk here) gets the edge's 400, not a silent close and not an
+// empty 200.
+func TestHandlerAnswersABrokenBody400(t *testing.T) {
+	f := newHandlerFixture(t)
+	f.load(t)
+	status, body := rawRequest(t, f.srv.Listener.Addr().String(),
+		"POST /upload HTTP/1.1\r\nHost: ti.to\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nZZ\r\n")
+	if status != "400 Bad Request" || body != selfAnswers[ReasonBadBody].body {
+		t.Fatalf("a malformed chunk: %q %q, want 400 %q", status, body, selfAnswers[ReasonBadBody].body)
+	}
+	if rec := f.obs.awaitLast(t); rec.Status != 400 || rec.Reason != ReasonBadBody {
+		t.Errorf("recorded %d %q, want 400 %q", rec.Status, rec.Reason, ReasonBadBody)
 	}
 }
