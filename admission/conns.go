@@ -186,7 +186,8 @@ type trackedConn struct {
 	turns     uint8
 	readAt    time.Time
 	paceTimer clock.Timer
-	socket    syscall.RawConn // found once paced; nil if none (a test's pipe)
+	lastRead  uint16       // bytes the last read of the head got, up to trickleBytes
+	socket    *pacedSocket // found once paced; nil if none (a test's pipe)
 }
 
 // NetConn returns the connection underneath, as tls.Conn's does.

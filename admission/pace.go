@@ -31,15 +31,15 @@ import (
 // merge it into the one before (it can on loopback; from some network
 // cards it cannot, and a buffer is then 1 to 4 KiB for a byte).
 //
-// While a read waits its turn, the kernel is asked not to wake the edge's
-// poller for the connection until trickleBytes wait (or it ends, or its
-// receive memory or window runs short): each segment would be a wake-up
-// still, if a cheaper one. That costs three system calls a turn, and a
-// wake-up when it is undone for the read with bytes waiting: at a byte a
-// second, about what it saves; at ten, much less. Before each wait, a
-// connection its client has closed or reset is read at once instead, so
-// that it is let go a turn after its client went, not two (the read after
-// a reset returns what came before it).
+// While a read waits its turn, after a turn that found quietFrom bytes or
+// more, the kernel is asked not to wake the edge's poller for the
+// connection until trickleBytes wait (or it ends, or its receive memory
+// or window runs short): each segment would be a wake-up still, if a
+// cheaper one. Holding them costs two system calls and a wake-up a turn,
+// more than a client sending a segment or two a turn costs. Before each
+// wait, a peek tells whether the client has closed or reset, and then the
+// read goes at once, so that its connection is let go a turn after it
+// went, not two (the read after a reset returns what came before it).
 //
 // A read that finds trickleBytes or more waiting is followed by one at
 // once, and so on while they find as much (a backlog is read as it comes,
@@ -66,6 +66,11 @@ const (
 	paceEvery        = time.Second
 	paceDoublings    = 2
 	paceDeadlineLead = 50 * time.Millisecond
+	// quietFrom is how many bytes the last turn must have found for the
+	// next wait to hold the poller's wake-ups: holding them costs two
+	// system calls and a wake-up a turn, which a client sending fewer
+	// segments a turn than that does not cost (bench/README).
+	quietFrom = 3
 )
 
 // onHead reports whether t's server is reading a request head: its first
@@ -81,6 +86,7 @@ func (t *trackedConn) noteHeadRead(n, size int) {
 	if head := t.heads.Load(); head != t.head {
 		t.head, t.trickles, t.turns = head, 0, 0
 	}
+	t.lastRead = uint16(min(n, trickleBytes))
 	t.backlog = n >= min(trickleBytes, size)
 	if t.backlog {
 		t.turns = 0
@@ -101,8 +107,8 @@ func (t *trackedConn) noteHeadRead(n, size int) {
 		}
 		t.trickles++
 		t.c.m.paced.Inc()
-		if sc, ok := t.Conn.(syscall.Conn); ok && t.socket == nil {
-			t.socket, _ = sc.SyscallConn()
+		if t.socket == nil {
+			t.socket = newPacedSocket(t.Conn)
 		}
 	}
 	// Paced: the next read's turn counts from this one.
@@ -144,19 +150,22 @@ func (t *trackedConn) awaitTurn() {
 		}
 	}
 	if t.socket != nil {
-		if peerGone(t.socket) {
+		if t.socket.peerGone() {
 			// The read returns what came before the client's close or
 			// reset, and the next the end: neither waits a turn, so that
 			// a connection its client left is let go a turn after, not two.
 			return
 		}
-		// Nor does the poller wake for it meanwhile, but for its end:
-		// each segment would (at a byte every 100 ms from 19,000
-		// connections, 0.41 of a core against 0.24; bench/README). The
+		// Nor does the poller wake for it meanwhile, but for its end,
+		// when the client sends enough to make that worth two system
+		// calls: each segment would (at a byte every 100 ms from 19,000
+		// connections, 0.40 of a core against 0.22; bench/README). The
 		// read is made with this undone, so that one that finds nothing
 		// is woken by the next byte.
-		setRcvLowat(t.socket, trickleBytes)
-		defer setRcvLowat(t.socket, 1)
+		if t.lastRead >= quietFrom {
+			t.socket.setRcvLowat(trickleBytes)
+			defer t.socket.setRcvLowat(1)
+		}
 	}
 	if fired == nil {
 		if t.paceTimer == nil {
@@ -168,6 +177,18 @@ func (t *trackedConn) awaitTurn() {
 		fired = t.paceTimer.C()
 	}
 	t.waitUntil(fired)
+}
+
+// pacedSocket is a paced connection's socket, for the calls pacing makes
+// on it (quiet_linux.go). Its callbacks are made once, so that a turn
+// allocates nothing.
+type pacedSocket struct {
+	rc           syscall.RawConn
+	lowat        int
+	gone         bool
+	peekBuf      [1]byte
+	setLowatFunc func(fd uintptr)
+	peekFunc     func(fd uintptr)
 }
 
 // waitUntil waits for fired, or for t to be closed.

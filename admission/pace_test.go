@@ -197,13 +197,14 @@ func syncConn(t *testing.T) (tc *testController, clk *clock.Fake, client, server
 	return tc, clk, client, server
 }
 
-// pacedSyncConn is syncConn with its head's trickleReads short reads made:
-// its next read waits its turn.
+// pacedSyncConn is syncConn with its head's trickleReads short reads made,
+// of quietFrom bytes each: its next read waits its turn, and holds the
+// poller's wake-ups meanwhile.
 func pacedSyncConn(t *testing.T) (tc *testController, clk *clock.Fake, client, server net.Conn) {
 	t.Helper()
 	tc, clk, client, server = syncConn(t)
 	for range trickleReads {
-		readOne(t, client, server, "a")
+		readOne(t, client, server, strings.Repeat("a", quietFrom))
 	}
 	return tc, clk, client, server
 }

@@ -1,38 +1,60 @@
 package admission
 
 import (
+	"errors"
+	"net"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 )
 
-// setRcvLowat sets how many bytes must wait in a socket's receive queue
+// newPacedSocket returns conn's socket, or nil if it has none (a test's
+// pipe).
+func newPacedSocket(conn net.Conn) *pacedSocket {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	s := &pacedSocket{rc: rc}
+	s.setLowatFunc, s.peekFunc = s.setLowat, s.peek
+	return s
+}
+
+// setRcvLowat sets how many bytes must wait in the socket's receive queue
 // before the kernel tells the edge's poller it is readable (SO_RCVLOWAT,
 // Linux 4.18 or later for TCP's wake-ups): the connection's end, and a
-// receive window filling up, wake it whatever this says, and a read takes
-// what is there however little. An error only leaves the poller woken as
-// before.
-func setRcvLowat(rc syscall.RawConn, bytes int) {
-	rc.Control(func(fd uintptr) {
-		syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, bytes)
-	})
+// receive window or memory running short, wake it whatever this says, and
+// a read takes what is there however little. An error only leaves the
+// poller woken as before.
+func (s *pacedSocket) setRcvLowat(bytes int) {
+	s.lowat = bytes
+	s.rc.Control(s.setLowatFunc)
 }
 
-// peerGone reports whether the peer of a TCP socket has closed its side
-// (a FIN) or reset the connection: a read would return what came before,
-// then the end.
-func peerGone(rc syscall.RawConn) bool {
-	var state uint8
-	rc.Control(func(fd uintptr) {
-		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-			state = info.State
-		}
-	})
-	return state == tcpCloseWait || state == tcpClose
+func (s *pacedSocket) setLowat(fd uintptr) {
+	syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, s.lowat)
 }
 
-// TCP states, from the kernel's include/net/tcp_states.h.
-const (
-	tcpClose     = 7 // reset (or never connected)
-	tcpCloseWait = 8 // the peer sent its FIN
-)
+// peerGone reports whether the peer has closed its side (a FIN) or reset
+// the connection, as far as a peek without waiting tells: called after a
+// read that took all there was, so that bytes waiting mean it is still
+// there. It consumes nothing but a pending reset, after which a read
+// returns the end.
+func (s *pacedSocket) peerGone() bool {
+	s.gone = false
+	s.rc.Control(s.peekFunc)
+	return s.gone
+}
+
+func (s *pacedSocket) peek(fd uintptr) {
+	n, _, err := syscall.Recvfrom(int(fd), s.peekBuf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	switch {
+	case err == nil:
+		s.gone = n == 0 // the end of its stream
+	case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EINTR):
+	default:
+		s.gone = true // a reset
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -41,14 +42,15 @@ func TestAPacedHeadWakesTheEdgeOnlyAtItsTurns(t *testing.T) {
 		t.Fatalf("SO_RCVLOWAT = %d before the first turn, want a byte", got)
 	}
 
-	// Waiting its turn, with a byte waiting.
-	got := readInTurn(t, clk, client, server, "b")
+	// Waiting its turn, the last turn having found quietFrom bytes.
+	b := strings.Repeat("b", quietFrom)
+	got := readInTurn(t, clk, client, server, b)
 	if lowat := rcvLowat(t, server); lowat != trickleBytes {
 		t.Errorf("SO_RCVLOWAT = %d while the read waits its turn, want %d", lowat, trickleBytes)
 	}
 	clk.Advance(2 * paceEvery)
-	if n := <-got; n != 1 {
-		t.Fatalf("the turn's read: %d bytes, want 1", n)
+	if n := <-got; n != len(b) {
+		t.Fatalf("the turn's read: %d bytes, want %d", n, len(b))
 	}
 	if lowat := rcvLowat(t, server); lowat > 1 {
 		t.Errorf("SO_RCVLOWAT = %d after the turn's read, want a byte", lowat)
@@ -75,6 +77,17 @@ func TestAPacedHeadWakesTheEdgeOnlyAtItsTurns(t *testing.T) {
 		server.Close()
 		<-read
 		t.Fatal("a byte sent after the read's turn was not read in 10s")
+	}
+
+	// A turn that found a byte is followed by a wait that does not hold
+	// the wake-ups: it would spare fewer than it costs.
+	got = readInTurn(t, clk, client, server, "d")
+	if lowat := rcvLowat(t, server); lowat > 1 {
+		t.Errorf("SO_RCVLOWAT = %d while a read waits after a turn that found a byte, want a byte", lowat)
+	}
+	clk.Advance(8 * paceEvery)
+	if n := <-got; n != 1 {
+		t.Fatalf("the turn's read: %d bytes, want 1", n)
 	}
 
 	// The head is in; its body's few bytes are read as they come.

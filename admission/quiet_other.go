@@ -2,11 +2,12 @@
 
 package admission
 
-import "syscall"
+import "net"
 
-// setRcvLowat does nothing here: the edge ships on Linux, and is measured
+// newPacedSocket returns nil: the edge ships on Linux, and is measured
 // there only.
-func setRcvLowat(rc syscall.RawConn, bytes int) {}
+func newPacedSocket(conn net.Conn) *pacedSocket { return nil }
 
-// peerGone reports false: a paced read hears its peer go when it reads.
-func peerGone(rc syscall.RawConn) bool { return false }
+func (s *pacedSocket) setRcvLowat(bytes int) {}
+
+func (s *pacedSocket) peerGone() bool { return false }
