@@ -38,8 +38,9 @@ import (
 // cheaper one. Holding them costs two system calls and a wake-up a turn,
 // more than a client sending a segment or two a turn costs. Before each
 // wait, a peek tells whether the client has closed or reset, and then the
-// read goes at once, so that its connection is let go a turn after it
-// went, not two (the read after a reset returns what came before it).
+// read goes at once and returns the end, so that its connection is let go
+// a turn after it went, not two (the turn's read returned what came
+// before the close or reset).
 //
 // A read that finds trickleBytes or more waiting is followed by one at
 // once, and so on while they find as much (a backlog is read as it comes,
@@ -68,8 +69,9 @@ const (
 	paceDeadlineLead = 50 * time.Millisecond
 	// quietFrom is how many bytes the last turn must have found for the
 	// next wait to hold the poller's wake-ups: holding them costs two
-	// system calls and a wake-up a turn, which a client sending fewer
-	// segments a turn than that does not cost (bench/README).
+	// system calls and a wake-up a turn, more than the wake-ups of a
+	// client trickling a byte or two a turn (bench/README). Bytes stand
+	// in for segments: a trickle sends a segment a byte or so.
 	quietFrom = 3
 )
 
@@ -151,9 +153,10 @@ func (t *trackedConn) awaitTurn() {
 	}
 	if t.socket != nil {
 		if t.socket.peerGone() {
-			// The read returns what came before the client's close or
-			// reset, and the next the end: neither waits a turn, so that
-			// a connection its client left is let go a turn after, not two.
+			// With nothing waiting, the read returns the end (after a
+			// reset too: the peek took its error) without a turn, so
+			// that a connection its client left is let go a turn after,
+			// not two.
 			return
 		}
 		// Nor does the poller wake for it meanwhile, but for its end,

@@ -96,8 +96,9 @@ func TestAPacedHeadWakesTheEdgeOnlyAtItsTurns(t *testing.T) {
 }
 
 // A client that closes or resets its connection while a paced read waits
-// its turn is let go at that turn: the read returns what it sent (for a
-// reset, that or the reset), and the next the end, with no turn between.
+// its turn is let go at that turn: the turn's read returns what it sent
+// before (or, for a reset, may fail), and the next the end, with no turn
+// between.
 func TestAPacedReadHearsItsClientGoAtTheTurn(t *testing.T) {
 	t.Parallel()
 	for _, how := range []string{"close", "reset"} {
