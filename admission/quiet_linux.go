@@ -1,7 +1,6 @@
 package admission
 
 import (
-	"errors"
 	"net"
 	"syscall"
 )
@@ -50,11 +49,7 @@ func (s *pacedSocket) peerGone() bool {
 
 func (s *pacedSocket) peek(fd uintptr) {
 	n, _, err := syscall.Recvfrom(int(fd), s.peekBuf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	switch {
-	case err == nil:
-		s.gone = n == 0 // the end of its stream
-	case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EINTR):
-	default:
-		s.gone = true // a reset
-	}
+	// Nothing waiting, or bytes waiting, is a client still there
+	// (MSG_DONTWAIT never sleeps, so no EINTR).
+	s.gone = (err == nil && n == 0) || (err != nil && err != syscall.EAGAIN)
 }

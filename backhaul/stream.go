@@ -1,6 +1,7 @@
 package backhaul
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -152,13 +153,27 @@ func noSniff(h http.Header) {
 // abort closes the client's connection under a response already started,
 // so that the client sees it cut short.
 func abort(w http.ResponseWriter) {
-	conn, _, err := http.NewResponseController(w).Hijack()
-	if err != nil {
+	if !CloseClient(w) {
 		// HTTP/2 cannot be hijacked; this panic resets the stream and is
 		// not logged by net/http.
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// CloseClient closes the client's HTTP/1 connection under w, with no
+// further byte: the TCP connection itself, as a TLS close_notify could
+// wait on a client that does not read. It reports false over HTTP/2 and
+// HTTP/3, whose connections cannot be hijacked.
+func CloseClient(w http.ResponseWriter) bool {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return false
+	}
+	if tc, ok := conn.(*tls.Conn); ok {
+		conn = tc.NetConn()
+	}
 	conn.Close()
+	return true
 }
 
 // tunnel completes a protocol switch: it checks the upstream switched to

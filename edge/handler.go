@@ -2,7 +2,6 @@ package edge
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"net/http"
 	"strings"
@@ -307,21 +306,14 @@ func shareKey(route *Route) string {
 // and a client that half-closed after its request may still be reading:
 // left to itself, the server would answer it 200 with an empty body, a
 // success that never was. Its connection is closed instead, with no
-// answer, as nginx closes it: the TCP connection itself, as a TLS
-// close_notify could wait on a client that does not read. An HTTP/2 stream
-// reset has nobody to answer.
+// answer, as nginx closes it. An HTTP/2 stream reset has nobody to answer.
 func (h *Handler) canceled(w http.ResponseWriter, r *http.Request, rec *Record) {
 	rec.Reason, rec.Status = ReasonCanceled, 499
 	if h.Canceled != nil {
 		h.Canceled(r)
 	}
 	if r.ProtoMajor == 1 {
-		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			if tc, ok := conn.(*tls.Conn); ok {
-				conn = tc.NetConn()
-			}
-			conn.Close()
-		}
+		backhaul.CloseClient(w)
 	}
 }
 
