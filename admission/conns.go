@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"errors"
 	"net"
 	"net/http"
 	"net/netip"
@@ -32,9 +33,27 @@ type listener struct {
 	c         *Controller
 	done      chan struct{}
 	closeOnce sync.Once
+	heads     *headWait // nil: connections go to the server as accepted
 }
 
 func (l *listener) Accept() (net.Conn, error) {
+	if l.heads != nil {
+		return l.heads.accept(l)
+	}
+	return l.acceptTracked()
+}
+
+func (l *listener) isClosed() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// acceptTracked accepts the next connection admitted.
+func (l *listener) acceptTracked() (*trackedConn, error) {
 	for {
 		conn, err := l.Listener.Accept()
 		if err != nil {
@@ -65,7 +84,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		l.c.clientConns.Add(1)
 		l.c.opened()
-		return &trackedConn{Conn: conn, c: l.c, client: client, shardIdx: uint8(l.c.connSeq.Add(1) % connShards), gone: make(chan struct{})}, nil
+		return &trackedConn{Conn: conn, c: l.c, client: client, shardIdx: uint8(l.c.connSeq.Add(1) % connShards), gone: make(chan struct{}), headWait: l.heads}, nil
 	}
 }
 
@@ -188,6 +207,33 @@ type trackedConn struct {
 	paceTimer clock.Timer
 	lastRead  uint16       // bytes the last read of the head got, up to trickleBytes
 	socket    *pacedSocket // found once paced; nil if none (a test's pipe)
+
+	// For a first head awaited outside the server (heads.go): the
+	// listener's, if it awaits them; and, guarded by its mu, the id the
+	// connection waits as and whether it still does. raw is its socket,
+	// found when it first waits.
+	headWait    *headWait
+	headID      uint64
+	headWaiting bool
+	raw         syscall.RawConn
+}
+
+// rawConn returns t's socket, for the calls made on it while its first
+// head is awaited (by one goroutine at a time: Accept's, then the
+// poller's).
+func (t *trackedConn) rawConn() (syscall.RawConn, error) {
+	if t.raw == nil {
+		sc, ok := t.Conn.(syscall.Conn)
+		if !ok {
+			return nil, errors.New("no socket")
+		}
+		rc, err := sc.SyscallConn()
+		if err != nil {
+			return nil, err
+		}
+		t.raw = rc
+	}
+	return t.raw, nil
 }
 
 // NetConn returns the connection underneath, as tls.Conn's does.
@@ -234,6 +280,9 @@ func (c *Controller) connClosed(t *trackedConn) {
 		c.upstreamConns.Add(-1)
 	} else {
 		t.state.Store(uint32(stateGone))
+		if t.headWait != nil {
+			t.headWait.drop(t)
+		}
 		c.conns.remove(t)
 		c.undrain(t)
 		c.clientConns.Add(-1)

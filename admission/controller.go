@@ -126,6 +126,11 @@ type Controller struct {
 	waiting atomic.Int32
 	paused  atomic.Bool // an Accept waits for room now
 
+	// heads are the listeners' connections whose first request head is
+	// awaited outside the server (heads.go).
+	headsMu sync.Mutex
+	heads   []*headWait
+
 	conns   connRegistry
 	connSeq atomic.Uint32 // spreads connections over the registry's shards
 	clients clientTable
@@ -389,6 +394,9 @@ func (c *Controller) Run(ctx context.Context) {
 		case <-t.C:
 			c.refused.release(c.clock.Now())
 			c.sampleMemory()
+			if sweep%4 == 0 { // every second
+				c.expireHeads(c.clock.Now())
+			}
 			if sweep++; sweep%20 == 0 { // every 5s
 				c.clients.sweep()
 				c.apps.prune(c.m)

@@ -40,6 +40,11 @@
 //     at moments of the edge's choosing, not at each of its client's
 //     bytes, a second apart and then, while it keeps trickling, twice as
 //     far each time, up to 4 to 6 s (pace.go);
+//   - on a plain HTTP listener (PlainListener), a connection's first
+//     request head that has not ended when it is accepted is awaited
+//     outside the server, in one epoll set, with no goroutine or buffer
+//     of its own, until it ends, its client goes or the header timeout
+//     (heads.go);
 //   - on every request about to be forwarded (Admit): past the memory
 //     high-water mark, or with the budget and its overdraft spent, new
 //     requests are refused (503); past a client address's share of

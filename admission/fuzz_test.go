@@ -1,6 +1,8 @@
 package admission
 
 import (
+	"bufio"
+	"bytes"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -71,5 +73,36 @@ func FuzzClientOfRequest(f *testing.F) {
 			}
 		}
 		t.Fatalf("counted as %v though the header %q names only trusted proxies", key, xff)
+	})
+}
+
+// FuzzHeadEnded holds the wait for a first head (heads.go) to net/http:
+// whatever bytes net/http reads a request from hold the end of a head by
+// headEnded's account, so a head the server would serve is never kept
+// from it; and a head that has ended stays ended as bytes follow.
+func FuzzHeadEnded(f *testing.F) {
+	for _, s := range []string{
+		"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET / HTTP/1.1\nHost: a\n\n",
+		"GET / HTTP/1.0\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a\r\nX-Slow: a",
+		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+		"PROXY TCP4 192.0.2.1 192.0.2.2 1 2\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a\r\nX: b\r\n continued\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a\r\r\n\r\n",
+		"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) > headPeek {
+			return
+		}
+		if _, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(b))); err == nil && !headEnded(b) {
+			t.Fatalf("net/http reads a request from %q, but its head has not ended by headEnded", b)
+		}
+		if headEnded(b) && !headEnded(append(b[:len(b):len(b)], 'x')) {
+			t.Fatalf("%q ended, and not with a byte more", b)
+		}
 	})
 }

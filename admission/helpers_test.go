@@ -326,24 +326,38 @@ func (g *gate) handler() http.Handler {
 	})
 }
 
+// serveOn serves h over plain HTTP on ln, a listener of c's, with c's
+// ConnState hook, until the test ends.
+func serveOn(t testing.TB, c *Controller, ln net.Listener, h http.Handler) {
+	t.Helper()
+	srv := &http.Server{Handler: h, ConnState: c.ConnState, ErrorLog: log.New(io.Discard, "", 0)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		srv.Close()
+		<-done
+	})
+}
+
 // serve serves h on ln counted by c, with c's ConnState hook, over TLS (and
 // so HTTP/2) when cert is not nil, until the test ends.
 func serve(t testing.TB, c *Controller, ln net.Listener, h http.Handler, cert *tls.Certificate) {
 	t.Helper()
+	if cert == nil {
+		serveOn(t, c, c.Listener(ln), h)
+		return
+	}
 	// Its error log would only say that connections the tests closed or
 	// that never finished a handshake ended.
 	srv := &http.Server{Handler: h, ConnState: c.ConnState, ErrorLog: log.New(io.Discard, "", 0)}
-	if cert != nil {
-		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{*cert}, NextProtos: []string{"h2", "http/1.1"}}
-	}
+	srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{*cert}, NextProtos: []string{"h2", "http/1.1"}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if cert != nil {
-			srv.ServeTLS(c.Listener(ln), "", "")
-		} else {
-			srv.Serve(c.Listener(ln))
-		}
+		srv.ServeTLS(c.Listener(ln), "", "")
 	}()
 	t.Cleanup(func() {
 		srv.Close()

@@ -92,6 +92,8 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		gauge("scafo_edge_memory_limit_bytes", "The memory limit the edge keeps under, by where it came from (flag, GOMEMLIMIT, cgroup v1, cgroup v2, share of MemTotal); 0 from none: none known.",
 			prometheus.Labels{"from": orNone(c.limits.MemoryFrom)},
 			func() float64 { return float64(c.limits.MemoryLimit) }),
+		gauge("scafo_edge_waiting_heads", "Connections of the plain HTTP listener whose first request head has not ended, awaited outside the HTTP server (no goroutine of their own) until it does, their client goes, or the header timeout.", nil,
+			func() float64 { return float64(c.waitingHeads()) }),
 		gauge("scafo_edge_client_addresses", "Client addresses the edge keeps counts for now.", nil,
 			func() float64 { return float64(c.clients.len()) }),
 	)

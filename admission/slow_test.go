@@ -67,14 +67,19 @@ func finish(conn net.Conn) error {
 }
 
 // servedController starts a running controller of l on the fake clock it
-// returns, and a server counted by it; addr is where the server listens.
-func servedController(t *testing.T, l Limits) (c *testController, clk *clock.Fake, addr string) {
+// returns, and a server counted by it, on a PlainListener if plain (its
+// first heads awaited outside the server); addr is where it listens.
+func servedController(t *testing.T, l Limits, plain ...bool) (c *testController, clk *clock.Fake, addr string) {
 	t.Helper()
 	clk = newFakeClock()
 	c = newController(t, Options{Limits: l, Clock: clk})
 	c.run(t)
 	ln := listen(t)
-	serve(t, c.Controller, ln, newGate(t).handler(), nil)
+	if len(plain) > 0 && plain[0] {
+		serveOn(t, c.Controller, c.PlainListener(ln, time.Hour), newGate(t).handler())
+	} else {
+		serve(t, c.Controller, ln, newGate(t).handler(), nil)
+	}
 	return c, clk, ln.Addr().String()
 }
 
@@ -82,12 +87,23 @@ func servedController(t *testing.T, l Limits) (c *testController, clk *clock.Fak
 // room for a new one, one for each connection accepted: those of addresses
 // at or past their share first, down to under it, each oldest first; then
 // the others oldest first; never a visitor's fresh one.
+// On a plain listener the slow ones wait outside the server (heads.go),
+// and make room alike.
 func TestAtTheBudgetSlowFirstRequestsMakeRoomAddressesAtTheirShareFirstOldestFirst(t *testing.T) {
 	t.Parallel()
-	const maxConns = 6
-	l := testLimits(maxConns)
-	l.ConnsPerClient = 2
-	c, clk, addr := servedController(t, l)
+	for _, plain := range []bool{false, true} {
+		t.Run(fmt.Sprintf("plain=%v", plain), func(t *testing.T) {
+			t.Parallel()
+			const maxConns = 6
+			l := testLimits(maxConns)
+			l.ConnsPerClient = 2
+			c, clk, addr := servedController(t, l, plain)
+			slowFirstRequestsMakeRoom(t, c, clk, addr)
+		})
+	}
+}
+
+func slowFirstRequestsMakeRoom(t *testing.T, c *testController, clk *clock.Fake, addr string) {
 
 	conns := map[string]net.Conn{}
 	conns["B1"] = slowFrom(t, c, clk, "127.0.0.3", addr) // the oldest, of an address under its share

@@ -85,6 +85,7 @@ var exportedFamilies = map[string]string{
 	"scafo_edge_pressure_episodes_total":          "counter",
 	"scafo_edge_accept_pauses_total":              "counter",
 	"scafo_edge_paced_heads_total":                "counter",
+	"scafo_edge_waiting_heads":                    "gauge",
 	"scafo_edge_shed_total":                       "counter",
 	"scafo_edge_app_in_flight":                    "gauge",
 	"scafo_edge_app_queued":                       "gauge",

@@ -95,13 +95,15 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	// at the connection budget makes room or waits for it. Each
 	// connection's read deadlines are spread, so that a flood opened in a
 	// burst does not time out in one.
+	// On plain HTTP, a connection's first request head is awaited outside
+	// the server until it has ended (admission/heads.go).
 	client := func(l net.Listener) net.Listener {
-		l = serving.WithSendTimeout(serving.WithSpreadDeadlines(p.admission.Listener(l)), c.sendTimeout)
+		l = serving.WithSendTimeout(serving.WithSpreadDeadlines(l), c.sendTimeout)
 		return sv.gate.Listener(serving.WithProxyProtocol(l, s.proxyFrom, c.readHeaderTimeout))
 	}
-	sv.httpLn = client(sv.httpLn)
+	sv.httpLn = client(p.admission.PlainListener(sv.httpLn, c.readHeaderTimeout))
 	if sv.httpsLn != nil {
-		sv.httpsLn = client(sv.httpsLn)
+		sv.httpsLn = client(p.admission.Listener(sv.httpsLn))
 	}
 	sv.adminLn = sv.gate.Listener(sv.adminLn)
 	status := &admin.Server{Live: p.live, Source: p.source, Registry: p.reg, Proxy: p.proxy, Token: p.token,

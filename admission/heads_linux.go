@@ -1,0 +1,128 @@
+package admission
+
+import (
+	"fmt"
+	"os"
+	"syscall"
+	"unsafe"
+)
+
+// headPoller is a listener's epoll set of the connections whose first head
+// is awaited, edge-triggered: each is looked at when bytes come (each
+// segment is an edge) or its client goes. Level-triggered, a connection
+// would be ready as long as its bytes wait, and a peek leaves them there. Its own descriptor waits in Go's netpoller, as a
+// socket would, so no thread blocks in epoll_wait. Events carry the
+// connection's id in headWait, never its descriptor, which a closed
+// connection gives back for reuse (and the kernel drops a closed socket
+// from the set by itself).
+type headPoller struct {
+	epfd int
+	ep   *os.File // the same, for the netpoller's wait; closed by close
+	buf  [headPeek]byte
+}
+
+func newHeadPoller() (*headPoller, error) {
+	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("epoll_create1: %w", err)
+	}
+	// Non-blocking, so that os.NewFile puts it in the netpoller.
+	if err := syscall.SetNonblock(epfd, true); err != nil {
+		syscall.Close(epfd)
+		return nil, fmt.Errorf("epoll set: %w", err)
+	}
+	return &headPoller{epfd: epfd, ep: os.NewFile(uintptr(epfd), "heads-epoll")}, nil
+}
+
+const headEvents = syscall.EPOLLIN | syscall.EPOLLRDHUP | -syscall.EPOLLET
+
+func (p *headPoller) add(t *trackedConn, id uint64) error {
+	return p.ctl(t, syscall.EPOLL_CTL_ADD, id)
+}
+
+// remove takes t out of the set, for its server to read it. An error
+// means it is closed, and out already.
+func (p *headPoller) remove(t *trackedConn) {
+	p.ctl(t, syscall.EPOLL_CTL_DEL, 0)
+}
+
+func (p *headPoller) ctl(t *trackedConn, op int, id uint64) error {
+	rc, err := t.rawConn()
+	if err != nil {
+		return err
+	}
+	ev := syscall.EpollEvent{Events: headEvents, Fd: int32(uint32(id)), Pad: int32(uint32(id >> 32))}
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cerr = syscall.EpollCtl(p.epfd, op, int(fd), &ev)
+	}); err != nil {
+		return err
+	}
+	return cerr
+}
+
+// peek looks at t's queued bytes without taking them, into buf (a buffer
+// of headPeek bytes that only the caller's goroutine uses), and reports
+// what they say and how many there are.
+func peekHead(t *trackedConn, buf []byte) (headState, int) {
+	rc, err := t.rawConn()
+	if err != nil {
+		return headGone, 0
+	}
+	var n int
+	var errno syscall.Errno
+	if err := rc.Control(func(fd uintptr) {
+		// MSG_DONTWAIT never sleeps, so no EINTR.
+		r, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)),
+			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		n, errno = int(r), e
+	}); err != nil {
+		return headGone, 0
+	}
+	switch {
+	case errno == syscall.EAGAIN:
+		return headWaiting, 0
+	case errno != 0 || n == 0:
+		return headGone, 0
+	case n == len(buf) || headEnded(buf[:n]):
+		return headIn, n
+	}
+	return headWaiting, n
+}
+
+// poll hands each event to h until the set is closed.
+func (h *headWait) poll() {
+	p := h.poller
+	rc, err := p.ep.SyscallConn()
+	if err != nil {
+		return
+	}
+	var evs [128]syscall.EpollEvent
+	for {
+		var n int
+		var werr error
+		err := rc.Read(func(fd uintptr) bool {
+			for {
+				n, werr = syscall.EpollWait(int(fd), evs[:], 0)
+				if werr != syscall.EINTR {
+					break
+				}
+			}
+			return n != 0 || werr != nil // none: wait for the set to be readable
+		})
+		if err != nil || werr != nil {
+			if err == nil {
+				h.c.log.Error().Err(werr).Msg("epoll_wait for first request heads failed; the connections awaiting theirs go to the server")
+				h.handOverWaiting()
+			}
+			return // closed by close
+		}
+		for _, ev := range evs[:n] {
+			id := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
+			ended := ev.Events&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0
+			h.arrived(id, ended, p.buf[:])
+		}
+	}
+}
+
+func (p *headPoller) close() { p.ep.Close() }

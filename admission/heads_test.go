@@ -1,0 +1,313 @@
+//go:build linux
+
+package admission
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/scafo/scafo-edge/internal/clock"
+	"github.com/scafo/scafo-edge/internal/testsupport"
+)
+
+// plainServer serves "ok" on a plain listener counted by a controller on a
+// fake clock (its monitor not running), with a header timeout of
+// headTimeout; news counts the connections its server was given.
+type plainServer struct {
+	tc   *testController
+	clk  *clock.Fake
+	addr string
+	ln   net.Listener // the controller's
+	news atomic.Int64
+}
+
+const testHeadTimeout = 10 * time.Second
+
+func servePlain(t *testing.T, l Limits) *plainServer {
+	t.Helper()
+	ps := &plainServer{clk: newFakeClock()}
+	ps.tc = newController(t, Options{Limits: l, Clock: ps.clk})
+	raw := listen(t)
+	ps.addr = raw.Addr().String()
+	ps.ln = ps.tc.PlainListener(raw, testHeadTimeout)
+	if ps.ln.(*listener).heads == nil {
+		t.Fatal("PlainListener awaits no heads on Linux")
+	}
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, "ok "+r.Header.Get("X-Slow"))
+		}),
+		MaxHeaderBytes: 1024,
+		ErrorLog:       log.New(io.Discard, "", 0),
+		ConnState: func(c net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				ps.news.Add(1)
+			}
+			ps.tc.ConnState(c, st)
+		},
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(ps.ln)
+	}()
+	t.Cleanup(func() {
+		srv.Close()
+		<-done
+	})
+	return ps
+}
+
+func (ps *plainServer) waiting(t *testing.T) float64 {
+	t.Helper()
+	return ps.tc.metric(t, "scafo_edge_waiting_heads", nil)
+}
+
+func (ps *plainServer) waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	testsupport.WaitFor(t, 10*time.Second, what, cond)
+}
+
+// startHead opens a connection from from that sends the start of a head,
+// and waits until it waits for the rest.
+func (ps *plainServer) startHead(t *testing.T, from, start string) net.Conn {
+	t.Helper()
+	before := ps.waiting(t)
+	conn := dialFrom(t, from, ps.addr)
+	if _, err := io.WriteString(conn, start); err != nil {
+		t.Fatal(err)
+	}
+	ps.waitFor(t, "the head to wait", func() bool { return ps.waiting(t) == before+1 })
+	return conn
+}
+
+// answer reads conn's answer: its status line and body.
+func answer(conn net.Conn) (string, error) {
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.Status + ": " + string(b), err
+}
+
+// A first request head that has not ended when its connection is accepted
+// waits for the rest outside the server, whatever way its lines end and
+// whatever came before it; once it has ended, the server gets the
+// connection and reads every byte of it.
+func TestAFirstHeadWaitsOutsideTheServerUntilItEnds(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name          string
+		start, pieces string
+	}{
+		{"CRLF", "GET / HTTP/1.1\r\nHost: a\r\nX-Slow: ", "a|b|c\r\n|\r\n"},
+		{"LF", "GET / HTTP/1.1\nHost: a\nX-Slow: ", "ab|c\n|\n"},
+		{"the blank line split", "GET / HTTP/1.1\r\nHost: a\r\nX-Slow: abc\r", "\n\r|\n"},
+		{"nothing at the accept", "", "GET / HTTP/1.1\r\n|Host: a\r\nX-Slow: abc\r\n\r\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ps := servePlain(t, testLimits(100))
+			conn := dialFrom(t, "127.0.0.2", ps.addr)
+			if tt.start != "" {
+				if _, err := io.WriteString(conn, tt.start); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ps.waitFor(t, "the head to wait", func() bool { return ps.waiting(t) == 1 })
+			pieces := strings.Split(tt.pieces, "|")
+			for _, p := range pieces[:len(pieces)-1] {
+				if _, err := io.WriteString(conn, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := ps.news.Load(); got != 0 {
+				t.Fatalf("the server was given %d connections before the head ended, want 0", got)
+			}
+			if _, err := io.WriteString(conn, pieces[len(pieces)-1]); err != nil {
+				t.Fatal(err)
+			}
+			got, err := answer(conn)
+			if err != nil || got != "200 OK: ok abc" {
+				t.Fatalf("answer = %q, %v; want \"200 OK: ok abc\"", got, err)
+			}
+			if n := ps.waiting(t); n != 0 {
+				t.Errorf("scafo_edge_waiting_heads = %v after the head came, want 0", n)
+			}
+		})
+	}
+}
+
+// A visitor's head, whole when its connection is accepted, goes to the
+// server at once; a keep-alive connection's next head is the server's to
+// read.
+func TestAHeadInWhenAcceptedGoesStraightToTheServer(t *testing.T) {
+	t.Parallel()
+	ps := servePlain(t, testLimits(100))
+	h := dialH1(t, ps.addr)
+	for i := range 3 {
+		if _, err := h.get("/"); err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+	}
+	if got := ps.news.Load(); got != 1 {
+		t.Errorf("the server was given %d connections, want 1", got)
+	}
+}
+
+// Slow first heads cost the server nothing while they wait: no connection
+// of theirs reaches it, and each is counted against the budget.
+func TestWaitingHeadsAreCountedButNotServed(t *testing.T) {
+	t.Parallel()
+	ps := servePlain(t, testLimits(100))
+	const n = 40
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		conns[i] = ps.startHead(t, "127.0.0.2", slowHeaders)
+	}
+	if got := ps.news.Load(); got != 0 {
+		t.Fatalf("the server was given %d connections, want 0", got)
+	}
+	if got := ps.tc.clientConns.Load(); got != n {
+		t.Errorf("client connections counted = %d, want %d", got, n)
+	}
+	if got := ps.tc.arrivingFirst(); got != n {
+		t.Errorf("slow first requests listed for shedding = %d, want %d", got, n)
+	}
+	for i, conn := range conns {
+		if _, err := io.WriteString(conn, "\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := answer(conn); err != nil || got != "200 OK: ok a" {
+			t.Fatalf("connection %d: answer = %q, %v", i+1, got, err)
+		}
+	}
+}
+
+// A head still waiting at the header timeout (stretched 1 to 1.5 times)
+// is closed, as the server would have closed it, and given back to the
+// budget; one within it waits on.
+func TestAWaitingHeadIsClosedAtItsHeaderTimeout(t *testing.T) {
+	t.Parallel()
+	ps := servePlain(t, testLimits(100))
+	conn := ps.startHead(t, "127.0.0.2", slowHeaders)
+	ps.clk.Advance(testHeadTimeout - time.Millisecond)
+	ps.tc.expireHeads(ps.clk.Now())
+	if got := ps.waiting(t); got != 1 {
+		t.Fatalf("scafo_edge_waiting_heads = %v within the header timeout, want 1", got)
+	}
+	ps.clk.Advance(testHeadTimeout / 2)
+	ps.tc.expireHeads(ps.clk.Now())
+	if err := closedByPeer(conn); err != nil {
+		t.Fatalf("past the header timeout: %v", err)
+	}
+	if got := ps.waiting(t); got != 0 {
+		t.Errorf("scafo_edge_waiting_heads = %v past the header timeout, want 0", got)
+	}
+	if got := ps.tc.clientConns.Load(); got != 0 {
+		t.Errorf("client connections counted = %d past the header timeout, want 0", got)
+	}
+}
+
+// A client that closes or resets while its head waits is the server's to
+// hear: it gets the connection and what was sent, and ends it.
+func TestAClientThatGoesWhileItsHeadWaitsIsLetGo(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"close", "half-close", "reset"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			ps := servePlain(t, testLimits(100))
+			conn := ps.startHead(t, "127.0.0.2", slowHeaders)
+			switch how {
+			case "reset":
+				conn.(*net.TCPConn).SetLinger(0)
+				conn.Close()
+			case "close":
+				conn.Close()
+			case "half-close":
+				conn.(*net.TCPConn).CloseWrite()
+			}
+			ps.waitFor(t, "the connection to be let go", func() bool {
+				return ps.waiting(t) == 0 && ps.tc.clientConns.Load() == 0
+			})
+			if got := ps.news.Load(); got != 1 {
+				t.Errorf("the server was given %d connections, want 1", got)
+			}
+		})
+	}
+}
+
+// A head that has not ended in headPeek bytes is the server's to judge
+// against its --max-header-bytes.
+func TestAHeadTooLargeToWaitForGoesToTheServer(t *testing.T) {
+	t.Parallel()
+	ps := servePlain(t, testLimits(100))
+	conn := ps.startHead(t, "127.0.0.2", slowHeaders)
+	if _, err := io.WriteString(conn, strings.Repeat("a", 2*headPeek)); err != nil { // past the server's limit, its slack included
+		t.Fatal(err)
+	}
+	// The server answers before reading the rest, and its close may
+	// reset what follows the answer.
+	if got, err := answer(conn); !strings.HasPrefix(got, "431 ") {
+		t.Fatalf("answer = %q, %v; want 431 from the server", got, err)
+	}
+}
+
+// Closing the listener (an upgrade hands its socket on) gives its server
+// every connection whose head waits, then the end: they were accepted,
+// and the server drains them.
+func TestClosingThePlainListenerHandsItsWaitingHeadsToTheServer(t *testing.T) {
+	t.Parallel()
+	clk := newFakeClock()
+	tc := newController(t, Options{Limits: testLimits(100), Clock: clk})
+	raw := listen(t)
+	ln := tc.PlainListener(raw, testHeadTimeout)
+	got := make(chan net.Conn, 8)
+	done := make(chan error, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				done <- err
+				return
+			}
+			got <- c
+		}
+	}()
+	const n = 3
+	for range n {
+		dialFrom(t, "127.0.0.2", raw.Addr().String()).Write([]byte(slowHeaders))
+	}
+	testsupport.WaitFor(t, 10*time.Second, "the heads to wait", func() bool { return tc.waitingHeads() == n })
+	ln.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Accept after the close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Accept did not return the end within 10s of the close")
+	}
+	if len(got) != n {
+		t.Fatalf("Accept returned %d connections before the end, want %d", len(got), n)
+	}
+	for range n {
+		c := <-got
+		buf := make([]byte, len(slowHeaders))
+		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != slowHeaders {
+			t.Errorf("read %q, %v from a handed-over connection; want its head's start", buf, err)
+		}
+		c.Close()
+	}
+}
