@@ -216,6 +216,18 @@ type trackedConn struct {
 	headID      uint64
 	headWaiting bool
 	raw         syscall.RawConn
+	// headDeadline, once handed over, is when its first head must be in
+	// (Unix ns): its server's header deadline is held to it, so that a
+	// head handed over unfinished gets no second timeout. 0: none.
+	headDeadline atomic.Int64
+}
+
+// closeUnread closes t, a connection whose first head waited, taking
+// first what its client sent that was only peeked at: closed with bytes
+// unread, a socket sends a reset rather than a FIN.
+func (t *trackedConn) closeUnread() {
+	drainUnread(t)
+	t.Close()
 }
 
 // rawConn returns t's socket, for the calls made on it while its first
@@ -339,6 +351,7 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		t.since.Store(c.clock.Now().UnixNano())
 		c.conns.add(t, conn)
 	case http.StateIdle:
+		t.headDeadline.Store(0)
 		t.noteProtocol(conn)
 		t.heads.Add(1)
 		t.arriving.Store(false)
@@ -353,6 +366,7 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 			c.closeIfIdleAfter(t, goAwayGrace)
 		}
 	case http.StateActive:
+		t.headDeadline.Store(0)
 		t.noteProtocol(conn)
 		t.setState(stateActive)
 		if t.goingAway.Load() {

@@ -3,6 +3,7 @@ package admission
 import (
 	"bufio"
 	"bytes"
+	"io"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -76,33 +77,62 @@ func FuzzClientOfRequest(f *testing.F) {
 	})
 }
 
-// FuzzHeadEnded holds the wait for a first head (heads.go) to net/http:
-// whatever bytes net/http reads a request from hold the end of a head by
-// headEnded's account, so a head the server would serve is never kept
-// from it; and a head that has ended stays ended as bytes follow.
-func FuzzHeadEnded(f *testing.F) {
+// FuzzJudgeHead holds the wait for a first head (heads.go) to net/http:
+// whatever bytes net/http reads a request from, or refuses, are for the
+// server now by judgeHead's account, so that a head is kept from the
+// server only while net/http would still be reading it. Judged as the
+// bytes come, a line at a time, the verdict is the same as judged whole;
+// and behind a PROXY header, the same as without it.
+func FuzzJudgeHead(f *testing.F) {
 	for _, s := range []string{
 		"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
 		"GET / HTTP/1.1\nHost: a\n\n",
 		"GET / HTTP/1.0\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: a\r\nX-Slow: a",
 		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-		"PROXY TCP4 192.0.2.1 192.0.2.2 1 2\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: a\r\nX: b\r\n continued\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: a\r\r\n\r\n",
 		"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GARBAGE\r\n",
+		"GET / HTTP/1.1\r\nHost fast.test\r\nX",
+		"\x16\x03\x01\x02\x00\x01",
 	} {
 		f.Add([]byte(s))
 	}
+	// net/http reads lines whole: a line not ended yet it waits for. (Fed
+	// a reader that ends, it would take a last line without its LF.)
+	waiting := func(b []byte) bool {
+		lines := b[:bytes.LastIndexByte(b, '\n')+1]
+		if len(lines) == 0 {
+			return true
+		}
+		_, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(lines)))
+		return err == io.EOF || err == io.ErrUnexpectedEOF
+	}
+	v1 := []byte("PROXY TCP4 192.0.2.1 192.0.2.2 1000 80\r\n")
+	v2 := append([]byte("\r\n\r\n\x00\r\nQUIT\n\x21\x11\x00\x0c"), make([]byte, 12)...)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if len(b) > headPeek {
+		if len(b) >= headPeek-len(v1) {
 			return
 		}
-		if _, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(b))); err == nil && !headEnded(b) {
-			t.Fatalf("net/http reads a request from %q, but its head has not ended by headEnded", b)
+		whole, _ := judgeHead(b, false, -1)
+		if whole == headWaiting && !waiting(b) {
+			t.Fatalf("net/http is done reading %q, but it waits", b)
 		}
-		if headEnded(b) && !headEnded(append(b[:len(b):len(b)], 'x')) {
-			t.Fatalf("%q ended, and not with a byte more", b)
+		st, judged := headWaiting, -1
+		for i := range min(len(b), 256) + 1 {
+			st, judged = judgeHead(b[:i], false, judged)
+			if fresh, _ := judgeHead(b[:i], false, -1); st != fresh {
+				t.Fatalf("%q judged a byte at a time: %v, and whole: %v", b[:i], st, fresh)
+			}
+			if st != headWaiting {
+				break
+			}
+		}
+		for _, p := range [][]byte{v1, v2} {
+			if got, _ := judgeHead(append(p[:len(p):len(p)], b...), true, -1); got != whole {
+				t.Fatalf("%q behind a PROXY header %q: %v, want %v", b, p, got, whole)
+			}
 		}
 	})
 }

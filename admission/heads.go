@@ -1,10 +1,14 @@
 package admission
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 )
@@ -14,30 +18,78 @@ import (
 // ended when it is accepted waits for it here, outside the HTTP server:
 // in one epoll set for the whole listener (heads_linux.go), with no
 // goroutine, no buffer and no stack of its own, and is handed to the
-// server once the head has ended, its client has gone, or headPeek bytes
-// wait. A visitor's head comes in a segment or a few, so it waits one
-// round trip at most; a slowloris's never ends, and each of its 19,000
-// connections held by net/http cost a goroutine (about 3 KiB of stack
-// that every garbage collection scans), 8 KiB of buffers, and a wake-up of
-// its goroutine for every byte (bench/README: "first heads awaited outside
-// the server"). Waiting, a connection costs an entry here and a peek at
-// its queued bytes each time some arrive. The server still reads every
-// byte the client sent, and judges it: this only chooses when.
+// server once the head has ended, or net/http would already refuse what
+// came, or its client has gone, or headPeek bytes wait. A visitor's head
+// comes in a segment or a few, so it waits one round trip at most; a
+// slowloris's never ends, and each of its 19,000 connections held by
+// net/http cost a goroutine (about 3 KiB of stack that every garbage
+// collection scans), 8 KiB of buffers, and a wake-up of its goroutine for
+// every byte: the edge's RSS was about 400 MiB under that row, 67 MiB with
+// them waiting here (bench/README: "first heads awaited outside the
+// server"). Waiting, a connection costs an entry here and a peek at its
+// queued bytes each time some arrive. The server still reads every byte
+// the client sent, and judges it: this only chooses when (judgeHead).
 //
 // It is counted against the budget as any connection (it was accepted),
 // listed for shedding as a new connection with bytes arriving (a slow
 // first request), and closed once its head has waited the server's header
 // timeout, stretched as the server's own deadlines are (1 to 1.5 times,
-// drawn per connection), as the server would have closed it. Keep-alive
-// heads, and every head over TLS, are read by the server (and paced:
-// pace.go).
-const headPeek = 4096
+// drawn per connection), as the server would have closed it; if it is
+// handed over with its head not ended (headPeek bytes), its server's
+// header deadline is held to that one. Keep-alive heads, and every head
+// over TLS, are read by the server (and paced: pace.go).
+const headPeek = 1024
 
-// headEnded reports whether b, the first bytes a connection sent, hold
-// the end of a request head: an empty line, its line end LF or CRLF, as
-// net/http reads lines. Bytes net/http would read a request from always
-// hold one (FuzzHeadEnded), so a head the server would serve is never kept
-// from it.
+// judgeHead reports what b, the first bytes a connection sent, say: wait
+// for more (headWaiting), or hand the connection to its server
+// (headIn), because the head has ended or because net/http would refuse
+// it already. With proxied, a PROXY protocol header (v1 or v2) before the
+// head is skipped, as the listener above reads it. judged is where the
+// last judgement's complete lines ended (-1: none); it returns where this
+// one's do, so that net/http judges each line once (FuzzJudgeHead holds
+// the verdicts to net/http's on the whole).
+func judgeHead(b []byte, proxied bool, judged int) (headState, int) {
+	off := 0
+	if proxied {
+		var ok bool
+		if off, ok = proxyHeaderLen(b); !ok {
+			return headWaiting, judged
+		}
+	}
+	head := b[off:]
+	switch {
+	case len(head) == 0:
+		return headWaiting, judged
+	case !isTokenByte(head[0]):
+		return headIn, judged // not a method: a TLS record, say
+	case headEnded(head):
+		return headIn, judged
+	}
+	// Each line more is judged by net/http once, as it comes: net/http
+	// reads lines whole, and refuses a malformed one at once, with a 400.
+	// A header line is judged after a request line of its own, which its
+	// verdict does not depend on.
+	for from := max(judged+1, off); ; {
+		end := bytes.IndexByte(b[from:], '\n')
+		if end < 0 {
+			return headWaiting, judged
+		}
+		line := b[from : from+end+1]
+		if from > off {
+			line = append(append(make([]byte, 0, len(someRequestLine)+len(line)), someRequestLine...), line...)
+		}
+		if _, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(line))); err != io.EOF && err != io.ErrUnexpectedEOF {
+			return headIn, from + end
+		}
+		judged = from + end
+		from = judged + 1
+	}
+}
+
+var someRequestLine = []byte("GET / HTTP/1.1\r\n")
+
+// headEnded reports whether b holds the end of a request head: an empty
+// line, its line end LF or CRLF, as net/http reads lines.
 func headEnded(b []byte) bool {
 	return bytes.Contains(b, lflf) || bytes.Contains(b, lfcrlf)
 }
@@ -47,12 +99,48 @@ var (
 	lfcrlf = []byte("\n\r\n")
 )
 
+// isTokenByte reports whether c may be in an HTTP token, a method's.
+func isTokenByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), c) >= 0
+}
+
+var (
+	proxyV1  = []byte("PROXY ")
+	proxyV2  = []byte("\r\n\r\n\x00\r\nQUIT\n")
+	proxyMax = 107 // a v1 line's longest
+)
+
+// proxyHeaderLen returns the length of the PROXY protocol header b starts
+// with (0 if none), false while b could still be the start of one.
+func proxyHeaderLen(b []byte) (int, bool) {
+	switch {
+	case bytes.HasPrefix(b, proxyV1):
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			return i + 1, true
+		}
+		return 0, len(b) >= proxyMax // too long for one: the server refuses it
+	case bytes.HasPrefix(b, proxyV2):
+		if len(b) < 16 {
+			return 0, false
+		}
+		n := 16 + int(binary.BigEndian.Uint16(b[14:16]))
+		return min(n, len(b)), n <= len(b)
+	case bytes.HasPrefix(proxyV1, b), bytes.HasPrefix(proxyV2, b):
+		return 0, false
+	}
+	return 0, true
+}
+
 // PlainListener is Listener for a listener whose connections speak plain
-// HTTP/1 from their first byte (no TLS; a PROXY protocol header before it
-// is fine): each connection's first request head is awaited outside the
-// server (heads.go). headTimeout is the server's ReadHeaderTimeout. Where
-// the platform cannot, it is Listener.
-func (c *Controller) PlainListener(l net.Listener, headTimeout time.Duration) net.Listener {
+// HTTP/1 from their first byte (no TLS): each connection's first request
+// head is awaited outside the server (heads.go). headTimeout is the
+// server's ReadHeaderTimeout; proxied says that a PROXY protocol header may
+// come first. Where the platform cannot, it is Listener.
+func (c *Controller) PlainListener(l net.Listener, headTimeout time.Duration, proxied bool) net.Listener {
 	if c == nil {
 		return l
 	}
@@ -65,15 +153,13 @@ func (c *Controller) PlainListener(l net.Listener, headTimeout time.Duration) ne
 		c.log.Warn().Err(err).Msg("first request heads are read by the server: no epoll set for them")
 		return ln
 	}
-	h := &headWait{c: c, poller: p, timeout: headTimeout, waiting: map[uint64]*waitingHead{}, notify: make(chan struct{}, 1)}
-	ln.heads = h
-	c.addHeadWait(h)
-	go h.poll()
+	ln.heads = &headWait{c: c, poller: p, timeout: headTimeout, proxied: proxied,
+		waiting: map[uint64]*waitingHead{}, notify: make(chan struct{}, 1), ended: make(chan struct{})}
 	return ln
 }
 
 // headWait holds a listener's connections whose first head is awaited.
-// Its own goroutine accepts (from the first Accept on, so that a server
+// Its own goroutine accepts, from the first Accept on (so that a server
 // not serving yet leaves connections in the kernel's backlog), and Accept
 // returns what it and the poller hand over, in order: so that a head that
 // comes in while the accepting goroutine waits for room at the budget
@@ -82,50 +168,63 @@ type headWait struct {
 	c       *Controller
 	poller  *headPoller
 	timeout time.Duration
+	proxied bool
 	start   sync.Once
+	started bool // by start, before the listener's close: guarded by mu
 
 	acceptBuf [headPeek]byte // for the peeks of the accepting goroutine
 
-	notify  chan struct{} // a result is ready: one waiting signal at most
+	notify  chan struct{} // a result is ready: one signal waits at most
+	ended   chan struct{} // closed with end set
 	mu      sync.Mutex
 	waiting map[uint64]*waitingHead // by id, which epoll events carry
 	nextID  uint64
-	ready   []acceptResult // for Accept to return, in order
-	closed  error          // the listener's end, after ready's results
-	broken  bool           // the epoll set is closed or failed: nothing waits any more
-}
-
-type acceptResult struct {
-	conn net.Conn
-	err  error
+	ready   []net.Conn // for Accept to return, in order
+	end     error      // the listener's, once ready is empty
+	shut    bool       // nothing waits any more: the listener ended, or the epoll set failed
 }
 
 type waitingHead struct {
 	t        *trackedConn
-	deadline int64 // Unix ns of c.clock: closed then
+	since    int64 // Unix ns of c.clock: when it began to wait
+	deadline int64 // the same: closed then
+	judged   int   // judgeHead's
 }
 
-// accept returns the next result for the server: a connection whose head
-// was awaited and is in, one just accepted whose head ended already (or
-// that cannot wait: its client gone, its head too large to wait for), or
-// an error of the listener's.
+// accept returns the next connection for the server: one whose head was
+// awaited and is in, or one just accepted that need not wait.
 func (h *headWait) accept(l *listener) (net.Conn, error) {
-	h.start.Do(func() { go h.acceptLoop(l) })
+	h.start.Do(func() {
+		h.mu.Lock()
+		closed := l.isClosed()
+		h.started = !closed
+		h.mu.Unlock()
+		if closed {
+			h.finish(net.ErrClosed)
+			return
+		}
+		h.c.addHeadWait(h)
+		go h.poll()
+		go h.acceptLoop(l)
+	})
 	for {
 		h.mu.Lock()
 		if len(h.ready) > 0 {
-			r := h.ready[0]
-			h.ready[0] = acceptResult{}
+			t := h.ready[0]
+			h.ready[0] = nil
 			h.ready = h.ready[1:]
 			h.mu.Unlock()
-			return r.conn, r.err
+			return t, nil
 		}
-		closed := h.closed
+		end := h.end
 		h.mu.Unlock()
-		if closed != nil {
-			return nil, closed
+		if end != nil {
+			return nil, end
 		}
-		<-h.notify
+		select {
+		case <-h.notify:
+		case <-h.ended:
+		}
 	}
 }
 
@@ -135,44 +234,91 @@ func (h *headWait) acceptLoop(l *listener) {
 	var backoff time.Duration
 	for {
 		t, err := l.acceptTracked()
-		if err != nil {
-			var ne net.Error
-			if (errors.As(err, &ne) && ne.Timeout() || isTemporary(err)) && !l.isClosed() {
-				// As net/http's Serve does: it retries too, after the
-				// result, so that it logs the error.
-				h.push(acceptResult{err: err})
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				select {
-				case <-time.After(backoff):
-				case <-l.done:
-				}
-				continue
+		if err != nil && !l.isClosed() && isTemporary(err) {
+			// As net/http's Serve does, which is not told: it would
+			// retry at once, and log each time.
+			h.c.log.Warn().Err(err).Dur("retry_in", backoff).Msg("accept failed; trying again")
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(backoff):
+			case <-l.done:
 			}
-			// Its server drains what was accepted: every waiting
-			// connection goes to it, then the end.
-			h.handOverWaiting()
-			h.mu.Lock()
-			h.closed = err
-			h.mu.Unlock()
-			h.signal()
-			h.poller.close()
+			continue
+		}
+		if err != nil {
+			if l.isClosed() {
+				err = net.ErrClosed
+			}
+			h.finish(err)
 			return
 		}
 		backoff = 0
 		if !h.await(t) {
-			h.push(acceptResult{conn: t})
+			h.push(t)
 		}
 	}
 }
 
 func isTemporary(err error) bool {
-	te, ok := err.(interface{ Temporary() bool })
-	return ok && te.Temporary()
+	var te interface{ Temporary() bool }
+	return errors.As(err, &te) && te.Temporary()
 }
 
-func (h *headWait) push(r acceptResult) {
+// closeYoungerThan is how old a connection still on its first request
+// may be when the listener ends and be handed to its server rather than
+// closed: net/http's Shutdown closes a new one older than 5 s as idle.
+const closeYoungerThan = 5 * time.Second
+
+// finish ends the listener's waits: a connection that has sent nothing,
+// or has waited closeYoungerThan, is closed, as its server's Shutdown
+// would have; the others go to the server, which drains them (an upgrade
+// hands the socket on and serves what it accepted). Then Accept returns
+// end.
+func (h *headWait) finish(end error) {
 	h.mu.Lock()
-	h.ready = append(h.ready, r)
+	h.shut = true
+	ws := make([]*waitingHead, 0, len(h.waiting))
+	for id, w := range h.waiting {
+		delete(h.waiting, id)
+		w.t.headWaiting = false
+		ws = append(ws, w)
+	}
+	h.mu.Unlock()
+	now := h.c.clock.Now().UnixNano()
+	var ready []net.Conn
+	var closing []*trackedConn
+	var one [1]byte
+	for _, w := range ws {
+		sent := w.t.arriving.Load()
+		if !sent { // or not heard yet
+			n, _ := peekHead(w.t, one[:])
+			sent = n > 0
+		}
+		if sent && now-w.since < int64(closeYoungerThan) {
+			w.t.headDeadline.Store(w.deadline)
+			ready = append(ready, w.t)
+		} else {
+			closing = append(closing, w.t)
+		}
+	}
+	h.mu.Lock()
+	h.ready = append(h.ready, ready...)
+	h.end = end
+	started := h.started
+	h.mu.Unlock()
+	close(h.ended)
+	for _, t := range closing {
+		t.closeUnread()
+	}
+	h.poller.close()
+	if started {
+		h.c.removeHeadWait(h)
+	}
+}
+
+func (h *headWait) push(t *trackedConn) {
+	h.mu.Lock()
+	h.ready = append(h.ready, t)
 	h.mu.Unlock()
 	h.signal()
 }
@@ -185,9 +331,18 @@ func (h *headWait) signal() {
 }
 
 // await looks at t's first bytes and puts it in the epoll set to wait for
-// the rest, unless they end its head (or it cannot wait): false then.
+// the rest, unless they need not wait: false then.
 func (h *headWait) await(t *trackedConn) bool {
-	st, n := peekHead(t, h.acceptBuf[:])
+	n, gone := peekHead(t, h.acceptBuf[:])
+	if gone {
+		return false
+	}
+	st, judged := headWaiting, -1
+	if n == len(h.acceptBuf) {
+		st = headIn
+	} else {
+		st, judged = judgeHead(h.acceptBuf[:n], h.proxied, judged)
+	}
 	if st != headWaiting {
 		return false
 	}
@@ -196,23 +351,45 @@ func (h *headWait) await(t *trackedConn) bool {
 	}
 	now := h.c.clock.Now()
 	t.since.Store(now.UnixNano())
+	stretch := time.Duration(float64(h.timeout) * (1 + rand.Float64()/2))
 	h.mu.Lock()
-	if h.broken {
+	if h.shut {
 		h.mu.Unlock()
 		return false
 	}
 	h.nextID++
 	id := h.nextID
-	stretch := time.Duration(float64(h.timeout) * (1 + rand.Float64()/2))
-	h.waiting[id] = &waitingHead{t: t, deadline: now.Add(stretch).UnixNano()}
+	h.waiting[id] = &waitingHead{t: t, since: now.UnixNano(), deadline: now.Add(stretch).UnixNano(), judged: judged}
 	t.headID, t.headWaiting = id, true
 	h.mu.Unlock()
 	h.c.conns.add(t, t)
 	if err := h.poller.add(t, id); err != nil {
-		// Not awaited after all: the server reads it.
-		h.handOver(id)
+		h.handOver(id) // not awaited after all: the server reads it
 	}
 	return true
+}
+
+// arrived is the poller's word that bytes came for the connection waiting
+// as id, or that its client went (ended): it hands the connection over
+// unless its head must still wait. Only the poller's goroutine calls it.
+func (h *headWait) arrived(id uint64, ended bool, buf []byte) {
+	h.mu.Lock()
+	w, ok := h.waiting[id]
+	h.mu.Unlock()
+	if !ok {
+		return // closed or handed over meanwhile
+	}
+	n, gone := peekHead(w.t, buf)
+	if n > 0 && !w.t.arriving.Load() {
+		w.t.arriving.Store(true)
+	}
+	st := headIn
+	if !ended && !gone && n < len(buf) {
+		st, w.judged = judgeHead(buf[:n], h.proxied, w.judged)
+	}
+	if st != headWaiting {
+		h.handOver(id)
+	}
 }
 
 // handOver moves the connection waiting as id to ready, for Accept.
@@ -222,7 +399,8 @@ func (h *headWait) handOver(id uint64) {
 	if ok {
 		delete(h.waiting, id)
 		w.t.headWaiting = false
-		h.ready = append(h.ready, acceptResult{conn: w.t})
+		w.t.headDeadline.Store(w.deadline)
+		h.ready = append(h.ready, w.t)
 	}
 	h.mu.Unlock()
 	if ok {
@@ -231,23 +409,19 @@ func (h *headWait) handOver(id uint64) {
 	}
 }
 
-// handOverWaiting moves every waiting connection to ready, for good: none
-// is awaited after it.
-func (h *headWait) handOverWaiting() {
+// shutDown hands every waiting connection over, for good: the epoll set
+// failed, and nothing waits any more.
+func (h *headWait) shutDown() {
 	h.mu.Lock()
-	h.broken = true
-	ws := make([]*trackedConn, 0, len(h.waiting))
-	for id, w := range h.waiting {
-		delete(h.waiting, id)
-		w.t.headWaiting = false
-		ws = append(ws, w.t)
-		h.ready = append(h.ready, acceptResult{conn: w.t})
+	h.shut = true
+	ids := make([]uint64, 0, len(h.waiting))
+	for id := range h.waiting {
+		ids = append(ids, id)
 	}
 	h.mu.Unlock()
-	for _, t := range ws {
-		h.poller.remove(t)
+	for _, id := range ids {
+		h.handOver(id)
 	}
-	h.signal()
 }
 
 // drop forgets t, closed while it waited.
@@ -265,14 +439,16 @@ func (h *headWait) drop(t *trackedConn) {
 func (h *headWait) expire(now time.Time) {
 	var late []*trackedConn
 	h.mu.Lock()
-	for _, w := range h.waiting {
+	for id, w := range h.waiting {
 		if w.deadline <= now.UnixNano() {
+			delete(h.waiting, id)
+			w.t.headWaiting = false
 			late = append(late, w.t)
 		}
 	}
 	h.mu.Unlock()
 	for _, t := range late {
-		t.Close() // drops it
+		t.closeUnread()
 	}
 }
 
@@ -283,40 +459,31 @@ func (h *headWait) count() int {
 	return len(h.waiting)
 }
 
-// arrived is the poller's word that bytes came for the connection waiting
-// as id, or that its client went (ended): it hands the connection over if
-// its head is in, or it cannot wait, and otherwise waits for more.
-func (h *headWait) arrived(id uint64, ended bool, buf []byte) {
-	h.mu.Lock()
-	w, ok := h.waiting[id]
-	h.mu.Unlock()
-	if !ok {
-		return // closed meanwhile
-	}
-	st, n := peekHead(w.t, buf)
-	if n > 0 && !w.t.arriving.Load() {
-		w.t.arriving.Store(true)
-	}
-	if ended || st != headWaiting {
-		h.handOver(id)
-	}
-}
-
-// headState is what a peek at a connection's first bytes found.
+// headState is what a connection's first bytes say.
 type headState uint8
 
 const (
 	headWaiting headState = iota // its head has not ended: wait
-	headIn                       // ended, or as much as headPeek waits
-	headGone                     // the client closed or reset, or the socket failed
+	headIn                       // for the server now
 )
 
 // addHeadWait notes h, for the monitor to expire its connections and the
-// metrics to count them.
+// metrics to count them, until removeHeadWait.
 func (c *Controller) addHeadWait(h *headWait) {
 	c.headsMu.Lock()
 	c.heads = append(c.heads, h)
 	c.headsMu.Unlock()
+}
+
+func (c *Controller) removeHeadWait(h *headWait) {
+	c.headsMu.Lock()
+	defer c.headsMu.Unlock()
+	for i, x := range c.heads {
+		if x == h {
+			c.heads = append(c.heads[:i:i], c.heads[i+1:]...)
+			return
+		}
+	}
 }
 
 // expireHeads closes every listener's connections whose head waited past

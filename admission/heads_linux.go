@@ -16,9 +16,9 @@ import (
 // connection gives back for reuse (and the kernel drops a closed socket
 // from the set by itself).
 type headPoller struct {
-	epfd int
-	ep   *os.File // the same, for the netpoller's wait; closed by close
-	buf  [headPeek]byte
+	ep    *os.File // the set, waited on in the netpoller; closed by close
+	epRaw syscall.RawConn
+	buf   [headPeek]byte
 }
 
 func newHeadPoller() (*headPoller, error) {
@@ -31,7 +31,13 @@ func newHeadPoller() (*headPoller, error) {
 		syscall.Close(epfd)
 		return nil, fmt.Errorf("epoll set: %w", err)
 	}
-	return &headPoller{epfd: epfd, ep: os.NewFile(uintptr(epfd), "heads-epoll")}, nil
+	ep := os.NewFile(uintptr(epfd), "heads-epoll")
+	rc, err := ep.SyscallConn()
+	if err != nil {
+		ep.Close()
+		return nil, fmt.Errorf("epoll set: %w", err)
+	}
+	return &headPoller{ep: ep, epRaw: rc}, nil
 }
 
 const headEvents = syscall.EPOLLIN | syscall.EPOLLRDHUP | -syscall.EPOLLET
@@ -54,22 +60,27 @@ func (p *headPoller) ctl(t *trackedConn, op int, id uint64) error {
 	ev := syscall.EpollEvent{Events: headEvents, Fd: int32(uint32(id)), Pad: int32(uint32(id >> 32))}
 	var cerr error
 	if err := rc.Control(func(fd uintptr) {
-		cerr = syscall.EpollCtl(p.epfd, op, int(fd), &ev)
+		// Through the set's own file, so that a set closed meanwhile is
+		// an error, not a descriptor number reused.
+		if err := p.epRaw.Control(func(epfd uintptr) {
+			cerr = syscall.EpollCtl(int(epfd), op, int(fd), &ev)
+		}); err != nil {
+			cerr = err
+		}
 	}); err != nil {
 		return err
 	}
 	return cerr
 }
 
-// peek looks at t's queued bytes without taking them, into buf (a buffer
-// of headPeek bytes that only the caller's goroutine uses), and reports
-// what they say and how many there are.
-func peekHead(t *trackedConn, buf []byte) (headState, int) {
+// peekHead looks at t's queued bytes without taking them, into buf (which
+// only the caller's goroutine uses), and reports how many there are, or
+// that its client has closed or reset (or its socket failed).
+func peekHead(t *trackedConn, buf []byte) (n int, gone bool) {
 	rc, err := t.rawConn()
 	if err != nil {
-		return headGone, 0
+		return 0, true
 	}
-	var n int
 	var errno syscall.Errno
 	if err := rc.Control(func(fd uintptr) {
 		// MSG_DONTWAIT never sleeps, so no EINTR.
@@ -77,26 +88,34 @@ func peekHead(t *trackedConn, buf []byte) (headState, int) {
 			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
 		n, errno = int(r), e
 	}); err != nil {
-		return headGone, 0
+		return 0, true
 	}
 	switch {
 	case errno == syscall.EAGAIN:
-		return headWaiting, 0
+		return 0, false
 	case errno != 0 || n == 0:
-		return headGone, 0
-	case n == len(buf) || headEnded(buf[:n]):
-		return headIn, n
+		return 0, true
 	}
-	return headWaiting, n
+	return n, false
+}
+
+// drainUnread reads and drops what t's client sent that was only peeked
+// at, so that closing it sends a FIN, not a reset.
+func drainUnread(t *trackedConn) {
+	rc, err := t.rawConn()
+	if err != nil {
+		return
+	}
+	var buf [headPeek]byte
+	rc.Control(func(fd uintptr) {
+		syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), syscall.MSG_DONTWAIT, 0, 0)
+	})
 }
 
 // poll hands each event to h until the set is closed.
 func (h *headWait) poll() {
 	p := h.poller
-	rc, err := p.ep.SyscallConn()
-	if err != nil {
-		return
-	}
+	rc := p.epRaw
 	var evs [128]syscall.EpollEvent
 	for {
 		var n int
@@ -113,7 +132,7 @@ func (h *headWait) poll() {
 		if err != nil || werr != nil {
 			if err == nil {
 				h.c.log.Error().Err(werr).Msg("epoll_wait for first request heads failed; the connections awaiting theirs go to the server")
-				h.handOverWaiting()
+				h.shutDown()
 			}
 			return // closed by close
 		}

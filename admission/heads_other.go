@@ -15,6 +15,7 @@ func (p *headPoller) add(*trackedConn, uint64) error { return errors.ErrUnsuppor
 func (p *headPoller) remove(*trackedConn)            {}
 func (p *headPoller) close()                         {}
 
-func peekHead(*trackedConn, []byte) (headState, int) { return headGone, 0 }
+func peekHead(*trackedConn, []byte) (int, bool) { return 0, true }
+func drainUnread(*trackedConn)                  {}
 
 func (h *headWait) poll() {}

@@ -33,11 +33,16 @@ const testHeadTimeout = 10 * time.Second
 
 func servePlain(t *testing.T, l Limits) *plainServer {
 	t.Helper()
+	return servePlainFor(t, l, testHeadTimeout)
+}
+
+func servePlainFor(t *testing.T, l Limits, headTimeout time.Duration) *plainServer {
+	t.Helper()
 	ps := &plainServer{clk: newFakeClock()}
 	ps.tc = newController(t, Options{Limits: l, Clock: ps.clk})
 	raw := listen(t)
 	ps.addr = raw.Addr().String()
-	ps.ln = ps.tc.PlainListener(raw, testHeadTimeout)
+	ps.ln = ps.tc.PlainListener(raw, headTimeout, false)
 	if ps.ln.(*listener).heads == nil {
 		t.Fatal("PlainListener awaits no heads on Linux")
 	}
@@ -45,8 +50,9 @@ func servePlain(t *testing.T, l Limits) *plainServer {
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			io.WriteString(w, "ok "+r.Header.Get("X-Slow"))
 		}),
-		MaxHeaderBytes: 1024,
-		ErrorLog:       log.New(io.Discard, "", 0),
+		MaxHeaderBytes:    1024,
+		ReadHeaderTimeout: time.Hour,
+		ErrorLog:          log.New(io.Discard, "", 0),
 		ConnState: func(c net.Conn, st http.ConnState) {
 			if st == http.StateNew {
 				ps.news.Add(1)
@@ -209,8 +215,11 @@ func TestAWaitingHeadIsClosedAtItsHeaderTimeout(t *testing.T) {
 	}
 	ps.clk.Advance(testHeadTimeout / 2)
 	ps.tc.expireHeads(ps.clk.Now())
-	if err := closedByPeer(conn); err != nil {
-		t.Fatalf("past the header timeout: %v", err)
+	// A FIN, as the server's close would have been: what was only
+	// peeked at is taken first.
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := conn.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("read past the header timeout: %d, %v; want the end of the stream", n, err)
 	}
 	if got := ps.waiting(t); got != 0 {
 		t.Errorf("scafo_edge_waiting_heads = %v past the header timeout, want 0", got)
@@ -254,13 +263,60 @@ func TestAHeadTooLargeToWaitForGoesToTheServer(t *testing.T) {
 	t.Parallel()
 	ps := servePlain(t, testLimits(100))
 	conn := ps.startHead(t, "127.0.0.2", slowHeaders)
-	if _, err := io.WriteString(conn, strings.Repeat("a", 2*headPeek)); err != nil { // past the server's limit, its slack included
+	if _, err := io.WriteString(conn, strings.Repeat("a", 6*headPeek)); err != nil { // past the server's limit, its slack included
 		t.Fatal(err)
 	}
 	// The server answers before reading the rest, and its close may
 	// reset what follows the answer.
 	if got, err := answer(conn); !strings.HasPrefix(got, "431 ") {
 		t.Fatalf("answer = %q, %v; want 431 from the server", got, err)
+	}
+}
+
+// A head handed over before it has ended (headPeek bytes of it) has till
+// its wait's deadline to end, not a fresh header timeout of its server's.
+func TestAHeadHandedOverUnfinishedKeepsItsDeadline(t *testing.T) {
+	t.Parallel()
+	ps := servePlainFor(t, testLimits(100), 200*time.Millisecond)
+	conn := ps.startHead(t, "127.0.0.2", slowHeaders)
+	if _, err := io.WriteString(conn, strings.Repeat("a", headPeek)); err != nil {
+		t.Fatal(err)
+	}
+	ps.waitFor(t, "the server to get it", func() bool { return ps.news.Load() == 1 })
+	// The server's own header timeout is an hour.
+	if err := closedByPeer(conn); err != nil {
+		t.Fatalf("past the wait's deadline: %v", err)
+	}
+}
+
+// What net/http refuses with a 400 as soon as it reads a line goes to the
+// server at once, so that the client hears it then; and so does what
+// starts with no method (a TLS handshake sent to the plain port), which the
+// server reads as it comes.
+func TestAHeadTheServerRefusesGoesToItAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, head := range []string{
+		"GARBAGE\r\n",
+		"GET /\r\n",
+		"GET / HTTP/1.1\r\nHost fast.test\r\nX",
+		"\r\n",
+		"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+	} {
+		t.Run(head, func(t *testing.T) {
+			t.Parallel()
+			ps := servePlain(t, testLimits(100))
+			conn := dialFrom(t, "127.0.0.2", ps.addr)
+			if _, err := io.WriteString(conn, head); err != nil {
+				t.Fatal(err)
+			}
+			ps.waitFor(t, "the server to get it", func() bool { return ps.news.Load() == 1 })
+			if strings.HasPrefix(head, "\x16") {
+				return
+			}
+			if got, err := answer(conn); !strings.HasPrefix(got, "400 ") {
+				t.Fatalf("answer = %q, %v; want 400", got, err)
+			}
+		})
 	}
 }
 
@@ -272,7 +328,7 @@ func TestClosingThePlainListenerHandsItsWaitingHeadsToTheServer(t *testing.T) {
 	clk := newFakeClock()
 	tc := newController(t, Options{Limits: testLimits(100), Clock: clk})
 	raw := listen(t)
-	ln := tc.PlainListener(raw, testHeadTimeout)
+	ln := tc.PlainListener(raw, testHeadTimeout, false)
 	got := make(chan net.Conn, 8)
 	done := make(chan error, 1)
 	go func() {
@@ -285,12 +341,24 @@ func TestClosingThePlainListenerHandsItsWaitingHeadsToTheServer(t *testing.T) {
 			got <- c
 		}
 	}()
+	// Ones that sent nothing, or waited closeYoungerThan, are closed, as
+	// the server's Shutdown would close them.
+	quiet := dialFrom(t, "127.0.0.2", raw.Addr().String())
+	old := dialFrom(t, "127.0.0.2", raw.Addr().String())
+	old.Write([]byte(slowHeaders))
+	testsupport.WaitFor(t, 10*time.Second, "the heads to wait", func() bool { return tc.waitingHeads() == 2 })
+	clk.Advance(closeYoungerThan)
 	const n = 3
 	for range n {
 		dialFrom(t, "127.0.0.2", raw.Addr().String()).Write([]byte(slowHeaders))
 	}
-	testsupport.WaitFor(t, 10*time.Second, "the heads to wait", func() bool { return tc.waitingHeads() == n })
+	testsupport.WaitFor(t, 10*time.Second, "the heads to wait", func() bool { return tc.waitingHeads() == 2+n })
 	ln.Close()
+	for _, c := range []net.Conn{quiet, old} {
+		if err := closedByPeer(c); err != nil {
+			t.Errorf("a connection quiet or old at the close: %v", err)
+		}
+	}
 	select {
 	case err := <-done:
 		if !errors.Is(err, net.ErrClosed) {
@@ -309,5 +377,23 @@ func TestClosingThePlainListenerHandsItsWaitingHeadsToTheServer(t *testing.T) {
 			t.Errorf("read %q, %v from a handed-over connection; want its head's start", buf, err)
 		}
 		c.Close()
+	}
+}
+
+// A plain listener closed before its first Accept accepts nothing, starts
+// nothing, and its Accept returns the end.
+func TestAPlainListenerClosedBeforeServingStartsNothing(t *testing.T) {
+	t.Parallel()
+	tc := newController(t, Options{Limits: testLimits(100), Clock: newFakeClock()})
+	ln := tc.PlainListener(listen(t), testHeadTimeout, false)
+	ln.Close()
+	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after the close: %v, want net.ErrClosed", err)
+	}
+	tc.headsMu.Lock()
+	n := len(tc.heads)
+	tc.headsMu.Unlock()
+	if n != 0 {
+		t.Errorf("%d listeners' heads noted, want 0", n)
 	}
 }

@@ -205,14 +205,26 @@ func (t *trackedConn) waitUntil(fired <-chan time.Time) {
 // SetReadDeadline sets the read deadline, and notes it: a paced read
 // waits no longer.
 func (t *trackedConn) SetReadDeadline(d time.Time) error {
+	d = t.heldToHeadDeadline(d)
 	t.noteReadDeadline(d)
 	return t.Conn.SetReadDeadline(d)
 }
 
 // SetDeadline sets both deadlines, and notes the read one.
 func (t *trackedConn) SetDeadline(d time.Time) error {
+	d = t.heldToHeadDeadline(d)
 	t.noteReadDeadline(d)
 	return t.Conn.SetDeadline(d)
+}
+
+// heldToHeadDeadline returns d, or the deadline of t's first head if that
+// comes first (heads.go). No deadline (zero) is left as it is: the server
+// clears its header deadline once the head is in.
+func (t *trackedConn) heldToHeadDeadline(d time.Time) time.Time {
+	if by := t.headDeadline.Load(); by != 0 && !d.IsZero() && d.UnixNano() > by {
+		return time.Unix(0, by)
+	}
+	return d
 }
 
 func (t *trackedConn) noteReadDeadline(d time.Time) {

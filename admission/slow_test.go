@@ -76,7 +76,7 @@ func servedController(t *testing.T, l Limits, plain ...bool) (c *testController,
 	c.run(t)
 	ln := listen(t)
 	if len(plain) > 0 && plain[0] {
-		serveOn(t, c.Controller, c.PlainListener(ln, time.Hour), newGate(t).handler())
+		serveOn(t, c.Controller, c.PlainListener(ln, time.Hour, false), newGate(t).handler())
 	} else {
 		serve(t, c.Controller, ln, newGate(t).handler(), nil)
 	}

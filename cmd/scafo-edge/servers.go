@@ -101,7 +101,7 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 		l = serving.WithSendTimeout(serving.WithSpreadDeadlines(l), c.sendTimeout)
 		return sv.gate.Listener(serving.WithProxyProtocol(l, s.proxyFrom, c.readHeaderTimeout))
 	}
-	sv.httpLn = client(p.admission.PlainListener(sv.httpLn, c.readHeaderTimeout))
+	sv.httpLn = client(p.admission.PlainListener(sv.httpLn, c.readHeaderTimeout, len(s.proxyFrom) > 0))
 	if sv.httpsLn != nil {
 		sv.httpsLn = client(p.admission.Listener(sv.httpsLn))
 	}
