@@ -394,6 +394,7 @@ func (c *Controller) Run(ctx context.Context) {
 		case <-t.C:
 			c.refused.release(c.clock.Now())
 			c.sampleMemory()
+			c.headTurns(c.clock.Now())
 			if sweep%4 == 0 { // every second
 				c.expireHeads(c.clock.Now())
 			}

@@ -18,7 +18,6 @@ import (
 type headPoller struct {
 	ep    *os.File // the set, waited on in the netpoller; closed by close
 	epRaw syscall.RawConn
-	buf   [headPeek]byte
 }
 
 func newHeadPoller() (*headPoller, error) {
@@ -139,9 +138,20 @@ func (h *headWait) poll() {
 		for _, ev := range evs[:n] {
 			id := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
 			ended := ev.Events&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0
-			h.arrived(id, ended, p.buf[:])
+			h.arrived(id, ended)
 		}
 	}
 }
 
 func (p *headPoller) close() { p.ep.Close() }
+
+// setHeadLowat sets how many bytes must wait in t's socket before the
+// kernel reports it readable (SO_RCVLOWAT; its end is reported whatever
+// this says). An error leaves it reported as before.
+func setHeadLowat(t *trackedConn, n int) {
+	if rc, err := t.rawConn(); err == nil {
+		rc.Control(func(fd uintptr) {
+			syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, n)
+		})
+	}
+}

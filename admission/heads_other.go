@@ -5,7 +5,7 @@ package admission
 import "errors"
 
 // headPoller needs epoll: elsewhere first heads are read by the server.
-type headPoller struct{ buf [headPeek]byte }
+type headPoller struct{}
 
 func newHeadPoller() (*headPoller, error) {
 	return nil, errors.New("awaiting first heads needs Linux's epoll")
@@ -17,5 +17,6 @@ func (p *headPoller) close()                         {}
 
 func peekHead(*trackedConn, []byte) (int, bool) { return 0, true }
 func drainUnread(*trackedConn)                  {}
+func setHeadLowat(*trackedConn, int)            {}
 
 func (h *headWait) poll() {}

@@ -397,3 +397,83 @@ func TestAPlainListenerClosedBeforeServingStartsNothing(t *testing.T) {
 		t.Errorf("%d listeners' heads noted, want 0", n)
 	}
 }
+
+// theWaitingHead returns the one connection waiting for its head, and its
+// pacing's count of the times bytes came.
+func (ps *plainServer) theWaitingHead(t *testing.T) (*waitingHead, int) {
+	t.Helper()
+	h := ps.ln.(*listener).heads
+	h.judgeMu.Lock()
+	defer h.judgeMu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.waiting) != 1 {
+		t.Fatalf("%d heads wait, want 1", len(h.waiting))
+	}
+	for _, w := range h.waiting {
+		return w, w.events
+	}
+	return nil, 0
+}
+
+// trickle sends b and waits for the poller to have looked at it.
+func (ps *plainServer) trickle(t *testing.T, conn net.Conn, b string) {
+	t.Helper()
+	_, before := ps.theWaitingHead(t)
+	if _, err := io.WriteString(conn, b); err != nil {
+		t.Fatal(err)
+	}
+	ps.waitFor(t, "the poller to look at "+b, func() bool {
+		_, n := ps.theWaitingHead(t)
+		return n > before
+	})
+}
+
+// A head that keeps trickling is looked at only at its turns once bytes
+// came headPaceAfter times and it waited slowAge: the kernel holds its bytes
+// meanwhile, and the end of its head is heard at the next turn, when the
+// kernel's mark is lowered for its server. Its client's end is heard at
+// once.
+func TestATricklingHeadWaitsForItsTurns(t *testing.T) {
+	t.Parallel()
+	for _, end := range []string{"head", "close"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			ps := servePlain(t, testLimits(100))
+			conn := ps.startHead(t, "127.0.0.2", slowHeaders)
+			ps.clk.Advance(slowAge)
+			w, _ := ps.theWaitingHead(t)
+			value := "a" // slowHeaders' last byte
+			for !w.paced.Load() {
+				if len(value) > headPaceAfter {
+					t.Fatalf("not paced after bytes came %d times over %v", headPaceAfter, slowAge)
+				}
+				ps.trickle(t, conn, "a")
+				value += "a"
+			}
+			if got := rcvLowat(t, w.t); got != headPeek {
+				t.Fatalf("SO_RCVLOWAT = %d while paced, want %d", got, headPeek)
+			}
+			if end == "close" {
+				conn.(*net.TCPConn).CloseWrite()
+				ps.waitFor(t, "the server to get it", func() bool { return ps.news.Load() == 1 })
+				return
+			}
+			if _, err := io.WriteString(conn, "\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			ps.tc.headTurns(ps.clk.Now()) // not its turn
+			if got := ps.news.Load(); got != 0 {
+				t.Fatalf("the server got it before its turn")
+			}
+			ps.clk.Advance(paceEvery * 3 / 2)
+			ps.tc.headTurns(ps.clk.Now())
+			if got, err := answer(conn); err != nil || got != "200 OK: ok "+value {
+				t.Fatalf("answer = %q, %v; want \"200 OK: ok %s\"", got, err, value)
+			}
+			if got := rcvLowat(t, w.t); got > 1 {
+				t.Errorf("SO_RCVLOWAT = %d once handed over, want a byte", got)
+			}
+		})
+	}
+}
