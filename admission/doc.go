@@ -43,7 +43,9 @@
 //   - on a plain HTTP listener (PlainListener), a connection's first
 //     request head that has not ended when it is accepted is awaited
 //     outside the server, in one epoll set, with no goroutine or buffer
-//     of its own, until it ends, its client goes or the header timeout
+//     of its own, until it ends (or net/http would refuse what came, or
+//     1 KiB waits), its client goes, or the header timeout closes it; one
+//     that keeps trickling is looked at on the schedule of a paced read
 //     (heads.go);
 //   - on every request about to be forwarded (Admit): past the memory
 //     high-water mark, or with the budget and its overdraft spent, new
