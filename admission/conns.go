@@ -100,6 +100,9 @@ func (l *listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.done)
 		l.c.refused.releaseAll()
+		if h := l.heads; h != nil {
+			h.start.Do(func() { h.finish(net.ErrClosed) }) // never served: nothing waits
+		}
 	})
 	return l.Listener.Close()
 }
@@ -230,6 +233,13 @@ func (t *trackedConn) closeUnread() {
 	t.Close()
 }
 
+// isWaiting reports whether t waits for its first head.
+func (h *headWait) isWaiting(t *trackedConn) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return t.headWaiting
+}
+
 // rawConn returns t's socket, for the calls made on it while its first
 // head is awaited (by one goroutine at a time: Accept's, then the
 // poller's).
@@ -278,6 +288,9 @@ func (t *trackedConn) Close() error {
 	// later by that one.
 	if !t.closed.CompareAndSwap(false, true) {
 		return t.Conn.Close()
+	}
+	if h := t.headWait; h != nil && h.isWaiting(t) {
+		drainUnread(t) // peeked at only: a FIN, not a reset
 	}
 	if t.gone != nil {
 		close(t.gone)
@@ -348,7 +361,9 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		// or one that never sends anything, is as cheap to shed as an idle
 		// keep-alive one (minIdleAge spares those whose request is on its
 		// way).
-		t.since.Store(c.clock.Now().UnixNano())
+		if t.headDeadline.Load() == 0 { // its wait began at the accept
+			t.since.Store(c.clock.Now().UnixNano())
+		}
 		c.conns.add(t, conn)
 	case http.StateIdle:
 		t.headDeadline.Store(0)

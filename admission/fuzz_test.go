@@ -96,6 +96,8 @@ func FuzzJudgeHead(f *testing.F) {
 		"GARBAGE\r\n",
 		"GET / HTTP/1.1\r\nHost fast.test\r\nX",
 		"\x16\x03\x01\x02\x00\x01",
+		"GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n b\r\n",
+		"GET / HTTP/1.1\r\n b\r\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -118,6 +120,12 @@ func FuzzJudgeHead(f *testing.F) {
 		whole, _ := judgeHead(b, false, -1)
 		if whole == headWaiting && !waiting(b) {
 			t.Fatalf("net/http is done reading %q, but it waits", b)
+		}
+		// And the other way: handed over for a line, net/http is done
+		// with it too (a head not begun with a method's byte, or ended,
+		// is handed over whatever net/http would make of it).
+		if whole == headIn && len(b) > 0 && isTokenByte(b[0]) && !headEnded(b) && waiting(b) {
+			t.Fatalf("%q handed over, but net/http would still be reading it", b)
 		}
 		st, judged := headWaiting, -1
 		for i := range min(len(b), 256) + 1 {

@@ -77,9 +77,20 @@ func judgeHead(b []byte, proxied bool, judged int) (headState, int) {
 		}
 		line := b[from : from+end+1]
 		if from > off {
-			line = append(append(make([]byte, 0, len(someRequestLine)+len(line)), someRequestLine...), line...)
+			// A line folded onto the ones before (a leading space or
+			// tab) is judged with the header line they fold onto; onto
+			// the request line, with it alone.
+			start := from
+			for start > off && (b[start] == ' ' || b[start] == '\t') {
+				start = off + bytes.LastIndexByte(b[off:start-1], '\n') + 1
+			}
+			line = b[start : from+end+1]
+			if start > off {
+				line = append(append(make([]byte, 0, len(someRequestLine)+len(line)), someRequestLine...), line...)
+			}
 		}
-		if _, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(line))); err != io.EOF && err != io.ErrUnexpectedEOF {
+		r := bufio.NewReaderSize(bytes.NewReader(line), len(line))
+		if _, err := http.ReadRequest(r); err != io.EOF && err != io.ErrUnexpectedEOF {
 			return headIn, from + end
 		}
 		judged = from + end
@@ -298,10 +309,13 @@ const closeYoungerThan = 5 * time.Second
 
 // finish ends the listener's waits: a connection that has sent nothing,
 // or has waited closeYoungerThan, is closed, as its server's Shutdown
-// would have; the others go to the server, which drains them (an upgrade
-// hands the socket on and serves what it accepted). Then Accept returns
-// end.
+// would have; the others go to the server, with till closeYoungerThan
+// after their accept to end their heads (an upgrade hands the socket on,
+// and the old edge serves what it accepted until its own Shutdown). Then
+// Accept returns end.
 func (h *headWait) finish(end error) {
+	h.judgeMu.Lock() // no look or turn is half-way: the marks stay as read
+	defer h.judgeMu.Unlock()
 	h.mu.Lock()
 	h.shut = true
 	ws := make([]*waitingHead, 0, len(h.waiting))
@@ -325,7 +339,9 @@ func (h *headWait) finish(end error) {
 			if w.paced.Load() {
 				setHeadLowat(w.t, 1)
 			}
-			w.t.headDeadline.Store(w.deadline)
+			// By closeYoungerThan after its accept, as if its server
+			// had had it since: its Shutdown waits for it no longer.
+			w.t.headDeadline.Store(min(w.deadline, w.since+int64(closeYoungerThan)))
 			ready = append(ready, w.t)
 		} else {
 			closing = append(closing, w.t)
@@ -520,18 +536,32 @@ func (h *headWait) drop(t *trackedConn) {
 // expire closes the connections whose head has waited past its deadline,
 // as the server would have at its header timeout.
 func (h *headWait) expire(now time.Time) {
-	var late []*trackedConn
+	h.judgeMu.Lock()
+	defer h.judgeMu.Unlock()
+	var late []*waitingHead
 	h.mu.Lock()
-	for id, w := range h.waiting {
+	for _, w := range h.waiting {
 		if w.deadline <= now.UnixNano() {
-			delete(h.waiting, id)
-			w.t.headWaiting = false
-			late = append(late, w.t)
+			late = append(late, w)
 		}
 	}
 	h.mu.Unlock()
-	for _, t := range late {
-		t.closeUnread()
+	for _, w := range late {
+		// A paced head may have ended since its last turn: it is the
+		// server's, as a read made in time would have been.
+		if !h.judge(w, false) {
+			continue
+		}
+		h.mu.Lock()
+		_, still := h.waiting[w.id]
+		if still {
+			delete(h.waiting, w.id)
+			w.t.headWaiting = false
+		}
+		h.mu.Unlock()
+		if still {
+			w.t.closeUnread()
+		}
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"syscall"
-	"unsafe"
 )
 
 // headPoller is a listener's epoll set of the connections whose first head
@@ -80,19 +79,17 @@ func peekHead(t *trackedConn, buf []byte) (n int, gone bool) {
 	if err != nil {
 		return 0, true
 	}
-	var errno syscall.Errno
+	var perr error
 	if err := rc.Control(func(fd uintptr) {
 		// MSG_DONTWAIT never sleeps, so no EINTR.
-		r, _, e := syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)),
-			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-		n, errno = int(r), e
+		n, _, perr = syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 	}); err != nil {
 		return 0, true
 	}
 	switch {
-	case errno == syscall.EAGAIN:
+	case perr == syscall.EAGAIN:
 		return 0, false
-	case errno != 0 || n == 0:
+	case perr != nil || n == 0:
 		return 0, true
 	}
 	return n, false
@@ -107,7 +104,7 @@ func drainUnread(t *trackedConn) {
 	}
 	var buf [headPeek]byte
 	rc.Control(func(fd uintptr) {
-		syscall.Syscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), syscall.MSG_DONTWAIT, 0, 0)
+		syscall.Recvfrom(int(fd), buf[:], syscall.MSG_DONTWAIT)
 	})
 }
 

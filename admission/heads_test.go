@@ -134,9 +134,7 @@ func TestAFirstHeadWaitsOutsideTheServerUntilItEnds(t *testing.T) {
 			ps.waitFor(t, "the head to wait", func() bool { return ps.waiting(t) == 1 })
 			pieces := strings.Split(tt.pieces, "|")
 			for _, p := range pieces[:len(pieces)-1] {
-				if _, err := io.WriteString(conn, p); err != nil {
-					t.Fatal(err)
-				}
+				ps.trickle(t, conn, p) // looked at, and still waiting
 			}
 			if got := ps.news.Load(); got != 0 {
 				t.Fatalf("the server was given %d connections before the head ended, want 0", got)
@@ -213,7 +211,7 @@ func TestAWaitingHeadIsClosedAtItsHeaderTimeout(t *testing.T) {
 	if got := ps.waiting(t); got != 1 {
 		t.Fatalf("scafo_edge_waiting_heads = %v within the header timeout, want 1", got)
 	}
-	ps.clk.Advance(testHeadTimeout / 2)
+	ps.clk.Advance(testHeadTimeout/2 + time.Millisecond)
 	ps.tc.expireHeads(ps.clk.Now())
 	// A FIN, as the server's close would have been: what was only
 	// peeked at is taken first.
@@ -475,5 +473,42 @@ func TestATricklingHeadWaitsForItsTurns(t *testing.T) {
 				t.Errorf("SO_RCVLOWAT = %d once handed over, want a byte", got)
 			}
 		})
+	}
+}
+
+// A paced head that ended after its last turn is the server's at its
+// deadline, not closed: a read made in time would have had it.
+func TestAPacedHeadThatEndedIsServedAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	ps := servePlain(t, testLimits(100))
+	conn := ps.startHead(t, "127.0.0.2", slowHeaders)
+	ps.clk.Advance(slowAge)
+	w, _ := ps.theWaitingHead(t)
+	for i := 0; !w.paced.Load(); i++ {
+		if i == headPaceAfter {
+			t.Fatalf("not paced after bytes came %d times over %v", headPaceAfter, slowAge)
+		}
+		ps.trickle(t, conn, "a")
+	}
+	if _, err := io.WriteString(conn, "\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	ps.clk.Advance(testHeadTimeout * 3 / 2) // past any deadline, its turn not taken
+	ps.tc.expireHeads(ps.clk.Now())
+	if got, err := answer(conn); err != nil || !strings.HasPrefix(got, "200 OK") {
+		t.Fatalf("answer = %q, %v; want 200", got, err)
+	}
+}
+
+// A header line folded onto the one before (obs-fold, which net/http
+// reads as part of it) does not end the wait.
+func TestAFoldedHeaderLineKeepsItsHeadWaiting(t *testing.T) {
+	t.Parallel()
+	ps := servePlain(t, testLimits(100))
+	conn := ps.startHead(t, "127.0.0.2", "GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n")
+	ps.trickle(t, conn, " b\r\n")
+	ps.trickle(t, conn, "Y: c")
+	if got := ps.news.Load(); got != 0 {
+		t.Fatalf("the server was given %d connections before the head ended, want 0", got)
 	}
 }

@@ -219,7 +219,9 @@ func (t *trackedConn) SetDeadline(d time.Time) error {
 
 // heldToHeadDeadline returns d, or the deadline of t's first head if that
 // comes first (heads.go). No deadline (zero) is left as it is: the server
-// clears its header deadline once the head is in.
+// clears its header deadline once the head is in. (With a ReadTimeout,
+// which the edge does not set, the server would set the body's deadline
+// before it reports the connection active, and that would be held too.)
 func (t *trackedConn) heldToHeadDeadline(d time.Time) time.Time {
 	if by := t.headDeadline.Load(); by != 0 && !d.IsZero() && d.UnixNano() > by {
 		return time.Unix(0, by)
