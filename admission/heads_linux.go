@@ -38,7 +38,9 @@ func newHeadPoller() (*headPoller, error) {
 	return &headPoller{ep: ep, epRaw: rc}, nil
 }
 
-const headEvents = syscall.EPOLLIN | syscall.EPOLLRDHUP | -syscall.EPOLLET
+// EPOLLET is 1<<31: syscall spells it negative on some architectures and
+// positive on others.
+const headEvents uint32 = syscall.EPOLLIN | syscall.EPOLLRDHUP | 1<<31
 
 func (p *headPoller) add(t *trackedConn, id uint64) error {
 	return p.ctl(t, syscall.EPOLL_CTL_ADD, id)
