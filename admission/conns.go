@@ -213,12 +213,10 @@ type trackedConn struct {
 
 	// For a first head awaited outside the server (heads.go): the
 	// listener's, if it awaits them; and, guarded by its mu, the id the
-	// connection waits as and whether it still does. raw is its socket,
-	// found when it first waits.
+	// connection waits as and whether it still does.
 	headWait    *headWait
 	headID      uint64
 	headWaiting bool
-	raw         syscall.RawConn
 	// headDeadline, once handed over, is when its first head must be in
 	// (Unix ns): its server's header deadline is held to it, so that a
 	// head handed over unfinished gets no second timeout. 0: none.
@@ -241,21 +239,12 @@ func (h *headWait) isWaiting(t *trackedConn) bool {
 }
 
 // rawConn returns t's socket, for the calls made on it while its first
-// head is awaited (by one goroutine at a time: Accept's, then the
-// poller's).
+// head is awaited: the paced socket found when it began to wait.
 func (t *trackedConn) rawConn() (syscall.RawConn, error) {
-	if t.raw == nil {
-		sc, ok := t.Conn.(syscall.Conn)
-		if !ok {
-			return nil, errors.New("no socket")
-		}
-		rc, err := sc.SyscallConn()
-		if err != nil {
-			return nil, err
-		}
-		t.raw = rc
+	if t.socket == nil {
+		return nil, errors.New("no socket")
 	}
-	return t.raw, nil
+	return t.socket.rc, nil
 }
 
 // NetConn returns the connection underneath, as tls.Conn's does.

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // FuzzClientOfRequest holds the client key a request is counted by to what
@@ -124,7 +126,7 @@ func FuzzJudgeHead(f *testing.F) {
 		// And the other way: handed over for a line, net/http is done
 		// with it too (a head not begun with a method's byte, or ended,
 		// is handed over whatever net/http would make of it).
-		if whole == headIn && len(b) > 0 && isTokenByte(b[0]) && !headEnded(b) && waiting(b) {
+		if whole == headIn && len(b) > 0 && httpguts.IsTokenRune(rune(b[0])) && !headEnded(b) && waiting(b) {
 			t.Fatalf("%q handed over, but net/http would still be reading it", b)
 		}
 		st, judged := headWaiting, -1

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // On a listener whose connections speak plain HTTP/1 from their first
@@ -61,7 +63,7 @@ func judgeHead(b []byte, proxied bool, judged int) (headState, int) {
 	switch {
 	case len(head) == 0:
 		return headWaiting, judged
-	case !isTokenByte(head[0]):
+	case !httpguts.IsTokenRune(rune(head[0])):
 		return headIn, judged // not a method: a TLS record, say
 	case headEnded(head):
 		return headIn, judged
@@ -110,15 +112,6 @@ var (
 	lflf   = []byte("\n\n")
 	lfcrlf = []byte("\n\r\n")
 )
-
-// isTokenByte reports whether c may be in an HTTP token, a method's.
-func isTokenByte(c byte) bool {
-	switch {
-	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		return true
-	}
-	return bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), c) >= 0
-}
 
 var (
 	proxyV1  = []byte("PROXY ")
@@ -336,12 +329,9 @@ func (h *headWait) finish(end error) {
 			sent = n > 0
 		}
 		if sent && now-w.since < int64(closeYoungerThan) {
-			if w.paced.Load() {
-				setHeadLowat(w.t, 1)
-			}
 			// By closeYoungerThan after its accept, as if its server
 			// had had it since: its Shutdown waits for it no longer.
-			w.t.headDeadline.Store(min(w.deadline, w.since+int64(closeYoungerThan)))
+			w.release(min(w.deadline, w.since+int64(closeYoungerThan)))
 			ready = append(ready, w.t)
 		} else {
 			closing = append(closing, w.t)
@@ -362,14 +352,13 @@ func (h *headWait) finish(end error) {
 	}
 }
 
-// ready1 readies w, out of the waits, for its server: with the kernel's
-// mark lowered, and its head's deadline noted.
-func (h *headWait) ready1(w *waitingHead) {
+// release readies w, out of the waits, for its server: with the kernel's
+// mark lowered, and its head due by deadline.
+func (w *waitingHead) release(deadline int64) {
 	if w.paced.Load() {
-		setHeadLowat(w.t, 1)
+		w.t.socket.setRcvLowat(1)
 	}
-	w.t.headDeadline.Store(w.deadline)
-	h.push(w.t)
+	w.t.headDeadline.Store(deadline)
 }
 
 func (h *headWait) push(t *trackedConn) {
@@ -389,6 +378,11 @@ func (h *headWait) signal() {
 // await looks at t's first bytes and puts it in the epoll set to wait for
 // the rest, unless they need not wait: false then.
 func (h *headWait) await(t *trackedConn) bool {
+	// Found once, before the connection is shared: pacing's calls, and a
+	// paced server read later, use it.
+	if t.socket = newPacedSocket(t.Conn); t.socket == nil {
+		return false
+	}
 	n, gone := peekHead(t, h.acceptBuf[:])
 	if gone {
 		return false
@@ -445,7 +439,7 @@ func (h *headWait) arrived(id uint64, ended bool) {
 		return
 	}
 	w.paced.Store(true)
-	setHeadLowat(w.t, headPeek)
+	w.t.socket.setRcvLowat(headPeek)
 	w.nextTurn = nextHeadTurn(now, 0)
 }
 
@@ -477,20 +471,26 @@ func (h *headWait) judge(w *waitingHead, ended bool) bool {
 func (h *headWait) takeTurns(now time.Time) {
 	h.judgeMu.Lock()
 	defer h.judgeMu.Unlock()
-	var due []*waitingHead
-	h.mu.Lock()
-	for _, w := range h.waiting {
-		if w.paced.Load() && w.nextTurn <= now.UnixNano() {
-			due = append(due, w)
-		}
-	}
-	h.mu.Unlock()
+	due := h.waitingWhere(func(w *waitingHead) bool { return w.paced.Load() && w.nextTurn <= now.UnixNano() })
 	for _, w := range due {
 		if h.judge(w, false) {
 			w.turns = min(w.turns+1, paceDoublings)
 			w.nextTurn = nextHeadTurn(now, w.turns)
 		}
 	}
+}
+
+// waitingWhere returns the waiting heads that match.
+func (h *headWait) waitingWhere(match func(*waitingHead) bool) []*waitingHead {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var ws []*waitingHead
+	for _, w := range h.waiting {
+		if match(w) {
+			ws = append(ws, w)
+		}
+	}
+	return ws
 }
 
 // handOver moves the connection waiting as id to ready, for Accept.
@@ -504,7 +504,8 @@ func (h *headWait) handOver(id uint64) {
 	h.mu.Unlock()
 	if ok {
 		h.poller.remove(w.t)
-		h.ready1(w)
+		w.release(w.deadline)
+		h.push(w.t)
 	}
 }
 
@@ -538,14 +539,7 @@ func (h *headWait) drop(t *trackedConn) {
 func (h *headWait) expire(now time.Time) {
 	h.judgeMu.Lock()
 	defer h.judgeMu.Unlock()
-	var late []*waitingHead
-	h.mu.Lock()
-	for _, w := range h.waiting {
-		if w.deadline <= now.UnixNano() {
-			late = append(late, w)
-		}
-	}
-	h.mu.Unlock()
+	late := h.waitingWhere(func(w *waitingHead) bool { return w.deadline <= now.UnixNano() })
 	for _, w := range late {
 		// A paced head may have ended since its last turn: it is the
 		// server's, as a read made in time would have been.

@@ -143,14 +143,3 @@ func (h *headWait) poll() {
 }
 
 func (p *headPoller) close() { p.ep.Close() }
-
-// setHeadLowat sets how many bytes must wait in t's socket before the
-// kernel reports it readable (SO_RCVLOWAT; its end is reported whatever
-// this says). An error leaves it reported as before.
-func setHeadLowat(t *trackedConn, n int) {
-	if rc, err := t.rawConn(); err == nil {
-		rc.Control(func(fd uintptr) {
-			syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, n)
-		})
-	}
-}

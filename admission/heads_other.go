@@ -17,6 +17,5 @@ func (p *headPoller) close()                         {}
 
 func peekHead(*trackedConn, []byte) (int, bool) { return 0, true }
 func drainUnread(*trackedConn)                  {}
-func setHeadLowat(*trackedConn, int)            {}
 
 func (h *headWait) poll() {}
