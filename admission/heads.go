@@ -331,7 +331,7 @@ func (h *headWait) finish(end error) {
 		if sent && now-w.since < int64(closeYoungerThan) {
 			// By closeYoungerThan after its accept, as if its server
 			// had had it since: its Shutdown waits for it no longer.
-			w.release(min(w.deadline, w.since+int64(closeYoungerThan)))
+			w.release(min(w.deadline, w.since+int64(closeYoungerThan)), h.c.clock.Now())
 			ready = append(ready, w.t)
 		} else {
 			closing = append(closing, w.t)
@@ -353,12 +353,15 @@ func (h *headWait) finish(end error) {
 }
 
 // release readies w, out of the waits, for its server: with the kernel's
-// mark lowered, and its head due by deadline.
-func (w *waitingHead) release(deadline int64) {
+// mark lowered, and its head due by deadline, but not before the server
+// has had paceDeadlineLead to read what came: a head that ended in time
+// and is handed over at its deadline (at a paced head's expiry, say) is
+// read, as a paced read made that much before its deadline would be.
+func (w *waitingHead) release(deadline int64, now time.Time) {
 	if w.paced.Load() {
 		w.t.socket.setRcvLowat(1)
 	}
-	w.t.headDeadline.Store(deadline)
+	w.t.headDeadline.Store(max(deadline, now.Add(paceDeadlineLead).UnixNano()))
 }
 
 func (h *headWait) push(t *trackedConn) {
@@ -504,7 +507,7 @@ func (h *headWait) handOver(id uint64) {
 	h.mu.Unlock()
 	if ok {
 		h.poller.remove(w.t)
-		w.release(w.deadline)
+		w.release(w.deadline, h.c.clock.Now())
 		h.push(w.t)
 	}
 }
