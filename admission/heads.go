@@ -300,12 +300,17 @@ func isTemporary(err error) bool {
 // closed: net/http's Shutdown closes a new one older than 5 s as idle.
 const closeYoungerThan = 5 * time.Second
 
-// finish ends the listener's waits: a connection that has sent nothing,
-// or has waited closeYoungerThan, is closed, as its server's Shutdown
-// would have; the others go to the server, with till closeYoungerThan
-// after their accept to end their heads (an upgrade hands the socket on,
-// and the old edge serves what it accepted until its own Shutdown). Then
-// Accept returns end.
+// finish ends the listener's waits: a connection that has waited
+// closeYoungerThan is closed, as its server's Shutdown would close it; the
+// others go to the server, with till closeYoungerThan after their accept
+// to end their heads (an upgrade hands the socket on, and the old edge
+// serves what it accepted until its own Shutdown). Then Accept returns end.
+//
+// One that has sent nothing yet goes to the server too: its client may be
+// writing its request this moment (a client writes after its connect
+// returns, and the accept can come first), and a server holds a new
+// connection, as its Shutdown does, until the request or the timeout.
+// Closing it lost that request at an upgrade.
 func (h *headWait) finish(end error) {
 	h.judgeMu.Lock() // no look or turn is half-way: the marks stay as read
 	defer h.judgeMu.Unlock()
@@ -321,14 +326,8 @@ func (h *headWait) finish(end error) {
 	now := h.c.clock.Now().UnixNano()
 	var ready []net.Conn
 	var closing []*trackedConn
-	var one [1]byte
 	for _, w := range ws {
-		sent := w.t.arriving.Load()
-		if !sent { // or not heard yet
-			n, _ := peekHead(w.t, one[:])
-			sent = n > 0
-		}
-		if sent && now-w.since < int64(closeYoungerThan) {
+		if now-w.since < int64(closeYoungerThan) {
 			// By closeYoungerThan after its accept, as if its server
 			// had had it since: its Shutdown waits for it no longer.
 			w.release(min(w.deadline, w.since+int64(closeYoungerThan)), h.c.clock.Now())

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pires/go-proxyproto"
+
 	"github.com/scafo/scafo-edge/internal/clock"
 	"github.com/scafo/scafo-edge/internal/testsupport"
 )
@@ -38,16 +40,28 @@ func servePlain(t *testing.T, l Limits) *plainServer {
 
 func servePlainFor(t *testing.T, l Limits, headTimeout time.Duration) *plainServer {
 	t.Helper()
+	return servePlainWith(t, l, headTimeout, false)
+}
+
+// servePlainWith is servePlainFor; with proxied, a PROXY protocol header
+// may come first, and the server's listener reads it as the edge's does.
+func servePlainWith(t *testing.T, l Limits, headTimeout time.Duration, proxied bool) *plainServer {
+	t.Helper()
 	ps := &plainServer{clk: newFakeClock()}
 	ps.tc = newController(t, Options{Limits: l, Clock: ps.clk})
 	raw := listen(t)
 	ps.addr = raw.Addr().String()
-	ps.ln = ps.tc.PlainListener(raw, headTimeout, false)
+	ps.ln = ps.tc.PlainListener(raw, headTimeout, proxied)
 	if ps.ln.(*listener).heads == nil {
 		t.Fatal("PlainListener awaits no heads on Linux")
 	}
+	served := ps.ln
+	if proxied {
+		served = &proxyproto.Listener{Listener: ps.ln, ReadHeaderTimeout: headTimeout}
+	}
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("X-Remote", r.RemoteAddr)
 			io.WriteString(w, "ok "+r.Header.Get("X-Slow"))
 		}),
 		MaxHeaderBytes:    1024,
@@ -63,7 +77,7 @@ func servePlainFor(t *testing.T, l Limits, headTimeout time.Duration) *plainServ
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		srv.Serve(ps.ln)
+		srv.Serve(served)
 	}()
 	t.Cleanup(func() {
 		srv.Close()
@@ -339,8 +353,8 @@ func TestClosingThePlainListenerHandsItsWaitingHeadsToTheServer(t *testing.T) {
 			got <- c
 		}
 	}()
-	// Ones that sent nothing, or waited closeYoungerThan, are closed, as
-	// the server's Shutdown would close them.
+	// Ones that waited closeYoungerThan, whether they sent something or
+	// nothing, are closed, as the server's Shutdown would close them.
 	quiet := dialFrom(t, "127.0.0.2", raw.Addr().String())
 	old := dialFrom(t, "127.0.0.2", raw.Addr().String())
 	old.Write([]byte(slowHeaders))
@@ -375,6 +389,57 @@ func TestClosingThePlainListenerHandsItsWaitingHeadsToTheServer(t *testing.T) {
 			t.Errorf("read %q, %v from a handed-over connection; want its head's start", buf, err)
 		}
 		c.Close()
+	}
+}
+
+// A connection accepted and waiting, its request not yet sent, when the
+// listener closes (an upgrade: the successor holds the socket now) goes to
+// the server too, and its request is answered when it comes. Its client
+// writes after its connect returns, and the accept can come first: closed
+// here, that request was lost (issue 44).
+//
+// Behind a PROXY protocol listener the same holds, whether the header has
+// come or not: the client address it carries still reaches the server.
+func TestAConnectionThatHasSentNothingWhenThePlainListenerClosesIsAnswered(t *testing.T) {
+	t.Parallel()
+	const proxyHeader = "PROXY TCP4 192.0.2.7 127.0.0.1 4000 80\r\n"
+	for _, tt := range []struct {
+		name    string
+		proxied bool
+		before  string
+	}{
+		{"nothing sent", false, ""},
+		{"part of the request line sent", false, "GE"},
+		{"PROXY, nothing sent", true, ""},
+		{"PROXY, its header sent", true, proxyHeader},
+		{"PROXY, its header and part of the request line sent", true, proxyHeader + "GE"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ps := servePlainWith(t, testLimits(100), testHeadTimeout, tt.proxied)
+			conn := dialFrom(t, "127.0.0.2", ps.addr)
+			if tt.before != "" {
+				io.WriteString(conn, tt.before)
+			}
+			ps.waitFor(t, "the connection to wait for its head", func() bool { return ps.waiting(t) == 1 })
+			ps.ln.Close()
+			ps.waitFor(t, "the server to get it", func() bool { return ps.news.Load() == 1 })
+			all, from := "GET / HTTP/1.1\r\nHost: a\r\nX-Slow: late\r\n\r\n", "127.0.0.2:"
+			if tt.proxied {
+				all, from = proxyHeader+all, "192.0.2.7:4000"
+			}
+			io.WriteString(conn, strings.TrimPrefix(all, tt.before))
+			conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("the request sent after the close: %v", err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(body) != "ok late" || !strings.HasPrefix(resp.Header.Get("X-Remote"), from) {
+				t.Errorf("answer %q from %q; want ok late, from %s", body, resp.Header.Get("X-Remote"), from)
+			}
+		})
 	}
 }
 

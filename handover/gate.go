@@ -200,7 +200,7 @@ func (g *Gate) wait(ctx context.Context, quietEnds bool) error {
 		g.mu.Lock()
 		busy, recheck := g.handedOut > 0, time.Duration(0)
 		for _, l := range g.listeners {
-			busy = busy || l.accepting && l.stopped.Load()
+			busy = busy || (l.accepting || l.more) && l.stopped.Load()
 		}
 		now := g.now()
 		for _, gc := range g.fresh {
@@ -257,6 +257,12 @@ type gatedListener struct {
 	// the connection just before: until that Accept returns, Wait cannot
 	// tell that no connection is on its way to the server.
 	accepting bool
+	// more is set while the last Accept returned a connection (g.mu held
+	// to change it): a stopped listener may still hold connections it
+	// accepted before the stop (one that awaits first heads does) and
+	// hands them out before its end, so until an Accept returns an error,
+	// Wait cannot tell that none is on its way.
+	more      bool
 	stopped   atomic.Bool
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -269,6 +275,7 @@ func (l *gatedListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	l.gate.mu.Lock()
 	l.accepting = false
+	l.more = err == nil
 	if err == nil {
 		l.gate.handedOut++
 	}

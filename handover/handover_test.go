@@ -853,8 +853,14 @@ func TestGateWaitsForAnAcceptStopInterrupted(t *testing.T) {
 	gl := gate.Listener(held)
 	accepted := make(chan net.Conn, 1)
 	go func() {
-		c, _ := gl.Accept()
-		accepted <- c
+		// As a server's Serve does: accept until the end.
+		for {
+			c, err := gl.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
 	}()
 	<-held.entered
 	gate.Stop()
@@ -879,12 +885,18 @@ func TestGateWaitsForAnAcceptStopInterrupted(t *testing.T) {
 	// The server reports it new, then answered.
 	gate.ConnState(c, http.StateNew)
 	gate.ConnState(c, http.StateIdle)
+	// The listener may hold more it accepted before the stop, until its
+	// Accept says it has ended.
+	<-held.entered
+	if gate.Wait(cancelled) == nil {
+		t.Fatal("Wait said the arrivals were over before the stopped listener's Accept ended")
+	}
+	close(held.give)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := gate.Wait(ctx); err != nil {
 		t.Fatalf("Wait: %v", err)
 	}
-	close(held.give)
 	gl.Close()
 }
 
@@ -911,6 +923,9 @@ func TestGateWaitsForTheFirstRequestToReachTheHandler(t *testing.T) {
 	defer c.Close()
 	gate.ConnState(c, http.StateNew)
 	gate.Stop()
+	// As Serve does, accept again: the stopped listener ends (and blocks
+	// until closed).
+	go gl.Accept()
 	gate.ConnState(c, http.StateActive)
 
 	// Long past the quiet time the request is still between the server's
@@ -1320,5 +1335,78 @@ func TestCloseUnusedClosesOnlyWhatIsNotServed(t *testing.T) {
 	if c, err := net.Dial("tcp", in.socks.HTTPS.Addr().String()); err == nil {
 		c.Close()
 		t.Error("the unused HTTPS socket still accepts")
+	}
+}
+
+// heldSecondWrite holds its second Write until release is closed: a TLS
+// client's second flight (its Finished), so that a handshake is caught
+// half-way.
+type heldSecondWrite struct {
+	net.Conn
+	writes  atomic.Int32
+	release chan struct{}
+}
+
+func (c *heldSecondWrite) Write(p []byte) (int, error) {
+	if c.writes.Add(1) == 2 {
+		<-c.release
+	}
+	return c.Conn.Write(p)
+}
+
+// A TLS handshake begun before Stop and paused longer than the quiet time
+// (its client's second flight late, as on a loaded box) lets Wait settle;
+// the server, draining before its Shutdown, still completes the handshake
+// and answers the first request.
+func TestGateDrainAnswersAHandshakeBegunBeforeStop(t *testing.T) {
+	fake := clock.NewFake(time.Date(2026, 12, 7, 11, 0, 0, 0, time.UTC))
+	gate, srv, read := countedGatedServer(t, true, fake)
+	raw, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := &heldSecondWrite{Conn: raw, release: make(chan struct{})}
+	cfg := srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+	cfg.ServerName = "127.0.0.1"
+	c := tls.Client(held, cfg)
+	defer c.Close()
+	handshake := make(chan error, 1)
+	go func() { handshake <- c.Handshake() }()
+	testsupport.WaitFor(t, 5*time.Second, "the server to read the ClientHello and the client to answer", func() bool {
+		gate.mu.Lock()
+		fresh := len(gate.fresh)
+		gate.mu.Unlock()
+		return fresh == 1 && read.Load() > 0 && held.writes.Load() == 2
+	})
+	gate.Stop()
+	fake.Advance(quiet)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := gate.Wait(ctx); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	srv.Config.SetKeepAlivesEnabled(false)
+	drained := make(chan error, 1)
+	go func() { drained <- gate.Drain(ctx) }()
+	close(held.release)
+	if err := <-handshake; err != nil {
+		t.Fatalf("the handshake begun before Stop: %v", err)
+	}
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the first request after the handshake: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "answered" {
+		t.Errorf("answer %q, want answered", body)
+	}
+	if err := <-drained; err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+	if err := srv.Config.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown after Drain: %v", err)
 	}
 }
