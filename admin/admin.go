@@ -15,6 +15,9 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
+	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -92,12 +95,24 @@ func (a *Server) Handler() http.Handler {
 	return mux
 }
 
-// readyz answers 200 once a document is loaded. The body says whether the
-// table is stale (loaded from the state file, source not yet confirmed) and
-// how the source fares, so an operator sees it without the logs.
+// readyz answers 200 once a document is loaded. To a privileged client
+// (loopback, or the ingress token) the body says whether the table is stale
+// (loaded from the state file, source not yet confirmed) and how the source
+// fares, so an operator sees it without the logs; to anyone else only
+// "ready" or "not ready": the source's URL names the node and the user its
+// token belongs to, and an error's text can name internal addresses.
 func (a *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	t := a.Live.Load()
+	if !a.privileged(r) {
+		if t == nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "not ready")
+			return
+		}
+		fmt.Fprintln(w, "ready")
+		return
+	}
 	st := a.Source.Status()
 	if t == nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -130,9 +145,41 @@ func (a *Server) registerStatus(mux *http.ServeMux) {
 	// http.DefaultServeMux, but no listener of the edge serves that mux
 	// (every http.Server has its own Handler), so only this one answers.
 	mux.Handle("GET /debug/pprof/", a.private(http.HandlerFunc(pprof.Index)))
-	mux.Handle("GET /debug/pprof/cmdline", a.private(http.HandlerFunc(pprof.Cmdline)))
+	mux.Handle("GET /debug/pprof/cmdline", a.private(http.HandlerFunc(cmdline)))
 	mux.Handle("GET /debug/pprof/profile", a.private(http.HandlerFunc(pprof.Profile)))
 	mux.Handle("GET /debug/pprof/symbol", a.private(http.HandlerFunc(pprof.Symbol)))
 	mux.Handle("POST /debug/pprof/symbol", a.private(http.HandlerFunc(pprof.Symbol)))
 	mux.Handle("GET /debug/pprof/trace", a.private(http.HandlerFunc(pprof.Trace)))
+}
+
+// cmdline is pprof.Cmdline with the values of secret flags replaced: a
+// token passed as a flag is in the process's arguments, and the page goes
+// to anyone holding the token or on loopback, a proxy on the box included.
+func cmdline(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprint(w, strings.Join(redactArgs(os.Args), "\x00"))
+}
+
+// secretFlags are the flags whose values redactArgs hides.
+var secretFlags = []string{"ingress-token"}
+
+// redactArgs returns args with the value of every secret flag replaced by
+// "REDACTED", in each of the spellings the flag package reads: -name value,
+// --name value, -name=value and --name=value.
+func redactArgs(args []string) []string {
+	out := slices.Clone(args)
+	for i := 0; i < len(out); i++ {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(out[i], "-"), "=")
+		if !strings.HasPrefix(out[i], "-") || !slices.Contains(secretFlags, name) {
+			continue
+		}
+		if hasValue {
+			out[i] = out[i][:len(out[i])-len(value)] + "REDACTED"
+		} else if i+1 < len(out) {
+			out[i+1] = "REDACTED"
+			i++
+		}
+	}
+	return out
 }

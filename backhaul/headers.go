@@ -71,7 +71,8 @@ func aliasesProtected(key string) bool {
 // dashedProtected lists the protected names that contain a '-', the only
 // ones another byte in its place can alias.
 var dashedProtected = [...]string{"x-real-ip", "content-length", "transfer-encoding",
-	"proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate"}
+	"proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate",
+	"true-client-ip", "cf-connecting-ip", "fastly-client-ip", "x-client-ip", "x-cluster-client-ip"}
 
 // foldedPrefix reports whether key starts with prefix (lower case),
 // comparing letters case-insensitively and reading any byte but a letter
@@ -108,9 +109,20 @@ func namedByConnection(conn []string, key string) bool { return h1.HasToken(conn
 func hasToken(values []string, tok string) bool { return h1.HasToken(values, tok) }
 
 // isForwarding reports whether key is a header through which a client claims
-// an origin for the request; only a trusted proxy's are believed.
+// an origin for the request; only a trusted proxy's are believed. Besides
+// the standard ones, the client-address fields of CDNs and load balancers
+// that applications read in their place (Akamai's and Cloudflare's
+// True-Client-IP, Cloudflare's CF-Connecting-IP, Fastly's, Rackspace's
+// X-Cluster-Client-IP, X-Client-IP), as nginx's realip and Rails do.
 func isForwarding(key string) bool {
-	return strings.HasPrefix(key, "X-Forwarded-") || key == "Forwarded" || key == "X-Real-Ip"
+	if strings.HasPrefix(key, "X-Forwarded-") {
+		return true
+	}
+	switch key {
+	case "Forwarded", "X-Real-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip", "X-Client-Ip", "X-Cluster-Client-Ip":
+		return true
+	}
+	return false
 }
 
 // upgradeProtocol returns the protocol a request or response asks to switch

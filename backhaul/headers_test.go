@@ -100,6 +100,19 @@ func TestForwardedHeaders(t *testing.T) {
 			absent: []string{"X-Forwarded-Port", "Forwarded", "X-Real-Ip"},
 		},
 		{
+			name: "an untrusted client's CDN client-address fields are dropped",
+			head: "Host: app.example\r\nTrue-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nFastly-Client-IP: 6.6.6.6\r\n" +
+				"X-Client-IP: 6.6.6.6\r\nX-Cluster-Client-IP: 6.6.6.6\r\nTrue_Client_IP: 6.6.6.6\r\n",
+			want:   map[string]string{"X-Forwarded-For": "127.0.0.1"},
+			absent: []string{"True-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip", "X-Client-Ip", "X-Cluster-Client-Ip", "True_client_ip", "True_Client_IP"},
+		},
+		{
+			name:    "a trusted proxy's True-Client-IP is kept",
+			trusted: []netip.Prefix{loopback},
+			head:    "Host: app.example\r\nTrue-Client-IP: 203.0.113.9\r\n",
+			want:    map[string]string{"True-Client-Ip": "203.0.113.9"},
+		},
+		{
 			name:    "a trusted proxy's X-Forwarded-For is appended to and its other headers kept",
 			trusted: []netip.Prefix{loopback},
 			head: "Host: app.example\r\nX-Forwarded-For: 203.0.113.9, 10.0.0.1\r\nX-Forwarded-For: 10.0.0.2\r\n" +

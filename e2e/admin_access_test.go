@@ -162,6 +162,9 @@ func TestAdminListenerByClientAddress(t *testing.T) {
 		withToken bool
 		header    []string
 		want      int
+		// body, when set, is the whole body wanted; hides, when set, must
+		// not be in it.
+		body, hides string
 	}
 	cases := []struct {
 		name string
@@ -169,36 +172,44 @@ func TestAdminListenerByClientAddress(t *testing.T) {
 		asks []ask
 	}{
 		{"by default metrics go to loopback, private networks and the token", nil, []ask{
-			{"127.0.0.1", "/metrics", false, nil, 200},
-			{"10.0.0.9", "/metrics", false, nil, 200},
-			{"11.0.0.9", "/metrics", false, nil, 401},
-			{"11.0.0.9", "/metrics", true, nil, 200},
-			{"11.0.0.9", "/metrics", false, []string{"X-Forwarded-For", "10.0.0.1"}, 401},
-			{"127.0.0.1", "/healthz", false, nil, 200},
-			{"10.0.0.9", "/healthz", false, nil, 200},
-			{"11.0.0.9", "/healthz", false, nil, 200},
-			{"11.0.0.9", "/readyz", false, nil, 200},
+			{"127.0.0.1", "/metrics", false, nil, 200, "", ""},
+			{"10.0.0.9", "/metrics", false, nil, 200, "", ""},
+			{"11.0.0.9", "/metrics", false, nil, 401, "", ""},
+			{"11.0.0.9", "/metrics", true, nil, 200, "", ""},
+			{"11.0.0.9", "/metrics", false, []string{"X-Forwarded-For", "10.0.0.1"}, 401, "", ""},
+			{"127.0.0.1", "/healthz", false, nil, 200, "", ""},
+			{"10.0.0.9", "/healthz", false, nil, 200, "", ""},
+			{"11.0.0.9", "/healthz", false, nil, 200, "", ""},
+			// Off loopback, ready or not and nothing more: the source's
+			// file or URL, its user and the last error stay on the status
+			// page (issue 50).
+			{"11.0.0.9", "/readyz", false, nil, 200, "ready\n", ""},
+			{"10.0.0.9", "/readyz", false, nil, 200, "ready\n", ""},
+			{"127.0.0.1", "/readyz", false, nil, 200, "", ""},
+			{"11.0.0.9", "/readyz", true, nil, 200, "", ""},
+			// A token passed as a flag is not in pprof's command line.
+			{"127.0.0.1", "/debug/pprof/cmdline", false, nil, 200, "", adminTestToken},
 			// docs/design.md rule 10: the status surfaces stay loopback
 			// or token, private networks included.
-			{"127.0.0.1", "/status.json", false, nil, 200},
-			{"10.0.0.9", "/status.json", false, nil, 403},
-			{"11.0.0.9", "/status.json", false, nil, 403},
-			{"11.0.0.9", "/status.json", true, nil, 200},
-			{"10.0.0.9", "/debug/pprof/", false, nil, 403},
+			{"127.0.0.1", "/status.json", false, nil, 200, "", ""},
+			{"10.0.0.9", "/status.json", false, nil, 403, "", ""},
+			{"11.0.0.9", "/status.json", false, nil, 403, "", ""},
+			{"11.0.0.9", "/status.json", true, nil, 200, "", ""},
+			{"10.0.0.9", "/debug/pprof/", false, nil, 403, "", ""},
 		}},
 		{"any opens metrics to everyone and the status page to no one more", []string{"--admin-allow", "any"}, []ask{
-			{"11.0.0.9", "/metrics", false, nil, 200},
-			{"11.0.0.9", "/status.json", false, nil, 403},
-			{"11.0.0.9", "/", false, nil, 403},
+			{"11.0.0.9", "/metrics", false, nil, 200, "", ""},
+			{"11.0.0.9", "/status.json", false, nil, 403, "", ""},
+			{"11.0.0.9", "/", false, nil, 403, "", ""},
 		}},
 		{"loopback only, with a trusted proxy judged by whom it relays", []string{"--admin-allow", "loopback", "--trusted-proxies", "11.0.0.0/8"}, []ask{
-			{"127.0.0.1", "/metrics", false, nil, 200},
-			{"10.0.0.9", "/metrics", false, nil, 401},
-			{"10.0.0.9", "/metrics", true, nil, 200},
-			{"11.0.0.9", "/metrics", false, nil, 200},
-			{"11.0.0.9", "/metrics", false, []string{"X-Forwarded-For", "203.0.113.9"}, 401},
-			{"11.0.0.9", "/status.json", false, nil, 403},
-			{"10.0.0.9", "/healthz", false, nil, 200},
+			{"127.0.0.1", "/metrics", false, nil, 200, "", ""},
+			{"10.0.0.9", "/metrics", false, nil, 401, "", ""},
+			{"10.0.0.9", "/metrics", true, nil, 200, "", ""},
+			{"11.0.0.9", "/metrics", false, nil, 200, "", ""},
+			{"11.0.0.9", "/metrics", false, []string{"X-Forwarded-For", "203.0.113.9"}, 401, "", ""},
+			{"11.0.0.9", "/status.json", false, nil, 403, "", ""},
+			{"10.0.0.9", "/healthz", false, nil, 200, "", ""},
 		}},
 	}
 	for _, tc := range cases {
@@ -217,6 +228,12 @@ func TestAdminListenerByClientAddress(t *testing.T) {
 					continue
 				}
 				switch {
+				case a.body != "" && body != a.body:
+					t.Errorf("GET %s from %s (token %v): body %q, want %q", a.path, a.from, a.withToken, body, a.body)
+				case a.hides != "" && strings.Contains(body, a.hides):
+					t.Errorf("GET %s from %s (token %v): body holds %q: %.300q", a.path, a.from, a.withToken, a.hides, body)
+				case a.path == "/readyz" && a.body == "" && !strings.Contains(body, "fingerprint: "):
+					t.Errorf("GET /readyz from %s (token %v): %q, want the detail a privileged client gets", a.from, a.withToken, body)
 				case a.path == "/metrics" && code == 200 && !strings.Contains(body, "scafo_edge_build_info"):
 					t.Errorf("GET /metrics from %s: 200 without the metrics: %.200s", a.from, body)
 				case code == 401 && !strings.HasPrefix(h.Get("WWW-Authenticate"), "Bearer "):

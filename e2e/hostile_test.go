@@ -269,6 +269,15 @@ func TestHostileRequestsGetAClearAnswer(t *testing.T) {
 				return nil
 			}},
 		{name: "bare LF line ends are rewritten as CRLF", req: "GET /lf HTTP/1.1\nHost: a.example\n\n", status: []int{200, 400}, to: "A"},
+		{name: "an untrusted client's client-address claims are dropped",
+			req:    "GET /claims HTTP/1.1\r\nHost: a.example\r\nTrue-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\nX-Client-IP: 6.6.6.6\r\n\r\n",
+			status: []int{200}, to: "A",
+			check: func(head, body string) error {
+				if strings.Contains(head, "6.6.6.6") {
+					return fmt.Errorf("a claimed client address reached the upstream:\n%s", head)
+				}
+				return nil
+			}},
 		{name: "a bare CR in a field value is 400", req: "GET / HTTP/1.1\r\nHost: a.example\r\nX: a\rb\r\n\r\n", status: []int{400}},
 		{name: "a NUL in the request target is 400", req: "GET /a\x00b HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{400}},
 		{name: "a header block over the limit is 431", req: "GET / HTTP/1.1\r\nHost: a.example\r\nX-Big: " + big + "\r\n\r\n", status: []int{431}},

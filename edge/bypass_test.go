@@ -72,6 +72,18 @@ var normalisations = []normalisation{
 	{"overlong", decodeOverlong},        // C0 AF read as "/", old IIS and Tomcat
 	{"iis-u", decodeIISU},               // %u002f
 	{"trailing-dot", stripTrailingDots}, // Windows: "storage." is "storage"
+	{"terminator", modelCutAtTerminator}, // C strings end at NUL; a late split at "?" or "#"
+}
+
+// modelCutAtTerminator is what a backend that reads a decoded path as a C
+// string, or splits query and fragment off only after decoding, routes on.
+func modelCutAtTerminator(p string) string {
+	for i := 0; i < len(p); i++ {
+		if p[i] == 0 || p[i] == '?' || p[i] == '#' {
+			return p[:i]
+		}
+	}
+	return p
 }
 
 // scope says which normalisations an invariant is promised against, and how
@@ -86,7 +98,7 @@ type scope struct {
 // goes on until nothing changes), cleaned, backslashes, params and case
 // folded. RFC 3986 dot removal is the same "dot segments" the
 // specification names.
-var deniedScope = scope{steps: []string{"decode", "clean", "dots", "merge", "backslash", "params", "fold"}, decodes: 3}
+var deniedScope = scope{steps: []string{"decode", "clean", "dots", "merge", "backslash", "params", "fold", "trailing-dot", "terminator"}, decodes: 3}
 
 // flipScope is path-routing-design.md §6's promise: exactly percent-decoding
 // (once, as net/url does) and dot-segment removal, plus the edge's own extra
@@ -236,7 +248,7 @@ func stripTrailingDots(p string) string {
 	segs := strings.Split(p, "/")
 	for i, s := range segs {
 		if s != "." && s != ".." {
-			segs[i] = strings.TrimRight(s, ". ")
+			segs[i] = strings.TrimRight(s, ". \t")
 		}
 	}
 	return strings.Join(segs, "/")
@@ -594,7 +606,7 @@ func TestBackendModel(t *testing.T) {
 
 // loadBypassCorpus reads testdata/bypass/name: one path a line, "#"
 // comments and blank lines skipped, \xHH for a raw byte.
-func loadBypassCorpus(t *testing.T, name string) []string {
+func loadBypassCorpus(t testing.TB, name string) []string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("testdata", "bypass", name))
 	if err != nil {

@@ -83,13 +83,38 @@ var spellingOps = [...]func(string) string{
 	mergeSlashes,
 	func(p string) string { return removeDotSegments(rooted(p)) },
 	func(p string) string { return path.Clean(rooted(p)) },
+	cutAtTerminator,
+	trimSegmentEnds,
+}
+
+// cutAtTerminator drops what follows a byte a backend may read as the
+// path's end once decoded: a NUL (C strings), or "?" and "#" (a backend
+// that decodes before it splits the query or fragment off: %3f, %23).
+func cutAtTerminator(p string) string {
+	if i := strings.IndexAny(p, "\x00?#"); i >= 0 {
+		return p[:i]
+	}
+	return p
+}
+
+// trimSegmentEnds drops the dots, spaces and tabs that end a segment, as
+// Windows file APIs (and IIS) and servers that trim what they decoded do:
+// "storage." and "storage%20" are "storage" there.
+func trimSegmentEnds(p string) string {
+	segs := strings.Split(p, "/")
+	for i, s := range segs {
+		if s != "." && s != ".." {
+			segs[i] = strings.TrimRight(s, ". \t")
+		}
+	}
+	return strings.Join(segs, "/")
 }
 
 // plainPath reports whether no normalisation could change p's segments.
 func plainPath(p string) bool {
 	for i := 0; i < len(p); i++ {
 		switch p[i] {
-		case '%', '\\', ';', '.':
+		case '%', '\\', ';', '.', ' ', '\t', 0, '?', '#':
 			return false
 		case '/':
 			if i > 0 && p[i-1] == '/' {

@@ -397,7 +397,11 @@ func stripPortAndDot(host string) string {
 // its parser may split elsewhere than the edge did.
 func validTarget(uri string) bool {
 	for i := 0; i < len(uri); i++ {
-		if c := uri[i]; c <= ' ' || c == 0x7f {
+		// RFC 9112 §3.2 allows no fragment in a request target. A backend
+		// that drops one (Node's URL parser, Python's urlsplit, Rust's
+		// http::Uri) would read "/v1/storage#x" as a denied path that the
+		// edge compared as another.
+		if c := uri[i]; c <= ' ' || c == 0x7f || c == '#' {
 			return false
 		}
 	}
