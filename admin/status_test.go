@@ -521,13 +521,10 @@ func TestStatusPageStaysUsableWithTenThousandPrefixes(t *testing.T) {
 
 // TestStatusPageInABrowser loads the page in headless Chromium from a
 // loopback listener and checks the rendered DOM. CI installs chromium
-// (.ci/run); a machine without it fails here rather than skipping, because a
-// skipped browser test would hide a broken page.
+// (.ci/run) and sets CI, where a missing browser fails the test: a skipped
+// browser test would hide a broken page.
 func TestStatusPageInABrowser(t *testing.T) {
-	chromium, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatalf("headless Chromium is needed to test the status page: install it (Debian: apt-get install -y chromium): %v", err)
-	}
+	chromium := testsupport.NeedTool(t, "chromium", "chromium")
 	f := newStatusFixture(t)
 	srv := httptest.NewServer(f.admin.Handler()) // 127.0.0.1: privileged
 	t.Cleanup(srv.Close)

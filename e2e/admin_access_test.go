@@ -54,11 +54,7 @@ func needNetns(t *testing.T) map[string]string {
 	}
 	tools := map[string]string{}
 	for _, tool := range []struct{ name, pkg string }{{"unshare", "util-linux"}, {"nsenter", "util-linux"}, {"ip", "iproute2"}} {
-		p, err := exec.LookPath(tool.name)
-		if err != nil {
-			t.Skipf("%s not installed (Debian: %s); it makes the network namespace", tool.name, tool.pkg)
-		}
-		tools[tool.name] = p
+		tools[tool.name] = testsupport.NeedTool(t, tool.name, tool.pkg)
 	}
 	if out, err := exec.Command(tools["unshare"], "--net", "true").CombinedOutput(); err != nil {
 		t.Skipf("unshare --net: %v (%s): this root may not make network namespaces (a container without CAP_SYS_ADMIN?)", err, strings.TrimSpace(string(out)))
@@ -262,10 +258,7 @@ func TestAdminListenerByClientAddress(t *testing.T) {
 // token is refused, so both scrapes the README shows are held as written.
 func TestPrometheusScrapesWithTheExampleConfig(t *testing.T) {
 	tools := needNetns(t)
-	prom, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Fatal("prometheus not installed (Debian: apt-get install prometheus; .ci/run installs it)")
-	}
+	prom := testsupport.NeedTool(t, "prometheus", "prometheus")
 	e := startNetnsEdge(t, tools)
 
 	raw, err := os.ReadFile("../deploy/prometheus/prometheus.yml")

@@ -228,10 +228,7 @@ func TestAlertRulesCoverTheIssue(t *testing.T) {
 // example scrape config with promtool (Debian package "prometheus") when the
 // machine has it.
 func TestAlertRulesPassPromtool(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Fatal("promtool not installed (Debian: apt-get install prometheus; .ci/run installs it)")
-	}
+	promtool := testsupport.NeedTool(t, "promtool", "prometheus")
 	for _, args := range [][]string{
 		{"check", "rules", alertsFile},
 		{"test", "rules", alertTestFile},

@@ -14,6 +14,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -140,4 +142,22 @@ func Must[T any](v T, err error) T {
 		panic(fmt.Sprintf("testsupport.Must: %v", err))
 	}
 	return v
+}
+
+// NeedTool returns the path of the program name, which the Debian package
+// pkg installs. Where it is missing the test is skipped with one line that
+// names the package, so that `go test ./...` passes on a machine with Go
+// alone; with the environment variable CI set (.ci/run sets it), a missing
+// tool fails the test instead, so that CI never passes by skipping.
+func NeedTool(t testing.TB, name, pkg string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err == nil {
+		return p
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("%s not installed (Debian: apt-get install %s; CI is set, so this fails rather than skips)", name, pkg)
+	}
+	t.Skipf("%s not installed (Debian: apt-get install %s)", name, pkg)
+	return ""
 }
