@@ -139,12 +139,21 @@ func (a *Server) privileged(r *http.Request) bool {
 // loopback, in MetricsFrom, or a trusted proxy asking for itself, or it
 // carries the ingress token.
 func (a *Server) mayScrape(r *http.Request) bool {
-	if client, _, ok := a.client(r); ok {
-		if client.IsLoopback() || forwarded.Contains(a.MetricsFrom, client) || forwarded.Contains(a.TrustedProxies, client) {
-			return true
-		}
+	if client, _, ok := a.client(r); ok && a.MayScrapeFrom(client) {
+		return true
 	}
 	return a.bearer(r)
+}
+
+// MayScrapeFrom reports whether addr (unmapped, without a zone) may read
+// /metrics without the token: it is on loopback, in MetricsFrom, or a
+// trusted proxy (which, as a TCP peer, may relay for others: each request
+// it relays is judged by the client it names). The admin listener's
+// admission gives the connections of such peers the larger share of its
+// pool, and the others, which may only ask /healthz and /readyz without
+// the token, a small one.
+func (a *Server) MayScrapeFrom(addr netip.Addr) bool {
+	return addr.IsLoopback() || forwarded.Contains(a.MetricsFrom, addr) || forwarded.Contains(a.TrustedProxies, addr)
 }
 
 // scrapers serves h only to a request mayScrape allows; anyone else is

@@ -52,6 +52,11 @@ type Limits struct {
 	// GOMEMLIMIT): the status page and scafo_edge_memory_limit_bytes say
 	// both. Derive sets them.
 	MemoryFrom, MemoryFile string
+	// AdminConns is how many connections the admin listener holds at most
+	// (AdminListener). They are the edge's own work, not traffic: not part
+	// of MaxConns, but of the reserve, of which Derive gives them an
+	// eighth. Zero in New: the smallest pool, 8.
+	AdminConns int
 }
 
 // Facts are what Derive read off the process, for the start-up log and the
@@ -63,7 +68,8 @@ type Facts struct {
 	Descriptors, RaisedFrom uint64
 	// Reserved is the descriptors kept out of MaxConns for the edge's own
 	// work: the node poll or routes file, certificate storage, edge.db,
-	// the admin listener and its scrapes, the handover socket.
+	// the admin listener and its scrapes (Limits.AdminConns of them at
+	// most), the handover socket.
 	Reserved int
 	// MemTotal is the box's memory (/proc/meminfo), 0 when unknown.
 	// Cgroup is the tightest limit of the edge's cgroup and its ancestors
@@ -167,6 +173,9 @@ func Derive(want Limits, sys System) (Limits, Facts, error) {
 	if l.Overdraft == 0 {
 		l.Overdraft = f.Reserved / 2
 	}
+	if l.AdminConns == 0 {
+		l.AdminConns = max(f.Reserved/adminReserveDivisor, minAdminConns)
+	}
 	memoryBinds := false // the memory limit, not the descriptors or a flag, sets MaxConns
 	if l.MaxConns == 0 {
 		l.MaxConns = int(min(f.Descriptors, math.MaxInt32)) - f.Reserved
@@ -246,6 +255,8 @@ func (l Limits) validate() error {
 		return errors.New("queue timeout must not be negative")
 	case l.ClientRate < 0 || l.ClientBurst < 0:
 		return errors.New("client rate and burst must not be negative")
+	case l.AdminConns < 0:
+		return errors.New("admin connections must not be negative")
 	}
 	return nil
 }

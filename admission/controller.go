@@ -135,6 +135,7 @@ type Controller struct {
 	connSeq atomic.Uint32 // spreads connections over the registry's shards
 	clients clientTable
 	apps    appTable
+	admin   adminPool
 	refused refusedHold
 
 	memHigh atomic.Bool
@@ -198,6 +199,10 @@ func New(opts Options) (*Controller, error) {
 	c.slowShed = rate.NewLimiter(rate.Limit(slowRate), max(slowRate/4, 1))
 	c.clients.init(opts.Limits, c.clock.Now)
 	c.apps.init(opts.Limits)
+	if c.limits.AdminConns == 0 {
+		c.limits.AdminConns = minAdminConns
+	}
+	c.admin.init(c.limits, c)
 	c.refused.max = heldFor(opts.Limits)
 	var err error
 	if c.m, err = newMetrics(opts.Registerer, c); err != nil {
@@ -552,6 +557,11 @@ type Status struct {
 	MemoryFile        string    `json:"memory_limit_file,omitempty"` // Limits.MemoryFile
 	Clients           int       `json:"client_addresses"`
 	Apps              []AppLoad `json:"applications"`
+	// The admin listener's connections, held apart from the budget
+	// (AdminListener): now, at most, and per peer allowed /metrics.
+	AdminConns          int64 `json:"admin_conns"`
+	MaxAdminConns       int   `json:"max_admin_conns"`
+	AdminConnsPerClient int   `json:"admin_conns_per_client"`
 }
 
 // AppLoad is one application's requests in flight to its upstreams, those
@@ -579,5 +589,6 @@ func (c *Controller) Snapshot() Status {
 		AppShare: c.limits.AppShare, ClientRate: c.limits.ClientRate, MemoryLimit: c.limits.MemoryLimit,
 		MemoryFrom: c.limits.MemoryFrom, MemoryFile: c.limits.MemoryFile,
 		Clients: c.clients.len(), Apps: c.apps.loads(),
+		AdminConns: c.admin.all.Load(), MaxAdminConns: c.limits.AdminConns, AdminConnsPerClient: int(c.admin.perClient),
 	}
 }

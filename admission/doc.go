@@ -55,6 +55,12 @@
 //     application's share of requests in flight to its upstreams, requests
 //     wait in a short bounded queue, then 503.
 //
+// The admin listener (AdminListener) is not counted against the budget,
+// whose pressure must not stop a health check, but held to a small pool of
+// its own out of the descriptors reserved for the edge's own work, with a
+// share for each address, smaller for the peers that may not read /metrics
+// (admin.go).
+//
 // A request already in flight is never cut for pressure.
 //
 // It does not know about routing or how bytes reach an upstream: the edge's

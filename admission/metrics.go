@@ -14,17 +14,19 @@ import (
 // Shed reasons beyond the request refusals' (Refusal.String): an idle
 // connection closed under pressure, a slow first request closed to make
 // room at the budget, a connection refused because its client address
-// held its share, and one refused at the budget because its address's
-// connections are mostly slow first requests with no room theirs to take.
+// held its share, one refused at the budget because its address's
+// connections are mostly slow first requests with no room theirs to take,
+// and one of the admin listener past a share of its pool (admin.go).
 const (
 	shedIdle           = "idle_closed"
 	shedSlow           = "slow_headers"
 	refusedClientConns = "client_conns"
 	refusedClientSlow  = "client_slow_headers"
+	refusedAdminConns  = "admin_conns"
 )
 
 // ShedReasons lists every reason of scafo_edge_shed_total.
-var ShedReasons = []string{shedIdle, shedSlow, refusedClientConns, refusedClientSlow, RefusedMemory.String(), RefusedBudget.String(), RefusedClientRequests.String(),
+var ShedReasons = []string{shedIdle, shedSlow, refusedClientConns, refusedClientSlow, refusedAdminConns, RefusedMemory.String(), RefusedBudget.String(), RefusedClientRequests.String(),
 	RefusedClientRate.String(), RefusedAppQueueFull.String(), RefusedAppQueueTimeout.String()}
 
 type metrics struct {
@@ -124,6 +126,7 @@ func (c *Controller) logRefusal(reason string) {
 var refusalMessages = map[string]string{
 	refusedClientConns:              "refusing new connections from a client address that holds its share of connections (each held a second, then closed); more are counted in scafo_edge_shed_total, logged again in a minute",
 	refusedClientSlow:               "at the connection budget, refusing new connections from a client address whose connections are mostly slow first requests (each held a second, then closed); more are counted in scafo_edge_shed_total, logged again in a minute",
+	refusedAdminConns:               "refusing new connections to the admin listener past a share of its own small pool of connections (per address; for all the addresses not allowed /metrics; in all), which keeps it from spending the descriptors reserved for the edge's own work (each held a second, then closed); more are counted in scafo_edge_shed_total, logged again in a minute",
 	RefusedMemory.String():          "refusing new requests (503) while memory is past its high-water mark",
 	RefusedClientRequests.String():  "refusing requests (429) from a client address that has its share in flight; more are counted, logged again in a minute",
 	RefusedClientRate.String():      "refusing requests (429) from a client address past its request rate; more are counted, logged again in a minute",

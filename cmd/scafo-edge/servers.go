@@ -17,6 +17,10 @@ import (
 	"github.com/scafo/scafo-edge/serving"
 )
 
+// adminHeaderTimeout is the admin listener's header timeout at most
+// (--read-header-timeout if shorter).
+const adminHeaderTimeout = 10 * time.Second
+
 // servers are the edge's listeners and the servers on them: plain HTTP,
 // HTTPS (and HTTP/3 beside it) unless --tls off, and the admin listener.
 type servers struct {
@@ -105,10 +109,16 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	if sv.httpsLn != nil {
 		sv.httpsLn = client(p.admission.Listener(sv.httpsLn))
 	}
-	sv.adminLn = sv.gate.Listener(sv.adminLn)
 	status := &admin.Server{Live: p.live, Source: p.source, Registry: p.reg, Proxy: p.proxy, Token: p.token,
 		MetricsFrom: s.adminAllow, TrustedProxies: s.trusted,
 		Certificates: sv.tls.certificates, NotRenewed: sv.tls.notRenewed, Prefetch: sv.tls.prefetch, FailedValidations: sv.tls.failedValidations, Admission: p.admission.Snapshot, Version: version, Started: time.Now()}
+	// The admin listener's connections are held to a small pool of their
+	// own, out of the descriptors reserved for the edge's own work: a peer
+	// that may read /metrics without the token holds a few of them; any
+	// other, which may only ask /healthz and /readyz without the token,
+	// two, and all of those together a quarter of the pool
+	// (admission/admin.go).
+	sv.adminLn = sv.gate.Listener(p.admission.AdminListener(sv.adminLn, status.MayScrapeFrom))
 	sv.adminSrv = sv.newServer(c, p, status.Handler(), nil, "admin", log)
 	return sv, nil
 }
@@ -142,9 +152,14 @@ func (sv *servers) newServer(c *config, p *parts, h http.Handler, tlsConf *tls.C
 		ErrorLog:          newStdLogger(log.With().Str("component", name).Logger(), p.handshakeErrors),
 		ConnState:         sv.gate.ConnState,
 	}
-	if name != "admin" {
-		// The admin listener is not counted: it is the edge's own work,
-		// which the budget's reserve keeps room for.
+	if name == "admin" {
+		// The admin listener's connections are not in the budget's
+		// registry (no shedding: they are refused past their pool's
+		// shares instead), and their requests are health checks,
+		// scrapes and the status page, whose heads come at once: a
+		// short header timeout gives a place in the pool back soon.
+		srv.ReadHeaderTimeout = min(c.readHeaderTimeout, adminHeaderTimeout)
+	} else {
 		srv.ConnState = func(conn net.Conn, st http.ConnState) {
 			sv.gate.ConnState(conn, st)
 			p.admission.ConnState(conn, st)
