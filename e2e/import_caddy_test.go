@@ -97,7 +97,8 @@ func TestImportCaddyThroughTheBinary(t *testing.T) {
 	plantCaddy(t, caddyDir, p.DirectoryURL, "expired.example", expired, expired.key)
 	plantCaddy(t, caddyDir, p.DirectoryURL, "mismatch.example", mismatch, expired.key)
 	p.WaitOrderCount(t, 5)
-	roots := p.IssuerRoots(t)
+	roots := importRoots(t, p, mismatch)
+	issuerRoots := p.IssuerRoots(t)
 	served := map[string]string{"single.example": serials["single.example"], "two.example": serials["two.example"], "x.tenant.example": serials["*.tenant.example"]}
 	a := hostOf(app(t, "A"))
 
@@ -105,14 +106,14 @@ func TestImportCaddyThroughTheBinary(t *testing.T) {
 		n := nodetest.New(t, nodetest.Options{})
 		n.SetDocument(importDocument(a))
 		state := t.TempDir()
-		store := []string{"--node", n.URL(), "--cert-store", "local", "--state-dir", state, "--acme-ca", p.DirectoryURL}
+		store := []string{"--node", n.URL(), "--cert-store", "local", "--state-dir", state, "--acme-ca", p.DirectoryURL, "--acme-ca-root", roots}
 		out, err := runImport(t, append([]string{"caddy", caddyDir}, store...)...)
 		if code := exitCode(err); code != 1 {
 			t.Errorf("import with two bad certificates: exit %d, want 1", code)
 		}
 		for _, want := range []string{
-			"imported   single.example:", "imported   two.example:", "imported   *.tenant.example:",
-			"refused    expired.example: expired on", "refused    mismatch.example: key does not match the certificate",
+			`imported   "single.example":`, `imported   "two.example":`, `imported   "*.tenant.example":`,
+			`refused    "expired.example": expired on`, `refused    "mismatch.example": key does not match the certificate`,
 			"5 certificates: 3 imported, 0 unchanged, 0 kept, 2 refused",
 		} {
 			if !strings.Contains(out, want) {
@@ -123,7 +124,7 @@ func TestImportCaddyThroughTheBinary(t *testing.T) {
 		e := startEdge(t, "--node", n.URL(), "--cert-store", "local", "--state-dir", state, "--tls", "acme",
 			"--acme-ca", p.DirectoryURL, "--acme-ca-root", rootFile, "--cert-prefetch=false")
 		for name, serial := range served {
-			waitServed(t, e, name, serial, roots)
+			waitServed(t, e, name, serial, issuerRoots)
 		}
 		if got := p.OrderCount(); got != orders {
 			t.Errorf("Pebble orders = %d after serving Caddy's certificates, want %d (no new order)", got, orders)
@@ -154,7 +155,7 @@ func TestImportCaddyThroughTheBinary(t *testing.T) {
 		e := startEdge(t, "--node", n.URL(), "--ingress-token", "fleet-token", "--tls", "acme",
 			"--acme-ca", p.DirectoryURL, "--acme-ca-root", rootFile, "--cert-prefetch=false")
 		for name, serial := range served {
-			waitServed(t, e, name, serial, roots)
+			waitServed(t, e, name, serial, issuerRoots)
 		}
 		if got := p.OrderCount(); got != orders {
 			t.Errorf("Pebble orders = %d after serving the fleet store, want %d (no new order)", got, orders)
@@ -167,7 +168,7 @@ func TestImportCaddyThroughTheBinary(t *testing.T) {
 		n.SetDocument(importDocument(a))
 		e := startEdge(t, "--node", n.URL(), "--ingress-token", "fleet-token", "--tls", "acme",
 			"--acme-ca", p.DirectoryURL, "--acme-ca-root", rootFile, "--cert-prefetch=false")
-		out, _ := runImport(t, "caddy", caddyDir, "--node", n.URL(), "--ingress-token", "fleet-token", "--acme-ca", p.DirectoryURL)
+		out, _ := runImport(t, "caddy", caddyDir, "--node", n.URL(), "--ingress-token", "fleet-token", "--acme-ca", p.DirectoryURL, "--acme-ca-root", roots)
 		if !strings.Contains(out, "5 certificates: 3 imported, 0 unchanged, 0 kept, 2 refused") {
 			t.Errorf("fleet import beside a running edge did not import the three")
 		}
@@ -175,7 +176,7 @@ func TestImportCaddyThroughTheBinary(t *testing.T) {
 		// Exact names load from the store at their first handshake; a
 		// wildcard is looked for again within a minute (not waited for here).
 		for _, name := range []string{"single.example", "two.example"} {
-			waitServed(t, e, name, served[name], roots)
+			waitServed(t, e, name, served[name], issuerRoots)
 		}
 		if got := p.OrderCount(); got != orders {
 			t.Errorf("Pebble orders = %d, want %d (no new order)", got, orders)

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -125,7 +126,14 @@ func serialOf(t *testing.T, chain []byte) string {
 // printed and its error (an *exec.ExitError on exit 1).
 func runImport(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	return runImportWithin(t, 60*time.Second, args...)
+}
+
+// runImportWithin is runImport killing the import after d: an import
+// still running then is a hung one (its error says "signal: killed").
+func runImportWithin(t *testing.T, d time.Duration, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, edgeBinary, append([]string{"import"}, args...)...)
@@ -221,16 +229,17 @@ func TestImportTraefikThroughTheBinary(t *testing.T) {
 	n := nodetest.New(t, nodetest.Options{})
 	n.SetDocument(importDocument(hostOf(app(t, "A"))))
 	state := t.TempDir()
-	store := []string{"--node", n.URL(), "--cert-store", "local", "--state-dir", state, "--acme-ca", p.DirectoryURL}
+	store := []string{"--node", n.URL(), "--cert-store", "local", "--state-dir", state, "--acme-ca", p.DirectoryURL,
+		"--acme-ca-root", importRoots(t, p, single)}
 
 	out, err := runImport(t, append([]string{"traefik", acmeFile}, store...)...)
 	if code := exitCode(err); code != 1 {
 		t.Errorf("import with two bad certificates: exit %d, want 1", code)
 	}
 	for _, want := range []string{
-		"imported   single.example:", "imported   san.example, www.san.example:", "imported   *.tenant.example:",
-		"refused    expired.example: expired on", "refused    mismatch.example: key does not match the certificate",
-		"warning    *.tenant.example: no DNS-01 provider renews it",
+		`imported   "single.example":`, `imported   "san.example", "www.san.example":`, `imported   "*.tenant.example":`,
+		`refused    "expired.example": expired on`, `refused    "mismatch.example": key does not match the certificate`,
+		`warning    "*.tenant.example": no DNS-01 provider renews it`,
 		"5 certificates: 3 imported, 0 unchanged, 0 kept, 2 refused",
 	} {
 		if !strings.Contains(out, want) {
@@ -269,6 +278,32 @@ func TestImportTraefikThroughTheBinary(t *testing.T) {
 	t.Logf("figures: Traefik acme.json of 5 Pebble certificates: 3 imported, 2 refused; the edge served the 3 with %d new order(s)", p.OrderCount()-orders)
 }
 
+// importRoots writes the roots an import of p's certificates is run with
+// (--acme-ca-root): p's HTTPS root, as serve is given it, and the
+// intermediate that signed c. Pebble makes a new issuing root at every
+// start and serves it only on its management port, which certstest
+// hands out as a pool; the intermediate every chain it issues ends in is
+// as good an anchor for the chain check.
+func importRoots(t *testing.T, p *certstest.Pebble, c pebbleCert) string {
+	t.Helper()
+	var last *pem.Block
+	for rest := c.chain; ; {
+		b, r := pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		last, rest = b, r
+	}
+	if last == nil {
+		t.Fatal("pebble chain has no certificate")
+	}
+	file := filepath.Join(t.TempDir(), "import-roots.pem")
+	if err := os.WriteFile(file, append(slices.Clone(p.RootPEM), pem.EncodeToMemory(last)...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
 func exitCode(err error) int {
 	if err == nil {
 		return 0
@@ -299,4 +334,31 @@ func statusFlagsNotRenewed(t *testing.T, e *runningEdge, name string) bool {
 		}
 	}
 	return false
+}
+
+// TestImportLogsTheTimeThroughTheBinary is issue 49: the import's console
+// log printed "<nil>" where each line's time belongs. A state directory
+// open to others makes the import log a warning.
+func TestImportLogsTheTimeThroughTheBinary(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ca := newIssueCA(t)
+	acmeFile := writeAcmeJSON(t, map[string][]map[string]any{"le": {
+		traefikEntry("shop.example", ca.issue(t, time.Now().Add(30*24*time.Hour), "shop.example")),
+	}})
+	out, err := runImport(t, "traefik", acmeFile, "--cert-store", "local", "--state-dir", state, "--acme-ca-root", ca.rootFile)
+	if err != nil {
+		t.Fatalf("import: %v", err)
+	}
+	var warning string
+	for line := range strings.Lines(out) {
+		if strings.Contains(line, "state directory is accessible") {
+			warning = line
+		}
+	}
+	if warning == "" || strings.Contains(warning, "<nil>") || !regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d`).MatchString(warning) {
+		t.Errorf("import logged %q, want the state directory warning with its time", warning)
+	}
 }

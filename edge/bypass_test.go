@@ -69,9 +69,9 @@ var normalisations = []normalisation{
 	{"backslash", func(p string) string { return strings.ReplaceAll(p, `\`, "/") }},
 	{"params", modelStripParams}, // servlet ";jsessionid=..." per segment
 	{"fold", strings.ToLower},
-	{"overlong", decodeOverlong},        // C0 AF read as "/", old IIS and Tomcat
-	{"iis-u", decodeIISU},               // %u002f
-	{"trailing-dot", stripTrailingDots}, // Windows: "storage." is "storage"
+	{"overlong", decodeOverlong},         // C0 AF read as "/", old IIS and Tomcat
+	{"iis-u", decodeIISU},                // %u002f
+	{"trailing-dot", stripTrailingDots},  // Windows: "storage." is "storage"
 	{"terminator", modelCutAtTerminator}, // C strings end at NUL; a late split at "?" or "#"
 }
 

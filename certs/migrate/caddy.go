@@ -14,20 +14,21 @@ import (
 // certmagic's file storage ($XDG_DATA_HOME/caddy, /data/caddy in Caddy's
 // image): certificates/<issuer>/<name>/<name>.crt beside <name>.key. dir
 // may be the data directory or its certificates directory. A certificate
-// without its key is a Candidate with Err set; a directory with no
-// certificates directory is an error.
+// whose files cannot be read (no key file; a link, a FIFO, a device, or
+// more than MaxPEMFile bytes) is a Candidate with Err set; a directory
+// with no certificates directory is an error.
 func ReadCaddy(dir string) ([]Candidate, error) {
 	root := filepath.Join(dir, "certificates")
 	if filepath.Base(filepath.Clean(dir)) == "certificates" {
 		root = dir
 	}
 	if fi, err := os.Stat(root); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("caddy storage %s: no certificates directory (want Caddy's data directory, e.g. /data/caddy)", dir)
+		return nil, fmt.Errorf("caddy storage %q: no certificates directory (want Caddy's data directory, e.g. /data/caddy)", dir)
 	}
 	var out []Candidate
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
-			return err
+			return fmt.Errorf("walk %q: %w", path, bare(err))
 		}
 		if d.IsDir() || !strings.HasSuffix(path, ".crt") {
 			return nil
@@ -38,23 +39,41 @@ func ReadCaddy(dir string) ([]Candidate, error) {
 		if filepath.Base(path) != site+".crt" {
 			return nil
 		}
-		c := Candidate{Source: path, Names: []string{strings.ReplaceAll(site, "wildcard_", "*")}}
-		if c.CertPEM, err = os.ReadFile(path); err != nil {
-			return err
-		}
-		keyPath := strings.TrimSuffix(path, ".crt") + ".key"
-		if c.KeyPEM, err = os.ReadFile(keyPath); err != nil {
-			if !errors.Is(err, fs.ErrNotExist) {
-				return err
-			}
-			c.Err = fmt.Errorf("%w: no key file %s", ErrUnparsable, keyPath)
-		}
-		out = append(out, c)
+		out = append(out, readCaddyPair(path, site))
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("caddy storage %s: %w", dir, err)
+		return nil, fmt.Errorf("caddy storage %q: %w", dir, err)
 	}
 	slices.SortFunc(out, func(a, b Candidate) int { return strings.Compare(a.Source, b.Source) })
 	return out, nil
+}
+
+// readCaddyPair reads the certificate at crtPath and the key beside it.
+// The directory is another proxy's, maybe an attacker's: only regular
+// files are read, links not followed, each at most MaxPEMFile bytes.
+func readCaddyPair(crtPath, site string) Candidate {
+	c := Candidate{Source: crtPath, Names: []string{siteName(site)}}
+	var err error
+	if c.CertPEM, err = readRegular(crtPath, MaxPEMFile, true); err != nil {
+		c.Err = err
+		return c
+	}
+	keyPath := strings.TrimSuffix(crtPath, ".crt") + ".key"
+	if c.KeyPEM, err = readRegular(keyPath, MaxPEMFile, true); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			err = fmt.Errorf("%w: no key file %q", ErrUnparsable, keyPath)
+		}
+		c.Err = err
+	}
+	return c
+}
+
+// siteName is the name certmagic filed a site directory under, for the
+// report: its key with a leftmost "wildcard_" read as "*".
+func siteName(site string) string {
+	if base, ok := strings.CutPrefix(site, "wildcard_."); ok {
+		return "*." + base
+	}
+	return site
 }

@@ -2,6 +2,7 @@ package migrate
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -32,35 +33,82 @@ var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 // issued is a test certificate: PEM chain (leaf, then its CA) and key.
 type issued struct{ cert, key []byte }
 
-// issue makes a certificate for names signed by a throwaway CA, valid
-// from notBefore to notAfter, with an ECDSA key (rsaKey: RSA, PKCS #1).
+// authority is a test CA: its certificate and key, and a pool of it.
+type authority struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+// testCA signs the test certificates; policy trusts it and checks at now.
+var (
+	testCA = newAuthority()
+	policy = Policy{Now: now, Roots: testCA.pool}
+)
+
+func newAuthority() authority {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		panic(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: now.AddDate(-5, 0, 0), NotAfter: now.AddDate(100, 0, 0), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		panic(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		panic(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return authority{cert: cert, key: key, pool: pool}
+}
+
+// issue makes a certificate for names signed by testCA, valid from
+// notBefore to notAfter, with an ECDSA key (rsaKey: RSA, PKCS #1).
 func issue(t *testing.T, notBefore, notAfter time.Time, rsaKey bool, names ...string) issued {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: notBefore, NotAfter: notAfter.Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
+	return sign(t, &testCA, notBefore, notAfter, rsaKey, names...)
+}
+
+// selfSigned makes a certificate for names that signs itself, as a lab
+// makes one.
+func selfSigned(t *testing.T, names ...string) issued {
+	t.Helper()
+	return sign(t, nil, now.Add(-time.Hour), now.Add(30*24*time.Hour), false, names...)
+}
+
+// sign makes a certificate for names signed by ca (nil: by itself).
+func sign(t *testing.T, ca *authority, notBefore, notAfter time.Time, rsaKey bool, names ...string) issued {
+	t.Helper()
 	var pub any
+	var signer crypto.Signer
 	var keyPEM []byte
 	if rsaKey {
 		k, _ := rsa.GenerateKey(rand.Reader, 2048)
-		pub, keyPEM = k.Public(), pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(k)})
+		signer, pub, keyPEM = k, k.Public(), pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(k)})
 	} else {
 		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		der, _ := x509.MarshalECPrivateKey(k)
-		pub, keyPEM = k.Public(), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+		signer, pub, keyPEM = k, k.Public(), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
 	}
 	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{SerialNumber: serial, DNSNames: names, NotBefore: notBefore, NotAfter: notAfter}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, pub, caKey)
+	tmpl := &x509.Certificate{SerialNumber: serial, DNSNames: names, NotBefore: notBefore, NotAfter: notAfter,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	parent, parentKey := tmpl, signer
+	if ca != nil {
+		parent, parentKey = ca.cert, ca.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, parentKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	chain := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})...)
+	chain := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	if ca != nil {
+		chain = append(chain, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})...)
+	}
 	return issued{cert: chain, key: keyPEM}
 }
 
@@ -101,7 +149,7 @@ func TestCheck(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Check(tc.c, now)
+			got, err := Check(tc.c, policy)
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("Check() error = %v, want %v", err, tc.want)
 			}
@@ -138,7 +186,7 @@ func TestReadTraefik(t *testing.T) {
 	if got[0].Source != "resolver dns #1" || !slices.Equal(got[0].Names, []string{"b.example", "www.b.example"}) || got[0].Err != nil {
 		t.Errorf("first candidate = %s %v %v, want resolver dns #1 with its SANs", got[0].Source, got[0].Names, got[0].Err)
 	}
-	if _, err := Check(got[1], now); err != nil {
+	if _, err := Check(got[1], policy); err != nil {
 		t.Errorf("Check(a.example) = %v", err)
 	}
 	if !errors.Is(got[2].Err, ErrUnparsable) {
@@ -196,7 +244,7 @@ func TestReadCaddy(t *testing.T) {
 		if !errors.Is(got[1].Err, ErrUnparsable) {
 			t.Errorf("certificate without its key: Err = %v, want ErrUnparsable", got[1].Err)
 		}
-		if c, err := Check(got[2], now); err != nil || c.Names[0] != "*.apps.example" {
+		if c, err := Check(got[2], policy); err != nil || c.Names[0] != "*.apps.example" {
 			t.Errorf("Check(wildcard) = %v, %v", c.Names, err)
 		}
 	}
@@ -221,7 +269,7 @@ func TestWriteIsWhatCertmagicLoads(t *testing.T) {
 	ctx := context.Background()
 	const ca = "https://127.0.0.1:14000/dir"
 	in := valid(t, "shop.example", "www.shop.example")
-	c, err := Check(Candidate{CertPEM: in.cert, KeyPEM: in.key}, now)
+	c, err := Check(Candidate{CertPEM: in.cert, KeyPEM: in.key}, policy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +300,7 @@ func TestWriteIsWhatCertmagicLoads(t *testing.T) {
 	// A later certificate in the store (the edge renewed it) is kept; an
 	// earlier one is replaced.
 	later := issue(t, now.Add(-time.Hour), now.Add(80*24*time.Hour), false, "shop.example", "www.shop.example")
-	lc, _ := Check(Candidate{CertPEM: later.cert, KeyPEM: later.key}, now)
+	lc, _ := Check(Candidate{CertPEM: later.cert, KeyPEM: later.key}, policy)
 	if out, err := Write(ctx, st, IssuerKey(ca), lc); err != nil || !slices.Equal(out.Written, lc.Names) {
 		t.Fatalf("Write(later) = %+v, %v", out, err)
 	}
@@ -308,7 +356,7 @@ func TestRun(t *testing.T) {
 	}
 	st := &memStore{m: map[string][]byte{}}
 	var out strings.Builder
-	sum, err := Run(context.Background(), cands, Options{Store: st, IssuerKey: "ca", Now: now}, &out)
+	sum, err := Run(context.Background(), cands, Options{Store: st, IssuerKey: "ca", Policy: policy}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,8 +364,8 @@ func TestRun(t *testing.T) {
 		t.Errorf("Run() = %+v, want 2 imported, 3 refused, *.apps.example lapsing", sum)
 	}
 	for _, want := range []string{
-		"imported   single.example: not after", "imported   *.apps.example:", "warning    *.apps.example: no DNS-01 provider renews it",
-		"refused    old.example: expired on", "refused    other.example: key does not match", "refused    junk.example: unparsable PEM",
+		`imported   "single.example": not after`, `imported   "*.apps.example":`, `warning    "*.apps.example": no DNS-01 provider renews it`,
+		`refused    "old.example": expired on`, `refused    "other.example": key does not match`, `refused    "junk.example": unparsable PEM`,
 		"5 certificates: 2 imported, 0 unchanged, 0 kept, 3 refused",
 	} {
 		if !strings.Contains(out.String(), want) {
@@ -333,13 +381,13 @@ func TestRun(t *testing.T) {
 	}
 
 	out.Reset()
-	sum, err = Run(context.Background(), cands, Options{Store: st, IssuerKey: "ca", Now: now, Renewed: func(b string) bool { return b == "apps.example" }}, &out)
+	sum, err = Run(context.Background(), cands, Options{Store: st, IssuerKey: "ca", Policy: policy, Renewed: func(b string) bool { return b == "apps.example" }}, &out)
 	if err != nil || sum.Unchanged != 2 || sum.Imported != 0 || len(sum.Lapsing) != 0 {
 		t.Errorf("second Run() = %+v, %v; want 2 unchanged and no lapse warning with DNS-01 renewing the base", sum, err)
 	}
 
 	st.fail = errors.New("node down")
-	if _, err := Run(context.Background(), cands[:1], Options{Store: st, IssuerKey: "ca", Now: now}, &out); err == nil {
+	if _, err := Run(context.Background(), cands[:1], Options{Store: st, IssuerKey: "ca", Policy: policy}, &out); err == nil {
 		t.Error("Run() with a failing store = nil error, want one")
 	}
 }
@@ -352,14 +400,14 @@ func TestCheckRefusesNamesThatAreNoHostname(t *testing.T) {
 	for _, name := range []string{"a/b.example", "../x.example", "x..y.example", "a b.example", "a*b.example", "*.*.example", "a+b.example", "a:b.example", "x.example/..", ".x.example"} {
 		t.Run(name, func(t *testing.T) {
 			in := valid(t, name)
-			if c, err := Check(Candidate{CertPEM: in.cert, KeyPEM: in.key}, now); !errors.Is(err, ErrBadName) {
+			if c, err := Check(Candidate{CertPEM: in.cert, KeyPEM: in.key}, policy); !errors.Is(err, ErrBadName) {
 				t.Errorf("Check(%q) = names %v, error %v; want %v", name, c.Names, err, ErrBadName)
 			}
 		})
 	}
 	for _, name := range []string{"Shop.Example.", "*.apps.example", "under_score.example", "xn--bcher-kva.example", "a-b.example"} {
 		in := valid(t, name)
-		if _, err := Check(Candidate{CertPEM: in.cert, KeyPEM: in.key}, now); err != nil {
+		if _, err := Check(Candidate{CertPEM: in.cert, KeyPEM: in.key}, policy); err != nil {
 			t.Errorf("Check(%q) = %v, want it imported", name, err)
 		}
 	}
@@ -387,7 +435,7 @@ func (s *failAfter) Store(ctx context.Context, key string, v []byte) error {
 func TestWriteCutShortKeepsTheStoredPair(t *testing.T) {
 	ctx := context.Background()
 	old := valid(t, "shop.example")
-	oc, err := Check(Candidate{CertPEM: old.cert, KeyPEM: old.key}, now)
+	oc, err := Check(Candidate{CertPEM: old.cert, KeyPEM: old.key}, policy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +444,7 @@ func TestWriteCutShortKeepsTheStoredPair(t *testing.T) {
 		t.Fatal(err)
 	}
 	later := issue(t, now.Add(-time.Hour), now.Add(80*24*time.Hour), false, "shop.example")
-	lc, err := Check(Candidate{CertPEM: later.cert, KeyPEM: later.key}, now)
+	lc, err := Check(Candidate{CertPEM: later.cert, KeyPEM: later.key}, policy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -406,7 +454,7 @@ func TestWriteCutShortKeepsTheStoredPair(t *testing.T) {
 	}
 	certPEM := mem.m[certmagic.StorageKeys.SiteCert("ca", "shop.example")]
 	keyPEM := mem.m[certmagic.StorageKeys.SitePrivateKey("ca", "shop.example")]
-	if _, err := Check(Candidate{CertPEM: certPEM, KeyPEM: keyPEM}, now); err != nil {
+	if _, err := Check(Candidate{CertPEM: certPEM, KeyPEM: keyPEM}, policy); err != nil {
 		t.Errorf("after a Write cut short, the stored pair does not load: %v", err)
 	}
 }

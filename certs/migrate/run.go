@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Options configures Run.
@@ -17,8 +19,8 @@ type Options struct {
 	// Renewed reports whether the edge keeps "*.<base>" renewed by DNS-01
 	// (--dns-provider with base in --wildcard-domains); nil: none is.
 	Renewed func(base string) bool
-	// Now is the time certificates are checked at; zero: time.Now().
-	Now time.Time
+	// Policy is what each certificate is checked against.
+	Policy
 }
 
 // Summary counts what Run did, one certificate each.
@@ -33,22 +35,26 @@ type Summary struct {
 // from, or why it was refused), a warning per wildcard nothing will
 // renew, and a summary. A refused certificate writes nothing and does not
 // stop the others; an error from the store does.
+//
+// Names, sources and reasons come from another proxy's files, maybe an
+// attacker's: every one is printed quoted or escaped, so that none
+// reaches the terminal as an escape sequence.
 func Run(ctx context.Context, cands []Candidate, o Options, w io.Writer) (Summary, error) {
 	var sum Summary
-	now := o.Now
-	if now.IsZero() {
-		now = time.Now()
+	p := o.Policy
+	if p.Now.IsZero() {
+		p.Now = time.Now()
 	}
 	for _, cand := range cands {
-		c, err := Check(cand, now)
+		c, err := Check(cand, p)
 		if err != nil {
 			sum.Refused++
-			fmt.Fprintf(w, "refused    %s: %v (%s)\n", names(cand.Names), err, cand.Source)
+			fmt.Fprintf(w, "refused    %s: %s (from %q)\n", names(cand.Names), printable(err.Error()), cand.Source)
 			continue
 		}
 		out, err := Write(ctx, o.Store, o.IssuerKey, c)
 		if err != nil {
-			return sum, fmt.Errorf("%s (%s): %w", names(c.Names), c.Source, err)
+			return sum, fmt.Errorf("%s (from %q): %w", names(c.Names), c.Source, err)
 		}
 		verb, note := "imported", ""
 		switch {
@@ -64,14 +70,16 @@ func Run(ctx context.Context, cands []Candidate, o Options, w io.Writer) (Summar
 			sum.Unchanged++
 			verb = "unchanged"
 		}
-		fmt.Fprintf(w, "%-10s %s: not after %s (%s)%s\n", verb, names(c.Names), c.Leaf.NotAfter.UTC().Format(time.RFC3339), c.Source, note)
+		fmt.Fprintf(w, "%-10s %s: not after %s (from %q)%s\n", verb, names(c.Names), c.Leaf.NotAfter.UTC().Format(time.RFC3339), c.Source, note)
 		for _, n := range c.Names {
 			base, ok := strings.CutPrefix(n, "*.")
 			if !ok || (o.Renewed != nil && o.Renewed(base)) {
 				continue
 			}
 			sum.Lapsing = append(sum.Lapsing, n)
-			fmt.Fprintf(w, "warning    %s: no DNS-01 provider renews it (--dns-provider, --wildcard-domains %s); served until it lapses at %s, then hosts under it lose HTTPS\n",
+			// base passed checkName: hostname characters only, printed
+			// bare so that it can be pasted as a flag value.
+			fmt.Fprintf(w, "warning    %q: no DNS-01 provider renews it (--dns-provider, --wildcard-domains %s); served until it lapses at %s, then hosts under it lose HTTPS\n",
 				n, base, c.Leaf.NotAfter.UTC().Format(time.RFC3339))
 		}
 	}
@@ -80,9 +88,38 @@ func Run(ctx context.Context, cands []Candidate, o Options, w io.Writer) (Summar
 	return sum, nil
 }
 
+// names lists ns, each quoted.
 func names(ns []string) string {
 	if len(ns) == 0 || (len(ns) == 1 && ns[0] == "") {
 		return "(no name)"
 	}
-	return strings.Join(ns, ", ")
+	q := make([]string, len(ns))
+	for i, n := range ns {
+		q[i] = strconv.Quote(n)
+	}
+	return strings.Join(q, ", ")
+}
+
+// printable escapes in s what a terminal would act on or show as
+// something else (control characters, bidirectional overrides, invalid
+// UTF-8) as Go spells it in a quoted string, leaving the rest as it is:
+// a reason is prose, with the names in it quoted already, but may carry
+// the text of a certificate an attacker made (x509's errors name the
+// issuer).
+func printable(s string) string {
+	var b strings.Builder
+	for len(s) > 0 {
+		r, size := utf8.DecodeRuneInString(s)
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[0])
+		case strconv.IsPrint(r):
+			b.WriteString(s[:size])
+		default:
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		s = s[size:]
+	}
+	return b.String()
 }

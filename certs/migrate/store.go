@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"time"
 
 	"github.com/caddyserver/certmagic"
 )
@@ -99,8 +98,9 @@ func Write(ctx context.Context, st Store, issuerKey string, c Cert) (Outcome, er
 
 // stored reports whether the store holds c itself at these keys (all
 // three present, certificate and key byte for byte), or a different
-// certificate valid for longer than c; prevKey is the stored key when a
-// certificate is stored beside it.
+// certificate valid for longer than c and for no longer than
+// MaxLifetime; prevKey is the stored key when a certificate is stored
+// beside it.
 func stored(ctx context.Context, st Store, certKey, keyKey, metaKey string, c Cert) (same, newer bool, prevKey []byte, err error) {
 	load := func(key string) ([]byte, error) {
 		b, err := st.Load(ctx, key)
@@ -128,10 +128,11 @@ func stored(ctx context.Context, st Store, certKey, keyKey, metaKey string, c Ce
 	if keyPEM == nil || metaJSON == nil {
 		return false, false, keyPEM, nil
 	}
-	// The zero time passes Check's expiry test; NotAfter is compared here.
-	have, err := Check(Candidate{CertPEM: certPEM, KeyPEM: keyPEM}, time.Time{})
+	have, _, err := parse(Candidate{CertPEM: certPEM, KeyPEM: keyPEM})
 	if err != nil {
 		return false, false, keyPEM, nil
 	}
-	return false, have.Leaf.NotAfter.After(c.Leaf.NotAfter), keyPEM, nil
+	// One valid for longer than a CA issues (imported before Check
+	// refused such) keeps nothing out: it would never be renewed.
+	return false, withinLifetime(have.Leaf) && have.Leaf.NotAfter.After(c.Leaf.NotAfter), keyPEM, nil
 }

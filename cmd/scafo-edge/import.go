@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/rs/zerolog"
 	berrors "go.etcd.io/bbolt/errors"
@@ -22,7 +24,12 @@ import (
 // takes every serve flag and variable, so it runs with serve's
 // configuration as is; --help lists these.
 var importFlags = []string{"node", "routes-file", "ingress-token", "ingress-token-file", "state-dir",
-	"cert-store", "acme-ca", "dns-provider", "wildcard-domains"}
+	"cert-store", "acme-ca", "acme-ca-root", "dns-provider", "wildcard-domains", "log-level"}
+
+// allowUntrustedUsage documents --allow-untrusted, the one flag the import
+// has beyond serve's. It has no environment variable: an environment
+// set for the edge must not quietly turn the chain check off.
+const allowUntrustedUsage = "import certificates whose chain leads to no trusted root (the system's or --acme-ca-root's), for a lab's self-signed ones; every other check still holds"
 
 // importCommand copies the certificates of Traefik (acme.json) or Caddy
 // (its data directory) into the edge's certificate store
@@ -31,6 +38,7 @@ var importFlags = []string{"node", "routes-file", "ingress-token", "ingress-toke
 func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var c config
 	fs := serveFlags(&c)
+	allowUntrusted := fs.Bool("allow-untrusted", false, allowUntrustedUsage)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { importUsage(fs, stderr) }
 	if len(args) == 0 || (args[0] != "traefik" && args[0] != "caddy") {
@@ -61,30 +69,31 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 
+	roots, err := importRoots(c.acmeCARoot)
+	if err != nil {
+		return err
+	}
 	var cands []migrate.Candidate
 	if from == "traefik" {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		cands, err = migrate.ReadTraefik(data)
-		if err != nil {
-			return err
-		}
-	} else if cands, err = migrate.ReadCaddy(path); err != nil {
+		cands, err = migrate.ReadTraefikFile(path)
+	} else {
+		cands, err = migrate.ReadCaddy(path)
+	}
+	if err != nil {
 		return err
 	}
 
-	store, where, closeStore, err := importStore(&c, s, zerolog.New(zerolog.ConsoleWriter{Out: stderr}))
+	store, where, closeStore, err := importStore(&c, s, importLogger(s.logLevel, stderr))
 	if err != nil {
 		return err
 	}
 	defer closeStore()
-	fmt.Fprintf(stdout, "importing %s into %s, for %s\n", path, where, c.acmeCA)
+	fmt.Fprintf(stdout, "importing %q into %s, for %s\n", path, where, c.acmeCA)
 	sum, err := migrate.Run(ctx, cands, migrate.Options{
 		Store:     store,
 		IssuerKey: migrate.IssuerKey(c.acmeCA),
 		Renewed:   func(base string) bool { return c.dnsProvider != "" && slices.Contains(s.wildcards, base) },
+		Policy:    migrate.Policy{Roots: roots, AllowUntrusted: *allowUntrusted},
 	}, stdout)
 	if err != nil {
 		return err
@@ -126,13 +135,50 @@ func importStore(c *config, s settings, log zerolog.Logger) (migrate.Store, stri
 	return st, "the local store " + db.Path(), func() { db.Close() }, nil
 }
 
+// importLogger writes console lines, each with its time (a logger
+// without a timestamp printed "<nil>" there, issue 49), and without
+// colours: its lines sit among the report's plain ones, which are often
+// kept in a file, and the report promises no escape sequence.
+func importLogger(level zerolog.Level, w io.Writer) zerolog.Logger {
+	cw := zerolog.ConsoleWriter{Out: w, TimeFormat: time.RFC3339, NoColor: true}
+	return zerolog.New(cw).Level(level).With().Timestamp().Logger()
+}
+
+// importRoots is the pool an imported chain must lead to: the system
+// roots and those of --acme-ca-root, a PEM file or PEM text as serve
+// reads it (a private ACME CA's root signs what it issues).
+func importRoots(extra string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if extra == "" {
+		return pool, nil
+	}
+	pemBytes := []byte(extra)
+	if !strings.Contains(extra, "-----BEGIN") {
+		if pemBytes, err = os.ReadFile(extra); err != nil {
+			return nil, fmt.Errorf("--acme-ca-root: %w", err)
+		}
+	}
+	if !pool.AppendCertsFromPEM(pemBytes) {
+		return nil, errors.New("--acme-ca-root: no certificate in the PEM given")
+	}
+	return pool, nil
+}
+
 func importUsage(fs *flagSet, w io.Writer) {
 	fmt.Fprintf(w, "Usage: scafo-edge import traefik PATH/acme.json [flags]\n       scafo-edge import caddy DIR [flags]\n\n"+
 		"Copies the certificates into the store the edge serves from, under the key of --acme-ca.\n"+
+		"A certificate is refused, and the others still imported, when its key does not match, it is\n"+
+		"expired or not yet valid, valid for more than 398 days, names a DNS name that is no hostname,\n"+
+		"is filed under another name's storage key or is a wildcard for a public suffix, or its chain\n"+
+		"leads to no root of the system's or --acme-ca-root's (Let's Encrypt staging needs its root there).\n"+
 		"Takes every serve flag and environment variable; these matter:\n\n")
 	for _, d := range fs.docs {
 		if slices.Contains(importFlags, d.Name) {
 			fmt.Fprintf(w, "  --%s  [%s] (default %q)\n      %s\n", d.Name, d.Env, d.Default, d.Usage)
 		}
 	}
+	fmt.Fprintf(w, "  --allow-untrusted  (default false)\n      %s\n", allowUntrustedUsage)
 }

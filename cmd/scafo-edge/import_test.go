@@ -9,9 +9,12 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
+	"flag"
 	"math/big"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -65,8 +68,11 @@ func TestImportCommand(t *testing.T) {
 		{"a directory without Caddy's certificates is an error", local("caddy", dir), "no certificates directory", ""},
 		{"--tls other than acme is refused", local("traefik", goodFile, "--tls", "internal"), "--tls", ""},
 		{"a bad serve flag is refused as serve refuses it", []string{"traefik", goodFile, "--cert-store", "bucket"}, "--cert-store", ""},
-		{"flags may come before the path", append(local("traefik"), goodFile), "", "1 certificates: 1 imported"},
-		{"a second run changes nothing", local("traefik", goodFile), "", "1 certificates: 0 imported, 1 unchanged"},
+		{"a self-signed certificate is refused without --allow-untrusted", local("traefik", goodFile), "1 certificate(s) refused", "certificate chain is not trusted"},
+		{"a missing --acme-ca-root is an error", local("traefik", goodFile, "--acme-ca-root", filepath.Join(dir, "none.pem")), "--acme-ca-root", ""},
+		{"a self-signed certificate is trusted as --acme-ca-root", local("traefik", goodFile, "--acme-ca-root", string(cert)), "", "1 certificates: 1 imported"},
+		{"flags may come before the path", append(local("traefik", "--allow-untrusted"), goodFile), "", "1 certificates: 0 imported, 1 unchanged"},
+		{"a second run changes nothing", local("traefik", goodFile, "--allow-untrusted"), "", "1 certificates: 0 imported, 1 unchanged"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,5 +88,48 @@ func TestImportCommand(t *testing.T) {
 				t.Errorf("import %v printed:\n%s\nwant %q", tc.args, out.String(), tc.wantOut)
 			}
 		})
+	}
+}
+
+// TestImportLogsTheTime: the import's console log stamps each line with
+// its time (issue 49: a logger without a timestamp printed "<nil>").
+func TestImportLogsTheTime(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	if err := os.Mkdir(state, 0o755); err != nil { // loose: OpenState warns
+		t.Fatal(err)
+	}
+	cert, key := selfSigned(t, "shop.example")
+	data, _ := json.Marshal(map[string]any{"le": map[string]any{"Certificates": []any{
+		map[string]any{"domain": map[string]any{"main": "shop.example"}, "certificate": cert, "key": key},
+	}}})
+	file := filepath.Join(dir, "acme.json")
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	args := []string{"traefik", file, "--cert-store", "local", "--state-dir", state, "--allow-untrusted"}
+	if err := importCommand(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatalf("import: %v\n%s", err, errOut.String())
+	}
+	line, _, _ := strings.Cut(errOut.String(), "\n")
+	if !strings.Contains(line, "state directory is accessible") || strings.Contains(line, "<nil>") {
+		t.Fatalf("import logged %q, want the state directory warning with its time", line)
+	}
+	if !regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d`).MatchString(line) {
+		t.Errorf("import logged %q, want it to start with an RFC 3339 time", line)
+	}
+}
+
+func TestImportUsageListsItsFlags(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := importCommand(context.Background(), []string{"traefik", "--help"}, &out, &errOut)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("import --help = %v, want flag.ErrHelp", err)
+	}
+	for _, want := range []string{"--allow-untrusted  (default false)", "--acme-ca-root", "valid for more than 398 days"} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("import --help lacks %q:\n%s", want, errOut.String())
+		}
 	}
 }
