@@ -29,7 +29,7 @@ var statusJSONKeys = []string{
 	"routes", "routes.application", "routes.host", "routes.path_count", "routes.paths",
 	"routes.paths.application", "routes.paths.prefix", "routes.paths.target",
 	"routes.upstreams", "routes.upstreams.address", "routes.upstreams.consecutive_failures", "routes.upstreams.ejected_until",
-	"routes.upstreams.health", "routes.upstreams.node", "routes.wildcard",
+	"routes.upstreams.health", "routes.upstreams.node", "routes.wildcard", "routes.source",
 	"started",
 	"upstream_health", "upstream_health.address", "upstream_health.consecutive_failures", "upstream_health.ejected_until",
 	"upstream_health.health", "upstream_health.node",

@@ -134,11 +134,27 @@ func writeRoutes(w io.Writer, v *Status, maxPaths int) {
 	if v.Poll.LastError != "" {
 		kv("last error", v.Poll.LastError)
 	}
+	if o := v.Operator; o != nil {
+		state := "valid"
+		if !o.Valid {
+			state = "REFUSED on disk, the last good file is served"
+		}
+		kv("operator", fmt.Sprintf("%s  %s, %s, %s", o.File, state, plural(o.Routes, "route"), plural(len(o.Conflicts), "conflict")))
+		if o.LastError != "" {
+			kv("  error", o.LastError)
+		}
+		for _, c := range o.Conflicts {
+			kv("  conflict", fmt.Sprintf("%s: operator's %s serves it, not the node's %s", c.Host, c.OperatorApplication, c.NodeApplication))
+		}
+	}
 
 	t := &textTable{caps: []int{24, 14, 26, 10}}
 	t.row("HOST", "APPLICATION", "UPSTREAMS", "HEALTH")
 	for _, r := range v.Routes {
 		upstreamRows(t, []string{r.Host}, r.Application, r.Upstreams)
+		if r.Source == sourceOperator {
+			t.row("  (operator file)", "", strings.Join(r.Features, ", "), "")
+		}
 		n := len(r.Paths)
 		if maxPaths > 0 {
 			n = min(n, maxPaths)

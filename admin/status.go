@@ -46,6 +46,32 @@ type Status struct {
 	// FailedValidations are the names the ACME CA failed to validate in
 	// the last hour; absent when none.
 	FailedValidations []ValidationStatus `json:"failed_validations,omitempty"`
+
+	// Operator is the operator routes file (--operator-routes); absent
+	// without one.
+	Operator *OperatorStatus `json:"operator,omitempty"`
+}
+
+// OperatorStatus is the operator routes file: whether the file on disk is
+// the one served, and the hosts its routes took from the node's document.
+type OperatorStatus struct {
+	File        string     `json:"file"`
+	Valid       bool       `json:"valid"`                // false while a broken edit is kept out
+	LastError   string     `json:"last_error,omitempty"` // why the file on disk is not served
+	Fingerprint string     `json:"fingerprint"`          // of the file served
+	LastChange  *time.Time `json:"last_change,omitempty"`
+	Routes      int        `json:"routes"`
+	// Conflicts are the hosts both documents name: the operator's route
+	// serves each.
+	Conflicts []ConflictStatus `json:"conflicts"`
+}
+
+// ConflictStatus is one host both the node's document and the operator
+// file name.
+type ConflictStatus struct {
+	Host                string `json:"host"`
+	NodeApplication     string `json:"node_application"`
+	OperatorApplication string `json:"operator_application"`
 }
 
 // DocumentStatus is the live routing document: where it came from, how old
@@ -86,7 +112,19 @@ type RouteStatus struct {
 	// its sum over the routes.
 	PathCount int          `json:"path_count"`
 	Paths     []PathStatus `json:"paths,omitempty"` // sorted by prefix
+	// Source is where the route came from: "node" (the routing document)
+	// or "operator" (the operator routes file).
+	Source string `json:"source"`
+	// Features are what the operator file adds to the route (a redirect,
+	// an allow list, basic auth, header rules); absent for none.
+	Features []string `json:"features,omitempty"`
 }
+
+// Route sources, the values of RouteStatus.Source.
+const (
+	sourceNode     = "node"
+	sourceOperator = "operator"
+)
 
 // PathStatus is one path prefix and the route it selects.
 type PathStatus struct {
@@ -196,7 +234,8 @@ func (a *Server) snapshot() *Status {
 		return out
 	}
 
-	if t := a.Live.Load(); t != nil {
+	t := a.Live.Load()
+	if t != nil {
 		v.Document = &DocumentStatus{
 			Fingerprint: t.Fingerprint(),
 			FetchedAt:   t.FetchedAt().UTC(),
@@ -209,7 +248,10 @@ func (a *Server) snapshot() *Status {
 			APIHosts:     len(t.APIHosts()),
 		}
 		for _, r := range t.Routes() {
-			rv := RouteStatus{Host: r.Host, Application: r.Application, Wildcard: r.Wildcard(), Upstreams: ups(r.Upstreams)}
+			rv := RouteStatus{Host: r.Host, Application: r.Application, Wildcard: r.Wildcard(), Upstreams: ups(r.Upstreams), Source: sourceNode}
+			if r.Operator {
+				rv.Source, rv.Features = sourceOperator, r.Features()
+			}
 			for _, p := range r.Paths() {
 				rv.Paths = append(rv.Paths, PathStatus{Prefix: p.Prefix, Target: p.Target.Host, Application: p.Target.Application})
 			}
@@ -218,6 +260,17 @@ func (a *Server) snapshot() *Status {
 		}
 		if api := t.APIRoute(); api != nil {
 			v.API = &APIStatus{Hosts: t.APIHosts(), Upstreams: ups(api.Upstreams), Denied: t.Denied()}
+		}
+	}
+	if a.Source != nil {
+		if o := a.Source.Status().Operator; o != nil {
+			v.Operator = &OperatorStatus{File: o.File, Valid: o.Valid, LastError: o.LastError, Fingerprint: o.Fingerprint,
+				LastChange: optTime(o.LastChange), Routes: o.Routes, Conflicts: []ConflictStatus{}}
+			if t != nil {
+				for _, c := range t.Conflicts() {
+					v.Operator.Conflicts = append(v.Operator.Conflicts, ConflictStatus{Host: c.Host, NodeApplication: c.NodeApplication, OperatorApplication: c.OperatorApplication})
+				}
+			}
 		}
 	}
 

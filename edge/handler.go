@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -47,12 +48,17 @@ const (
 	ReasonAppBusy     Reason = "app_busy"
 	ReasonClientBusy  Reason = "client_busy"
 	ReasonClientRate  Reason = "client_rate"
+	// The answers of the operator file's routes (policy.go).
+	ReasonRedirect     Reason = "redirect"
+	ReasonNotAllowed   Reason = "not_allowed"
+	ReasonUnauthorized Reason = "unauthorized"
 )
 
 // Reasons lists every Reason, for metrics that pre-create their series.
 var Reasons = []Reason{ReasonNoDocument, ReasonBadHost, ReasonBadTarget, ReasonMisdirected, ReasonDenied,
 	ReasonNoRoute, ReasonNoUpstream, ReasonTimeout, ReasonMethod, ReasonCanceled, ReasonBadBody,
-	ReasonOverloaded, ReasonAppBusy, ReasonClientBusy, ReasonClientRate}
+	ReasonOverloaded, ReasonAppBusy, ReasonClientBusy, ReasonClientRate,
+	ReasonRedirect, ReasonNotAllowed, ReasonUnauthorized}
 
 // selfAnswers are the statuses and bodies of the responses the edge writes
 // itself: short, plain, and saying which case it was.
@@ -74,6 +80,9 @@ var selfAnswers = map[Reason]struct {
 	ReasonAppBusy:     {http.StatusServiceUnavailable, "scafo-edge: this application has its share of the edge in use, retry shortly\n"},
 	ReasonClientBusy:  {http.StatusTooManyRequests, "scafo-edge: too many requests in flight from your address\n"},
 	ReasonClientRate:  {http.StatusTooManyRequests, "scafo-edge: too many requests from your address\n"},
+
+	ReasonNotAllowed:   {http.StatusForbidden, "scafo-edge: your address may not use this host\n"},
+	ReasonUnauthorized: {http.StatusUnauthorized, "scafo-edge: this host wants a user and password\n"},
 }
 
 // retryAfter is the Retry-After of the answers that ask a client to come
@@ -142,7 +151,10 @@ type Observer interface {
 //     address's share of requests in flight or its rate 429; past the
 //     application's share, a short wait in its queue, then 503. Each with
 //     Retry-After. Refusing costs no upstream anything.
-//  10. Forward down the route's upstream list: 502 when none could be
+//  10. An operator route's own rules (policy.go): outside its allow list
+//     403, without valid basic auth credentials 401, a redirect answered
+//     here; its response header rules wrap the writer.
+//  11. Forward down the route's upstream list: 502 when none could be
 //     reached, 504 when the response-header timeout fired. The request
 //     holds its admission shares until Forward returns (a WebSocket's
 //     when its tunnel closes).
@@ -174,6 +186,10 @@ type Handler struct {
 	Admission *admission.Controller
 	// Clock is the clock for durations. Nil: the wall clock.
 	Clock clock.Clock
+	// TrustedProxies are the peers whose X-Forwarded-For names the client
+	// an operator route's allow list judges (--trusted-proxies). Empty:
+	// every request is judged by its peer address.
+	TrustedProxies []netip.Prefix
 }
 
 func (h *Handler) now() time.Time {
@@ -266,6 +282,15 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		return
 	}
 	defer ticket.Release()
+	if res.Route.policy != nil {
+		// Only operator routes have one (redirect, allow list, basic auth,
+		// response headers); judged after admission, so that a password
+		// guesser spends its address's shares and rate.
+		var answered bool
+		if w, answered = h.enforce(w, r, rec, res.Route.policy); answered {
+			return
+		}
+	}
 	result, err := h.Forwarder.Forward(w, r, res.Route.Upstreams)
 	rec.Status, rec.Node, rec.Failovers = result.Status, result.Node, result.Failovers
 	rec.BytesIn, rec.BytesOut = result.BytesIn, result.BytesOut

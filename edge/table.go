@@ -38,10 +38,16 @@ type Route struct {
 	Upstreams []node.Upstream
 	// API reports whether this is the platform API apex route.
 	API bool
+	// Operator reports whether the operator routes file wrote this route
+	// (--operator-routes), rather than the node's document.
+	Operator bool
 
 	// paths maps a bare first segment to the target route; nil when the
 	// route has no prefix map, so a plain host costs one nil check.
 	paths map[string]*Route
+	// policy is what the operator file adds (policy.go); nil for every
+	// node route, so a node route costs one nil check.
+	policy *policy
 }
 
 // Wildcard reports whether the route's key is a "*.<base>" wildcard key.
@@ -87,9 +93,14 @@ type Table struct {
 	denied   []string // canonical: lower-case, cleaned, no trailing slash
 	prefixes int
 
+	// conflicts are the hosts both documents name, served by the
+	// operator's route (CompileWith).
+	conflicts []Conflict
+
 	// Set by Updater.Apply before the table is published.
 	fingerprint string
 	fetchedAt   time.Time
+	operatorFP  string // fingerprint of the operator file; "" without one
 }
 
 // Compile builds a Table from a parsed document. Entries that are wrong on
@@ -97,13 +108,82 @@ type Table struct {
 // document, prefixes beyond MaxPathsPerRoute, a duplicate host, an API host a
 // route also names) are left out and reported as drops; the rest is kept.
 func Compile(doc *node.Document) (*Table, []Drop) {
-	t := &Table{hosts: make(map[string]*Route, len(doc.Routes)+4)}
+	t, drops, _ := compile(doc, nil, nil)
+	return t, drops
+}
+
+// CompileWith builds one Table from the node's document and the operator's
+// routes file (nil: Compile). The operator's routes are never rewritten by
+// the node's (routing-and-ingress.md: "operator-authored routes in the
+// ingress configuration are never rewritten"):
+//   - for every host key both name (an exact host, or the same "*.<base>"
+//     key), the operator's route is served and the node's is left out,
+//     reported as a Conflict;
+//   - keys that differ are resolved as ever (docs/design.md rule 3): an
+//     exact host beats the wildcard enclosing it, whoever wrote either. A
+//     node's exact host under an operator's "*.<base>" stays the node's
+//     unless the operator names it exactly, and a node's wildcard never
+//     reaches an operator's exact host;
+//   - the API apex and its denied prefixes stay the node's: an operator
+//     route for an API host is refused (a Drop naming it), and a path
+//     target is only ever a route, never the apex, so no path map leads
+//     into a denied prefix;
+//   - path targets of either file may name a route of either: a node's
+//     prefix may lead into an operator's host, which then answers as
+//     itself (its redirect, allow list and basic auth included).
+func CompileWith(doc *node.Document, op *node.OperatorDocument) (*Table, []Drop, []Conflict) {
+	return compile(doc, op, newVerifier())
+}
+
+// compile is CompileWith with the verifier basic auth checks passwords
+// with (nil when op is).
+func compile(doc *node.Document, op *node.OperatorDocument, v *verifier) (*Table, []Drop, []Conflict) {
+	var opRoutes []node.OperatorRoute
+	if op != nil {
+		opRoutes = op.Routes
+	}
+	t := &Table{hosts: make(map[string]*Route, len(doc.Routes)+len(opRoutes)+4)}
 	var drops []Drop
+	var conflicts []Conflict
+
+	var apiKeys map[string]bool
+	if doc.API != nil && len(opRoutes) > 0 {
+		apiKeys = make(map[string]bool, len(doc.API.Hosts))
+		for _, h := range doc.API.Hosts {
+			apiKeys[canonicalKey(h)] = true
+		}
+	}
+	// The operator's routes take their keys first: the node's cannot
+	// displace them.
+	opKept := make([]*Route, len(opRoutes))
+	for i := range opRoutes {
+		or := &opRoutes[i]
+		key := canonicalKey(or.Host)
+		if apiKeys[key] {
+			drops = append(drops, Drop{Host: key, Entry: or.Host, Reason: "operator route for an API host refused: the API apex and its denied prefixes are the node's (docs/design.md rule 6)"})
+			continue
+		}
+		if _, dup := t.hosts[key]; dup {
+			drops = append(drops, Drop{Host: key, Entry: or.Host, Reason: "duplicate operator host, first wins"})
+			continue
+		}
+		app := or.Application
+		if app == "" {
+			app = key
+		}
+		r := &Route{Host: key, Application: app, Upstreams: slices.Clone(or.Upstreams), Operator: true, policy: newPolicy(key, or, v)}
+		t.hosts[key] = r
+		opKept[i] = r
+	}
 
 	kept := make([]*Route, len(doc.Routes)) // nil where a duplicate lost
 	for i, dr := range doc.Routes {
 		key := canonicalKey(dr.Host)
-		if _, dup := t.hosts[key]; dup {
+		if prev, dup := t.hosts[key]; dup {
+			if prev.Operator {
+				conflicts = append(conflicts, Conflict{Host: key, NodeApplication: dr.Application, OperatorApplication: prev.Application})
+				continue
+			}
 			drops = append(drops, Drop{Host: key, Entry: dr.Host, Reason: "duplicate host, first wins"})
 			continue
 		}
@@ -112,43 +192,23 @@ func Compile(doc *node.Document) (*Table, []Drop) {
 		t.routes = append(t.routes, r)
 		kept[i] = r
 	}
+	for _, r := range opKept {
+		if r != nil {
+			t.routes = append(t.routes, r)
+		}
+	}
 
-	// Targets resolve to routes of this document only; a target's own prefix
-	// map is never consulted again, so a hit cannot chain or loop.
+	// Targets resolve to routes only (never the API apex, added below); a
+	// target's own prefix map is never consulted again, so a hit cannot
+	// chain or loop.
 	for i, dr := range doc.Routes {
-		if len(dr.Paths) == 0 {
-			continue
+		if kept[i] != nil {
+			drops = t.compilePaths(kept[i], dr.Paths, drops)
 		}
-		r := kept[i]
-		if r == nil {
-			continue
-		}
-		prefixes := make([]string, 0, len(dr.Paths))
-		for p := range dr.Paths {
-			prefixes = append(prefixes, p)
-		}
-		slices.Sort(prefixes)
-		paths := make(map[string]*Route, min(len(prefixes), MaxPathsPerRoute))
-		for _, p := range prefixes {
-			target := dr.Paths[p]
-			if why := invalidPrefix(p); why != "" {
-				drops = append(drops, Drop{Host: r.Host, Entry: p, Reason: why})
-				continue
-			}
-			tr := t.hosts[canonicalKey(target)]
-			if tr == nil {
-				drops = append(drops, Drop{Host: r.Host, Entry: p, Reason: fmt.Sprintf("target %q is not a route of this document", target)})
-				continue
-			}
-			if len(paths) == MaxPathsPerRoute {
-				drops = append(drops, Drop{Host: r.Host, Entry: p, Reason: fmt.Sprintf("more than %d prefixes", MaxPathsPerRoute)})
-				continue
-			}
-			paths[p] = tr
-		}
-		if len(paths) > 0 {
-			r.paths = paths
-			t.prefixes += len(paths)
+	}
+	for i := range opRoutes {
+		if opKept[i] != nil {
+			drops = t.compilePaths(opKept[i], opRoutes[i].Paths, drops)
 		}
 	}
 
@@ -170,7 +230,56 @@ func Compile(doc *node.Document) (*Table, []Drop) {
 		}
 		t.denied = canonicalDenied(doc.API.Denied)
 	}
-	return t, drops
+	t.conflicts = conflicts
+	return t, drops, conflicts
+}
+
+// compilePaths gives r the prefix map of its document entry, dropping the
+// prefixes that are wrong on their own.
+func (t *Table) compilePaths(r *Route, docPaths map[string]string, drops []Drop) []Drop {
+	if len(docPaths) == 0 {
+		return drops
+	}
+	prefixes := make([]string, 0, len(docPaths))
+	for p := range docPaths {
+		prefixes = append(prefixes, p)
+	}
+	slices.Sort(prefixes)
+	paths := make(map[string]*Route, min(len(prefixes), MaxPathsPerRoute))
+	for _, p := range prefixes {
+		target := docPaths[p]
+		if why := invalidPrefix(p); why != "" {
+			drops = append(drops, Drop{Host: r.Host, Entry: p, Reason: why})
+			continue
+		}
+		tr := t.hosts[canonicalKey(target)]
+		if tr == nil {
+			drops = append(drops, Drop{Host: r.Host, Entry: p, Reason: fmt.Sprintf("target %q is not a route of this document", target)})
+			continue
+		}
+		if len(paths) == MaxPathsPerRoute {
+			drops = append(drops, Drop{Host: r.Host, Entry: p, Reason: fmt.Sprintf("more than %d prefixes", MaxPathsPerRoute)})
+			continue
+		}
+		paths[p] = tr
+	}
+	if len(paths) > 0 {
+		r.paths = paths
+		t.prefixes += len(paths)
+	}
+	return drops
+}
+
+// Conflict is a host key both the node's document and the operator's file
+// name: the operator's route serves it, the node's is left out.
+type Conflict struct {
+	Host                string // the key both name
+	NodeApplication     string // what the node's document wanted there
+	OperatorApplication string // what serves it
+}
+
+func (c Conflict) String() string {
+	return fmt.Sprintf("%s: the operator's route (%s) serves it, not the node's (%s)", c.Host, c.OperatorApplication, c.NodeApplication)
 }
 
 // canonicalKey lower-cases a document host and drops one trailing dot, the
@@ -232,6 +341,15 @@ func (t *Table) Certifiable(name string) bool {
 	_, ok := t.hosts[key]
 	return ok
 }
+
+// Conflicts returns the host keys both the node's document and the operator
+// file name, served by the operator's routes. The slice is shared: callers
+// must not modify it.
+func (t *Table) Conflicts() []Conflict { return t.conflicts }
+
+// OperatorFingerprint returns the fingerprint of the operator routes file
+// the table was built with, or "" when none.
+func (t *Table) OperatorFingerprint() string { return t.operatorFP }
 
 // Fingerprint returns the fingerprint of the document the table was built from.
 func (t *Table) Fingerprint() string { return t.fingerprint }

@@ -58,6 +58,8 @@ type PollStatus struct {
 	// Stale reports that the document being served came from the state file
 	// and has not been confirmed by the source since start-up.
 	Stale bool
+	// Operator is the operator routes file's state; nil without one.
+	Operator *OperatorStatus
 }
 
 // Poll results, the values of the "result" label of

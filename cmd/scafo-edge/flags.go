@@ -18,6 +18,7 @@ import (
 type config struct {
 	node              string
 	routesFile        string
+	operatorRoutes    string
 	token             string
 	tokenFile         string
 	prefer            string
@@ -156,6 +157,7 @@ func serveFlags(c *config) *flagSet {
 	fs.group = "Routing source"
 	fs.stringVar(&c.node, "node", "SCAFO_EDGE_NODE", "http://127.0.0.1:7400", "node API base URL to poll for the routing document")
 	fs.stringVar(&c.routesFile, "routes-file", "SCAFO_EDGE_ROUTES_FILE", "", "read the routing document from this file instead of a node (re-read when it changes)")
+	fs.stringVar(&c.operatorRoutes, "operator-routes", "SCAFO_EDGE_OPERATOR_ROUTES", "", "the operator's own routes file, served beside the node's (or --routes-file's) routes and never overridden by them: the routing document's format plus redirects, allow lists, basic auth and response headers; re-read each second, a broken edit keeps the last good file (see \"Operator routes\")")
 	fs.stringVar(&c.token, "ingress-token", "SCAFO_INGRESS_TOKEN", "", "bearer token for the node API")
 	fs.stringVar(&c.tokenFile, "ingress-token-file", "SCAFO_INGRESS_TOKEN_FILE", "", "file holding the bearer token (keep it mode 0600)")
 	fs.stringVar(&c.prefer, "prefer", "SCAFO_EDGE_PREFER", "self", "upstream order asked of the node: self, a node id, or none")

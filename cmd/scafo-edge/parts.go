@@ -32,10 +32,12 @@ type parts struct {
 	seed       *node.Update // the persisted document served at start-up; nil: none
 	source     node.Source
 	sourceName string
-	proxy      *backhaul.Proxy
-	metrics    *edge.Metrics
-	handler    *edge.Handler
-	admission  *admission.Controller
+	// operator is the operator routes file (--operator-routes); nil: none.
+	operator  *node.OperatorSource
+	proxy     *backhaul.Proxy
+	metrics   *edge.Metrics
+	handler   *edge.Handler
+	admission *admission.Controller
 	// handshakeErrors counts the TLS handshakes every listener's error log
 	// reports.
 	handshakeErrors prometheus.Counter
@@ -76,6 +78,26 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 	if p.updater, err = edge.NewUpdater(p.live, log.With().Str("component", "routing").Logger(), p.reg); err != nil {
 		return nil, err
 	}
+	if c.operatorRoutes != "" {
+		// Read before any document is served: a broken file stops the
+		// edge here, naming the file, line and field.
+		if p.operator, err = node.NewOperatorSource(node.OperatorSourceOptions{
+			Path:       c.operatorRoutes,
+			Log:        log.With().Str("component", "operator-routes").Logger(),
+			Registerer: p.reg,
+		}); err != nil {
+			return nil, err
+		}
+		var first node.OperatorUpdate
+		if first, err = p.operator.Load(); err != nil {
+			return nil, err
+		}
+		if err = p.updater.SetOperator(first, p.reg); err != nil {
+			return nil, err
+		}
+		log.Info().Str("file", c.operatorRoutes).Str("fingerprint", first.Fingerprint).Int("routes", len(first.Doc.Routes)).
+			Msg("operator routes file read; its routes are served beside the node's and win every host both name")
+	}
 	if handed != nil {
 		p.seed = handed
 		log.Info().Str("fingerprint", handed.Fingerprint).Time("fetched_at", handed.FetchedAt).Bool("stale", handed.Stale).
@@ -93,6 +115,11 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 
 	if p.source, p.sourceName, err = newSource(c, p.token, log, p.reg); err != nil {
 		return nil, err
+	}
+	if p.operator != nil {
+		// The status surfaces read the operator file's state beside the
+		// source's; runSource runs both.
+		p.source = node.WithOperator(p.source, p.operator)
 	}
 
 	// The proxy is built with the controller's connection counting, so
@@ -124,7 +151,7 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 		}
 		observers = append(observers, access)
 	}
-	p.handler = &edge.Handler{Table: p.live, Forwarder: p.proxy, Observer: observers, Admission: p.admission}
+	p.handler = &edge.Handler{Table: p.live, Forwarder: p.proxy, Observer: observers, Admission: p.admission, TrustedProxies: s.trusted}
 
 	p.handshakeErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "scafo_edge_tls_handshake_errors_total",
@@ -194,25 +221,42 @@ func (p *parts) close() {
 	p.db.Close()
 }
 
-// runSource polls the routing source until the returned stop is called:
-// every good document is swapped in, persisted and its table handed to
-// changed (nil: nobody). stop waits for the source to finish.
+// runSource polls the routing source (and the operator routes file, if
+// any) until the returned stop is called: every good document is swapped
+// in, persisted and its table handed to changed (nil: nobody), one table
+// at a time. stop waits for the sources to finish.
 func (p *parts) runSource(log zerolog.Logger, changed func(*edge.Table)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var done sync.WaitGroup
+	var mu sync.Mutex // changed sees the tables in the order they were swapped in
 	done.Add(1)
 	go func() {
 		defer done.Done()
 		p.source.Run(ctx, p.seed, func(u node.Update) {
+			mu.Lock()
 			t := p.updater.Apply(u)
 			if changed != nil {
 				changed(t)
 			}
+			mu.Unlock()
 			if err := node.SaveDocument(p.db, u); err != nil {
 				log.Error().Err(err).Msg("persist routing document failed; the new table is served but a restart would start from the previous one")
 			}
 		})
 	}()
+	if p.operator != nil {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			p.operator.Run(ctx, func(u node.OperatorUpdate) {
+				mu.Lock()
+				defer mu.Unlock()
+				if t := p.updater.ApplyOperator(u); t != nil && changed != nil {
+					changed(t)
+				}
+			})
+		}()
+	}
 	return func() {
 		cancel()
 		done.Wait()

@@ -1,0 +1,333 @@
+package edge
+
+import (
+	"context"
+	"crypto/sha256"
+	"net/http"
+	"net/netip"
+	"net/textproto"
+	"runtime"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/scafo/scafo-edge/internal/forwarded"
+	"github.com/scafo/scafo-edge/node"
+)
+
+// policy is what the operator routes file adds to one of its routes: a
+// redirect, an allow list, basic auth, response header rules. Node routes
+// never have one (the node's document has no such fields), and an operator
+// route without any has none either: the handler's cost for them is one nil
+// check.
+type policy struct {
+	redirect *redirect
+	allow    []netip.Prefix // empty: every client
+	auth     *basicAuth
+	headers  *headerRules
+}
+
+type redirect struct {
+	to       string
+	status   int
+	keepPath bool
+}
+
+type headerRules struct {
+	remove []string    // canonical names
+	set    [][2]string // canonical name, value; sorted by name
+}
+
+// basicAuth checks RFC 7617 credentials against bcrypt hashes.
+type basicAuth struct {
+	challenge string            // the WWW-Authenticate value
+	users     map[string][]byte // user -> bcrypt hash
+	v         *verifier
+}
+
+// newPolicy compiles an operator route's extras; nil when it has none. The
+// file was validated by node.ParseOperator, so nothing here can fail.
+func newPolicy(host string, r *node.OperatorRoute, v *verifier) *policy {
+	if r.Redirect == nil && len(r.Allow) == 0 && r.BasicAuth == nil && r.Headers == nil {
+		return nil
+	}
+	p := &policy{}
+	if rd := r.Redirect; rd != nil {
+		p.redirect = &redirect{to: rd.To, status: rd.Status, keepPath: rd.KeepPath}
+		if p.redirect.status == 0 {
+			p.redirect.status = http.StatusPermanentRedirect
+		}
+	}
+	for _, a := range r.Allow {
+		if pfx, err := node.ParseAllow(a); err == nil {
+			p.allow = append(p.allow, pfx)
+		}
+	}
+	if len(r.Allow) > 0 && len(p.allow) == 0 {
+		// Unreachable after ParseOperator; a list of nothing valid must
+		// still deny rather than open the route.
+		p.allow = []netip.Prefix{}
+	}
+	if b := r.BasicAuth; b != nil {
+		realm := b.Realm
+		if realm == "" {
+			realm = host
+		}
+		a := &basicAuth{challenge: `Basic realm="` + realm + `", charset="UTF-8"`, users: map[string][]byte{}, v: v}
+		for _, line := range b.Users {
+			if user, hash, err := node.ParseHtpasswd(line); err == nil {
+				a.users[user] = hash
+			}
+		}
+		p.auth = a
+	}
+	if h := r.Headers; h != nil {
+		hr := &headerRules{}
+		for _, name := range h.Remove {
+			hr.remove = append(hr.remove, textproto.CanonicalMIMEHeaderKey(name))
+		}
+		for name, val := range h.Set {
+			hr.set = append(hr.set, [2]string{textproto.CanonicalMIMEHeaderKey(name), val})
+		}
+		sort.Slice(hr.set, func(i, j int) bool { return hr.set[i][0] < hr.set[j][0] })
+		p.headers = hr
+	}
+	return p
+}
+
+// Features lists what the operator file adds to the route, for status
+// surfaces ("redirect 308 https://www.example.com", "allow 2 networks",
+// "basic auth", "headers"); nil for a route with none.
+func (r *Route) Features() []string {
+	p := r.policy
+	if p == nil {
+		return nil
+	}
+	var out []string
+	if p.redirect != nil {
+		s := "redirect " + strconv.Itoa(p.redirect.status) + " " + p.redirect.to
+		if p.redirect.keepPath {
+			s += " (path kept)"
+		}
+		out = append(out, s)
+	}
+	if p.allow != nil {
+		out = append(out, "allow "+strconv.Itoa(len(p.allow))+" networks")
+	}
+	if p.auth != nil {
+		out = append(out, "basic auth")
+	}
+	if p.headers != nil {
+		out = append(out, "headers")
+	}
+	return out
+}
+
+// enforce applies p to a request of its route: it answers the request
+// itself (a redirect, 403 outside the allow list, 401 without valid
+// credentials) and returns true, or readies it to be forwarded (the
+// Authorization header it consumed is removed) and returns the writer to
+// forward to (w, or w wrapped to apply the route's header rules) and
+// false.
+func (h *Handler) enforce(w http.ResponseWriter, r *http.Request, rec *Record, p *policy) (http.ResponseWriter, bool) {
+	if h.answeredByPolicy(w, r, rec, p) {
+		return w, true
+	}
+	if p.headers != nil {
+		w = &headerWriter{ResponseWriter: w, rules: p.headers}
+	}
+	return w, false
+}
+
+func (h *Handler) answeredByPolicy(w http.ResponseWriter, r *http.Request, rec *Record, p *policy) bool {
+	if p.allow != nil && !h.allowed(r, p.allow) {
+		h.answer(w, rec, ReasonNotAllowed)
+		return true
+	}
+	if p.auth != nil {
+		switch p.auth.check(r) {
+		case authBusy:
+			h.answer(w, rec, ReasonOverloaded)
+			return true
+		case authRefused:
+			w.Header().Set("WWW-Authenticate", p.auth.challenge)
+			h.answer(w, rec, ReasonUnauthorized)
+			return true
+		}
+		// The credentials were for the edge: the upstream never sees them.
+		r.Header.Del("Authorization")
+	}
+	if rd := p.redirect; rd != nil {
+		loc := rd.to
+		if rd.keepPath {
+			loc += requestPath(r)
+			if r.URL.RawQuery != "" {
+				loc += "?" + r.URL.RawQuery
+			}
+		}
+		hdr := w.Header()
+		hdr.Set("Location", loc)
+		hdr.Set("Content-Type", "text/plain; charset=utf-8")
+		p.headers.apply(hdr)
+		w.WriteHeader(rd.status)
+		n, _ := w.Write([]byte("scafo-edge: moved to " + loc + "\n"))
+		rec.Reason, rec.Status, rec.BytesOut = ReasonRedirect, rd.status, int64(n)
+		return true
+	}
+	return false
+}
+
+// allowed reports whether the request's client is in nets: its peer
+// address, or, when the peer is one of TrustedProxies, the client the
+// proxies vouch for in X-Forwarded-For. A proxy that vouches for nobody is
+// not allowed.
+func (h *Handler) allowed(r *http.Request, nets []netip.Prefix) bool {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := ap.Addr().Unmap()
+	if forwarded.Contains(h.TrustedProxies, ip) {
+		client, vouched, err := forwarded.Client(r.Header["X-Forwarded-For"], h.TrustedProxies)
+		if err != nil || !vouched {
+			return false
+		}
+		ip = client
+	}
+	return forwarded.Contains(nets, ip)
+}
+
+// apply removes, then sets, the rule's headers on hdr; a nil rule does
+// nothing.
+func (hr *headerRules) apply(hdr http.Header) {
+	if hr == nil {
+		return
+	}
+	for _, name := range hr.remove {
+		delete(hdr, name)
+	}
+	for _, kv := range hr.set {
+		hdr[kv[0]] = []string{kv[1]}
+	}
+}
+
+// headerWriter applies a route's header rules to the response its
+// upstream sends, as the header is written. Unwrap lets
+// http.ResponseController (flushes, deadlines, hijacking for upgrades)
+// reach the server's writer; a 101's headers are written on the hijacked
+// connection and are not changed.
+type headerWriter struct {
+	http.ResponseWriter
+	rules *headerRules
+	wrote bool
+}
+
+func (w *headerWriter) WriteHeader(code int) {
+	if !w.wrote && code >= 200 {
+		w.wrote = true
+		w.rules.apply(w.ResponseWriter.Header())
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *headerWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *headerWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// unknownUserHash is a bcrypt hash (cost 10, of a password nobody sends)
+// checked for a user the route does not know.
+var unknownUserHash = []byte("$2a$10$vPsovUGYScFQ5P2QIfjeV.1r8uq.IW7zU9nCT8iPw.zmqQtw.O2qu")
+
+// Outcomes of basicAuth.check.
+const (
+	authPassed = iota
+	authRefused
+	authBusy
+)
+
+func (a *basicAuth) check(r *http.Request) int {
+	user, pass, ok := r.BasicAuth()
+	if !ok {
+		return authRefused
+	}
+	hash, known := a.users[user]
+	if !known {
+		// As long to refuse as a wrong password, so that the time taken
+		// does not tell which users exist.
+		a.v.verify(r.Context(), unknownUserHash, pass)
+		return authRefused
+	}
+	return a.v.verify(r.Context(), hash, pass)
+}
+
+// verifier bounds the cost of checking passwords: bcrypt takes tens of
+// milliseconds of CPU by design, so at most a few run at once (a request
+// waits briefly for a slot, then is answered 503), and a pair that passed
+// is remembered, so a browser that sends its credentials with every
+// request pays once. Only successes are kept: failures are the guesser's
+// to choose, and would crowd the cache. One verifier serves every table
+// an Updater compiles, so a swap does not forget who passed.
+type verifier struct {
+	slots chan struct{}
+	wait  time.Duration
+
+	mu     sync.Mutex
+	passed map[[sha256.Size]byte]struct{}
+}
+
+// maxVerified bounds the remembered pairs; past it the cache starts over.
+const maxVerified = 4096
+
+func newVerifier() *verifier {
+	return &verifier{
+		slots:  make(chan struct{}, max(2, runtime.GOMAXPROCS(0)/2)),
+		wait:   time.Second,
+		passed: make(map[[sha256.Size]byte]struct{}),
+	}
+}
+
+func (v *verifier) verify(ctx context.Context, hash []byte, pass string) int {
+	// Keyed by hash and password together: a changed hash for the user
+	// forgets the old password.
+	h := sha256.New()
+	h.Write(hash)
+	h.Write([]byte{0})
+	h.Write([]byte(pass))
+	var key [sha256.Size]byte
+	h.Sum(key[:0])
+	v.mu.Lock()
+	_, ok := v.passed[key]
+	v.mu.Unlock()
+	if ok {
+		return authPassed
+	}
+	t := time.NewTimer(v.wait)
+	defer t.Stop()
+	select {
+	case v.slots <- struct{}{}:
+	case <-t.C:
+		return authBusy
+	case <-ctx.Done():
+		return authBusy
+	}
+	err := bcrypt.CompareHashAndPassword(hash, []byte(pass))
+	<-v.slots
+	if err != nil {
+		return authRefused
+	}
+	v.mu.Lock()
+	if len(v.passed) >= maxVerified {
+		clear(v.passed)
+	}
+	v.passed[key] = struct{}{}
+	v.mu.Unlock()
+	return authPassed
+}
