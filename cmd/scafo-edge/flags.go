@@ -49,6 +49,7 @@ type config struct {
 	proxyProtocol     string
 	sendTimeout       time.Duration
 	http3             bool
+	compress          bool
 	handover          bool
 	idleTimeout       time.Duration
 	maxHeaderBytes    int
@@ -172,6 +173,7 @@ func serveFlags(c *config) *flagSet {
 	fs.durationVar(&c.readHeaderTimeout, "read-header-timeout", "SCAFO_EDGE_READ_HEADER_TIMEOUT", 60*time.Second, "time a client has to send its request headers or finish its TLS handshake, stretched for each connection by a factor of its own from 1 to 1.5 so that connections opened together do not time out together; at the connection budget, slow first requests give up their room sooner")
 	fs.durationVar(&c.sendTimeout, "send-timeout", "SCAFO_EDGE_SEND_TIMEOUT", 60*time.Second, "close a client connection, or give up on an upstream, when one write to it makes no progress this long (a peer that stopped reading); streams that keep flowing are not cut (0: never)")
 	fs.durationVar(&c.idleTimeout, "idle-timeout", "SCAFO_EDGE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive client connection is kept; over HTTP/1.1 each connection's is stretched by the same factor of its own as its header timeout (1 to 1.5), so that connections opened together do not close together")
+	fs.boolVar(&c.compress, "compress", "SCAFO_EDGE_COMPRESS", true, "compress responses with zstd or gzip for clients that accept them: text, JSON, JavaScript, XML, SVG and WebAssembly of 512 bytes or more that the application did not encode, never with Cache-Control: no-transform, a range, HEAD or server-sent events; skipped while memory is past its high-water mark")
 	fs.intVar(&c.maxHeaderBytes, "max-header-bytes", "SCAFO_EDGE_MAX_HEADER_BYTES", 64<<10, "largest request header block accepted (431 beyond)")
 	fs.stringVar(&c.proxyProtocol, "proxy-protocol-from", "SCAFO_EDGE_PROXY_PROTOCOL_FROM", "", "comma-separated CIDRs allowed to send a PROXY protocol v1/v2 header on the HTTP and HTTPS listeners; a header from anywhere else closes the connection")
 	fs.stringVar(&c.trustedProxies, "trusted-proxies", "SCAFO_EDGE_TRUSTED_PROXIES", "", "comma-separated CIDRs whose X-Forwarded-* headers are kept (default: none)")

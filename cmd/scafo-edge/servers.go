@@ -3,16 +3,15 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/scafo/scafo-edge/admin"
+	"github.com/scafo/scafo-edge/encode"
 	"github.com/scafo/scafo-edge/handover"
 	"github.com/scafo/scafo-edge/serving"
 )
@@ -74,7 +73,11 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 	}
 	p.handler.Covers = sv.tls.covers
 
-	edgeHandler := sv.requests.Handler(p.metrics.InFlight(p.handler))
+	var handler http.Handler = p.handler
+	if c.compress {
+		handler = encode.Handler(handler, encode.Options{Short: p.admission.MemoryShort})
+	}
+	edgeHandler := sv.requests.Handler(p.metrics.InFlight(handler))
 	sv.httpSrv = sv.newServer(c, p, p.handler.Screen(sv.tls.httpHandler(edgeHandler)), nil, "http", log)
 	if sv.httpsLn != nil {
 		httpsHandler := edgeHandler
@@ -203,54 +206,6 @@ func (sv *servers) start(h3Ready <-chan struct{}) <-chan error {
 	}
 	go func() { errc <- serveOn(sv.adminSrv, sv.adminLn, false) }()
 	return errc
-}
-
-// shutdown closes the listeners and waits up to timeout for in-flight
-// requests, upgraded connections (WebSockets) included, then closes the
-// connections that remain; upgraded ones end with the process.
-// http.Server.Shutdown forgets a hijacked connection, so those are waited
-// for through sv.requests, which counts every handler still running: a
-// tunnel's lasts as long as the tunnel.
-func (sv *servers) shutdown(timeout time.Duration, log zerolog.Logger) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	defer func() {
-		if err := sv.requests.Wait(ctx); err != nil {
-			log.Warn().Msg("shutdown timeout passed with upgraded connections (WebSockets) still open; they close as the process exits")
-		}
-	}()
-	var wg sync.WaitGroup
-	for _, srv := range sv.all {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := srv.Shutdown(ctx); err != nil {
-				log.Warn().Err(err).Msg("shutdown deadline passed; closing remaining connections")
-				srv.Close()
-			}
-		}()
-	}
-	if sv.h3 != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sv.h3.Shutdown(ctx, log)
-		}()
-	}
-	wg.Wait()
-}
-
-func serveOn(srv *http.Server, l net.Listener, useTLS bool) error {
-	var err error
-	if useTLS {
-		err = srv.ServeTLS(l, "", "")
-	} else {
-		err = srv.Serve(l)
-	}
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil
-	}
-	return err
 }
 
 // portOf returns the TCP port a listener is bound to, 0 for none.
