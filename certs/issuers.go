@@ -13,7 +13,6 @@ import (
 	"strings"
 
 	"github.com/caddyserver/certmagic"
-	"github.com/libdns/cloudflare"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -64,13 +63,12 @@ func (m *Manager) useACME(opts Options, base certmagic.Config, zl *zap.Logger) e
 		m.pcfg.Issuers = []certmagic.Issuer{newACMEIssuer(m.pcfg, ptmpl)}
 	}
 	if m.wcfg != nil {
-		provider := &cloudflare.Provider{APIToken: opts.CloudflareToken}
-		if opts.CloudflareHTTPClient != nil {
-			provider.HTTPClient = opts.CloudflareHTTPClient
+		solver, err := newDNS01SolverFor(opts)
+		if err != nil {
+			return err
 		}
-		delay := orDur(opts.DNSPropagationDelay, DefaultDNSPropagationDelay)
 		wtmpl := tmpl
-		wtmpl.DNS01Solver = newDNS01Solver(provider, delay)
+		wtmpl.DNS01Solver = solver
 		m.wcfg.Issuers = []certmagic.Issuer{newACMEIssuer(m.wcfg, wtmpl)}
 	}
 	return nil

@@ -52,9 +52,8 @@ const (
 	// The back-off spaces a failing name's attempts out; the hard stop
 	// before Let's Encrypt's limit of five failed validations per name
 	// per hour is the count of failed validations (validations.go).
-	DefaultFailureBackoffBase  = 5 * time.Minute
-	DefaultFailureBackoffMax   = time.Hour
-	DefaultDNSPropagationDelay = 10 * time.Second
+	DefaultFailureBackoffBase = 5 * time.Minute
+	DefaultFailureBackoffMax  = time.Hour
 )
 
 // Options configures a Manager.
@@ -85,16 +84,31 @@ type Options struct {
 	// Email is the ACME account's contact; empty registers without one.
 	Email string
 
-	// DNSProvider is "" (no DNS-01) or "cloudflare", whose API token is
-	// CloudflareToken.
-	DNSProvider     string
+	// DNSProvider is "" (no DNS-01) or one of DNSProviders, configured by
+	// the variables DNSProviderVars lists, read through DNSEnv.
+	DNSProvider string
+	// DNSEnv reads DNSProvider's variables; nil reads none.
+	DNSEnv func(string) string
+	// CloudflareToken, when set, stands for CLOUDFLARE_API_TOKEN.
 	CloudflareToken string
 	// CloudflareHTTPClient carries the Cloudflare API calls; nil means
 	// http.DefaultClient. Tests point it at a fake of the API.
 	CloudflareHTTPClient *http.Client
-	// DNSPropagationDelay is waited between writing a DNS-01 record and
-	// asking the CA to check it. Zero means DefaultDNSPropagationDelay;
-	// negative means no wait.
+	// DNSResolvers (host:port) are asked where a DNS-01 record goes (a
+	// CNAME at _acme-challenge.<name> delegates it) and must all serve
+	// it before the CA is told to look. Empty means the system's
+	// resolvers, and the zone's authoritative servers from its NS
+	// records.
+	DNSResolvers []string
+	// DNSPropagationTimeout bounds the wait for a DNS-01 record to be
+	// served; the issuance fails, naming the servers without it, past
+	// it. Zero means DefaultDNSPropagationTimeout.
+	DNSPropagationTimeout time.Duration
+	// DNSPropagationDelay is waited once the record is served, for
+	// servers the check does not see (anycast); zero means none.
+	// Negative means no DNS look-up at all: the record goes at the
+	// challenge name and the CA is told at once (a test whose DNS is a
+	// fake provider's).
 	DNSPropagationDelay time.Duration
 	// WildcardDomains are bases for which "*.<base>" and "<base>" are
 	// obtained by DNS-01 at start (or from the internal CA) and kept
@@ -289,11 +303,10 @@ func checkOptions(opts Options) (bases map[string]bool, err error) {
 	if opts.DB == nil {
 		return nil, errors.New("tls mode " + string(opts.Mode) + ": no state database")
 	}
-	if opts.DNSProvider != "" && opts.DNSProvider != "cloudflare" {
-		return nil, fmt.Errorf("dns provider %q: only cloudflare is supported", opts.DNSProvider)
-	}
-	if opts.DNSProvider == "cloudflare" && opts.CloudflareToken == "" {
-		return nil, errors.New("dns provider cloudflare: no API token")
+	if opts.DNSProvider != "" {
+		if err := CheckDNSProvider(opts.DNSProvider, dnsEnv(opts)); err != nil {
+			return nil, err
+		}
 	}
 	bases = map[string]bool{}
 	for _, b := range opts.WildcardDomains {

@@ -86,6 +86,16 @@ type PebbleConfig struct {
 	// Pebble by listening on these ports at different loopback addresses
 	// (127.0.0.2, 127.0.0.3, ...).
 	HTTPPort, TLSPort int
+	// DNSServer, when set (host:port), is the DNS server Pebble's
+	// validator asks, in place of the challenge test server (whose SetA,
+	// SetTXT and friends then have no effect): a real server the edge
+	// writes DNS-01 records to (StartBIND).
+	DNSServer string
+	// Validity is how long issued certificates are valid; zero means 90
+	// days. Under certmagic's renewal check interval (10 minutes), Pebble's
+	// renewal info makes a certificate due for renewal as soon as it is
+	// loaded again (after a restart).
+	Validity time.Duration
 }
 
 // Pebble is a running Pebble ACME server and its challenge test server,
@@ -142,6 +152,10 @@ func StartPebble(t testing.TB, cfg PebbleConfig) *Pebble {
 		"-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""), nil)
 
 	listen, mgmt := testsupport.FreeAddr(t), testsupport.FreeAddr(t)
+	validity := int64(7776000)
+	if cfg.Validity > 0 {
+		validity = int64(cfg.Validity / time.Second)
+	}
 	conf := map[string]any{"pebble": map[string]any{
 		"listenAddress":                  listen,
 		"managementListenAddress":        mgmt,
@@ -153,7 +167,7 @@ func StartPebble(t testing.TB, cfg PebbleConfig) *Pebble {
 		"externalAccountBindingRequired": false,
 		"keyAlgorithm":                   "ecdsa",
 		"profiles": map[string]any{
-			"default": map[string]any{"description": "default", "validityPeriod": 7776000},
+			"default": map[string]any{"description": "default", "validityPeriod": validity},
 		},
 	}}
 	confPath := filepath.Join(t.TempDir(), "pebble.json")
@@ -161,7 +175,11 @@ func StartPebble(t testing.TB, cfg PebbleConfig) *Pebble {
 	if err := os.WriteFile(confPath, b, 0o600); err != nil {
 		t.Fatalf("certstest: write pebble config: %v", err)
 	}
-	p.start(t, "pebble", exec.Command(filepath.Join(toolDir, "pebble"), "-config", confPath, "-dnsserver", dnsAddr),
+	pebbleDNS := dnsAddr
+	if cfg.DNSServer != "" {
+		pebbleDNS = cfg.DNSServer
+	}
+	p.start(t, "pebble", exec.Command(filepath.Join(toolDir, "pebble"), "-config", confPath, "-dnsserver", pebbleDNS),
 		[]string{"PEBBLE_VA_NOSLEEP=1", "PEBBLE_WFE_NONCEREJECT=0", "PEBBLE_AUTHZREUSE=0"})
 	p.DirectoryURL = "https://" + listen + "/dir"
 	p.mgmtURL = "https://" + mgmt

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/scafo/scafo-edge/admission"
+	"github.com/scafo/scafo-edge/certs"
 	"github.com/scafo/scafo-edge/certs/prefetch"
 )
 
@@ -33,6 +34,8 @@ type config struct {
 	acmeCARoot        string
 	acmeEmail         string
 	dnsProvider       string
+	dnsResolvers      string
+	dnsTimeout        time.Duration
 	wildcardDomains   string
 	certStore         string
 	certPrefetch      bool
@@ -201,7 +204,9 @@ func serveFlags(c *config) *flagSet {
 	fs.stringVar(&c.acmeCA, "acme-ca", "SCAFO_EDGE_ACME_CA", "https://acme-v02.api.letsencrypt.org/directory", "ACME directory URL")
 	fs.stringVar(&c.acmeCARoot, "acme-ca-root", "SCAFO_EDGE_ACME_CA_ROOT", "", "PEM file of extra roots to trust for the ACME server (e.g. Pebble's)")
 	fs.stringVar(&c.acmeEmail, "acme-email", "SCAFO_EDGE_ACME_EMAIL", "", "ACME account email")
-	fs.stringVar(&c.dnsProvider, "dns-provider", "SCAFO_EDGE_DNS_PROVIDER", "", "DNS-01 provider for wildcard certificates: cloudflare (token in CLOUDFLARE_API_TOKEN)")
+	fs.stringVar(&c.dnsProvider, "dns-provider", "SCAFO_EDGE_DNS_PROVIDER", "", "DNS-01 provider for wildcard certificates, configured by its environment variables (README, TLS): "+strings.Join(certs.DNSProviders(), ", "))
+	fs.stringVar(&c.dnsResolvers, "dns-resolvers", "SCAFO_EDGE_DNS_RESOLVERS", "", "comma-separated DNS servers (host:port) asked where a DNS-01 record goes (CNAME delegation) and that must serve it before the CA looks (default: the system's resolvers, then the zone's NS)")
+	fs.durationVar(&c.dnsTimeout, "dns-propagation-timeout", "SCAFO_EDGE_DNS_PROPAGATION_TIMEOUT", certs.DefaultDNSPropagationTimeout, "how long a DNS-01 record may take to be served by every authoritative server before the issuance fails")
 	fs.stringVar(&c.wildcardDomains, "wildcard-domains", "SCAFO_EDGE_WILDCARD_DOMAINS", "", "comma-separated bases to keep *.<base> certificates for (needs --dns-provider)")
 	fs.boolVar(&c.http3, "http3", "SCAFO_EDGE_HTTP3", true, "serve HTTP/3 over UDP on the HTTPS port and advertise it with Alt-Svc (only with TLS on)")
 	fs.stringVar(&c.certStore, "cert-store", "SCAFO_EDGE_CERT_STORE", "", "local (bbolt only) or fleet (through the node, bbolt as local copy); default fleet with --node, local with --routes-file")

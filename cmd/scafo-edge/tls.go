@@ -70,21 +70,23 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 		pf = &prefetch.Options{PerHour: c.prefetchPerHour, PollInterval: c.pollInterval}
 	}
 	m, err := certs.New(ctx, certs.Options{
-		Mode:            certs.Mode(c.tlsMode),
-		DB:              p.db,
-		Storage:         store,
-		Allowed:         func(name string) bool { return p.live.Load().Certifiable(name) },
-		CA:              c.acmeCA,
-		CARoot:          c.acmeCARoot,
-		Email:           c.acmeEmail,
-		DNSProvider:     c.dnsProvider,
-		CloudflareToken: s.cloudflareToken,
-		WildcardDomains: s.wildcards,
-		HTTPPort:        httpPort,
-		HTTPSPort:       httpsPort,
-		Prefetch:        pf,
-		Log:             log.With().Str("component", "certs").Logger(),
-		Registerer:      p.reg,
+		Mode:                  certs.Mode(c.tlsMode),
+		DB:                    p.db,
+		Storage:               store,
+		Allowed:               func(name string) bool { return p.live.Load().Certifiable(name) },
+		CA:                    c.acmeCA,
+		CARoot:                c.acmeCARoot,
+		Email:                 c.acmeEmail,
+		DNSProvider:           c.dnsProvider,
+		DNSEnv:                s.dnsEnv,
+		DNSResolvers:          s.dnsResolvers,
+		DNSPropagationTimeout: c.dnsTimeout,
+		WildcardDomains:       s.wildcards,
+		HTTPPort:              httpPort,
+		HTTPSPort:             httpsPort,
+		Prefetch:              pf,
+		Log:                   log.With().Str("component", "certs").Logger(),
+		Registerer:            p.reg,
 	})
 	if err != nil {
 		closeStore()

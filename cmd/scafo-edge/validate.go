@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -12,19 +13,21 @@ import (
 
 	"github.com/scafo/scafo-edge/admin"
 	"github.com/scafo/scafo-edge/admission"
+	"github.com/scafo/scafo-edge/certs"
 )
 
 // settings are what validate derives from the flags: the parsed forms the
 // parts and listeners are built from.
 type settings struct {
-	logLevel        zerolog.Level
-	trusted         []netip.Prefix   // --trusted-proxies
-	adminAllow      []netip.Prefix   // --admin-allow
-	proxyFrom       []netip.Prefix   // --proxy-protocol-from
-	wildcards       []string         // --wildcard-domains
-	cloudflareToken string           // CLOUDFLARE_API_TOKEN, for --dns-provider cloudflare
-	certStore       string           // --cert-store with its default resolved
-	limits          admission.Limits // the overload flags; zero fields are derived at start
+	logLevel     zerolog.Level
+	trusted      []netip.Prefix      // --trusted-proxies
+	adminAllow   []netip.Prefix      // --admin-allow
+	proxyFrom    []netip.Prefix      // --proxy-protocol-from
+	wildcards    []string            // --wildcard-domains
+	dnsEnv       func(string) string // where --dns-provider reads its variables
+	dnsResolvers []string            // --dns-resolvers, host:port
+	certStore    string              // --cert-store with its default resolved
+	limits       admission.Limits    // the overload flags; zero fields are derived at start
 }
 
 // validate checks every flag of the serve command before anything is opened,
@@ -71,14 +74,17 @@ func validate(c *config, getenv func(string) string) (settings, error) {
 	if len(s.wildcards) > 0 && c.tlsMode == "acme" && c.dnsProvider == "" {
 		return s, fmt.Errorf("--wildcard-domains: needs --dns-provider (wildcard certificates are DNS-01 only)")
 	}
-	switch c.dnsProvider {
-	case "", "cloudflare":
-	default:
-		return s, fmt.Errorf("--dns-provider: %q: only cloudflare is supported", c.dnsProvider)
+	s.dnsEnv = getenv
+	if c.dnsProvider != "" {
+		if err := certs.CheckDNSProvider(c.dnsProvider, getenv); err != nil {
+			return s, fmt.Errorf("--dns-provider: %w", err)
+		}
 	}
-	s.cloudflareToken = getenv("CLOUDFLARE_API_TOKEN")
-	if c.dnsProvider == "cloudflare" && s.cloudflareToken == "" {
-		return s, fmt.Errorf("--dns-provider: cloudflare needs CLOUDFLARE_API_TOKEN")
+	if s.dnsResolvers, err = parseHostPorts(c.dnsResolvers, "53"); err != nil {
+		return s, fmt.Errorf("--dns-resolvers: %w", err)
+	}
+	if c.dnsTimeout <= 0 {
+		return s, fmt.Errorf("--dns-propagation-timeout: %s: want more than 0", c.dnsTimeout)
 	}
 
 	// The fleet store is the default when polling a node; a routes file
@@ -182,6 +188,27 @@ func parseCIDRs(s string) ([]netip.Prefix, error) {
 			}
 		}
 		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// parseHostPorts parses a comma-separated list of host:port addresses; a
+// bare host or address gets defPort.
+func parseHostPorts(s, defPort string) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(f)
+		if err != nil {
+			host, port = strings.Trim(f, "[]"), defPort
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || host == "" || strings.ContainsAny(host, " /[]") {
+			return nil, fmt.Errorf("%q: want host:port", f)
+		}
+		out = append(out, net.JoinHostPort(host, port))
 	}
 	return out, nil
 }
