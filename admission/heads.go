@@ -329,8 +329,8 @@ func (h *headWait) arrived(id uint64, ended bool) {
 	if !ok || !h.judge(w, ended) || w.paced.Load() {
 		return
 	}
-	if w.events++; w.events < headPaceAfter {
-		return
+	if w.events++; w.events < headPaceAfter || !h.c.contended.Load() {
+		return // paced only under contention, as a server's read is (pace.go)
 	}
 	now := h.c.clock.Now()
 	if now.UnixNano()-w.since < int64(slowAge) {
@@ -365,16 +365,28 @@ func (h *headWait) judge(w *waitingHead, ended bool) bool {
 	return false
 }
 
-// takeTurns looks at the paced heads whose turn has come.
+// takeTurns looks at the paced heads whose turn has come, and at every
+// paced head once the contention is over: from then on its bytes are
+// looked at as they come again.
 func (h *headWait) takeTurns(now time.Time) {
 	h.judgeMu.Lock()
 	defer h.judgeMu.Unlock()
-	due := h.waitingWhere(func(w *waitingHead) bool { return w.paced.Load() && w.nextTurn <= now.UnixNano() })
+	contended := h.c.contended.Load()
+	due := h.waitingWhere(func(w *waitingHead) bool {
+		return w.paced.Load() && (w.nextTurn <= now.UnixNano() || !contended)
+	})
 	for _, w := range due {
-		if h.judge(w, false) {
-			w.turns = min(w.turns+1, paceDoublings)
-			w.nextTurn = nextHeadTurn(now, w.turns)
+		if !h.judge(w, false) {
+			continue
 		}
+		if !contended {
+			w.paced.Store(false)
+			w.t.socket.setRcvLowat(1)
+			w.events, w.turns = 0, 0
+			continue
+		}
+		w.turns = min(w.turns+1, paceDoublings)
+		w.nextTurn = nextHeadTurn(now, w.turns)
 	}
 }
 

@@ -503,6 +503,7 @@ func TestATricklingHeadWaitsForItsTurns(t *testing.T) {
 		t.Run(end, func(t *testing.T) {
 			t.Parallel()
 			ps := servePlain(t, testLimits(100))
+			ps.tc.contended.Store(true) // heads are paced only under contention
 			conn := ps.startHead(t, "127.0.0.2", slowHeaders)
 			ps.clk.Advance(slowAge)
 			w, _ := ps.theWaitingHead(t)
@@ -546,6 +547,7 @@ func TestATricklingHeadWaitsForItsTurns(t *testing.T) {
 func TestAPacedHeadThatEndedIsServedAtItsDeadline(t *testing.T) {
 	t.Parallel()
 	ps := servePlain(t, testLimits(100))
+	ps.tc.contended.Store(true) // heads are paced only under contention
 	conn := ps.startHead(t, "127.0.0.2", slowHeaders)
 	ps.clk.Advance(slowAge)
 	w, _ := ps.theWaitingHead(t)
@@ -575,10 +577,50 @@ func TestAPacedHeadThatEndedIsServedAtItsDeadline(t *testing.T) {
 func TestAFoldedHeaderLineKeepsItsHeadWaiting(t *testing.T) {
 	t.Parallel()
 	ps := servePlain(t, testLimits(100))
+	ps.tc.contended.Store(true) // heads are paced only under contention
 	conn := ps.startHead(t, "127.0.0.2", "GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n")
 	ps.trickle(t, conn, " b\r\n")
 	ps.trickle(t, conn, "Y: c")
 	if got := ps.news.Load(); got != 0 {
 		t.Fatalf("the server was given %d connections before the head ended, want 0", got)
+	}
+}
+
+// Nobody short of anything: a head that keeps trickling in the epoll set
+// is looked at as its bytes come, never paced, and answered the moment it
+// ends (issue 46). Once the box is contended it is paced; once the
+// contention is over it is looked at as its bytes come again.
+func TestAWaitingHeadIsPacedOnlyUnderContention(t *testing.T) {
+	t.Parallel()
+	ps := servePlain(t, testLimits(100))
+	conn := ps.startHead(t, "127.0.0.2", slowHeaders)
+	ps.clk.Advance(slowAge)
+	w, _ := ps.theWaitingHead(t)
+	for range 3 * headPaceAfter {
+		ps.trickle(t, conn, "a")
+	}
+	if w.paced.Load() {
+		t.Fatalf("paced after bytes came %d times over %v with the box not contended", 3*headPaceAfter, slowAge)
+	}
+	ps.tc.contended.Store(true)
+	for i := 0; !w.paced.Load(); i++ {
+		if i > headPaceAfter {
+			t.Fatalf("not paced after bytes came %d times under contention", i)
+		}
+		ps.trickle(t, conn, "a")
+	}
+	ps.tc.contended.Store(false)
+	ps.tc.headTurns(ps.clk.Now()) // before its turn: the contention is over
+	if w.paced.Load() {
+		t.Fatal("still paced once the contention was over")
+	}
+	if got := rcvLowat(t, w.t); got > 1 {
+		t.Errorf("SO_RCVLOWAT = %d once unpaced, want a byte", got)
+	}
+	if _, err := io.WriteString(conn, "\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := answer(conn); err != nil || !strings.HasPrefix(got, "200 OK") {
+		t.Fatalf("answer = %q, %v; want 200 without a turn", got, err)
 	}
 }

@@ -52,6 +52,11 @@ import (
 // before it instead: bytes that came in time are read, and with none the
 // read fails at the deadline, as an unpaced one would have.
 //
+// Only while the box is contended (its connections, or its memory, past
+// their high-water marks, or Accept waiting for room): until then a head
+// on a slow link is read as it comes, as net/http would read it, and a
+// slow visitor waits for nothing of the edge's.
+//
 // A visitor's request head is never paced: a client sends it at once, in
 // full segments and a short last one that ends it (no read follows); a
 // connection's first adds its TLS handshake's short reads (a ClientHello,
@@ -98,6 +103,12 @@ func (t *trackedConn) noteHeadRead(n, size int) {
 		t.trickles++
 		return // a visitor's head ends here: no clock read on its path
 	}
+	if t.trickles < trickleReads && !t.c.contended.Load() {
+		// Nobody is short of anything: a head on a slow link is read as
+		// it comes, as net/http reads it. It is paced from the first
+		// short read made under contention.
+		return
+	}
 	now := t.c.clock.Now()
 	if t.trickles < trickleReads {
 		if now.UnixNano()-t.since.Load() < int64(slowAge) {
@@ -117,9 +128,10 @@ func (t *trackedConn) noteHeadRead(n, size int) {
 	t.readAt = now
 }
 
-// paced reports whether t's next read waits its turn.
+// paced reports whether t's next read waits its turn: only while the box
+// is contended.
 func (t *trackedConn) paced() bool {
-	return t.trickles >= trickleReads && !t.backlog && t.onHead() && t.heads.Load() == t.head
+	return t.trickles >= trickleReads && !t.backlog && t.onHead() && t.heads.Load() == t.head && t.c.contended.Load()
 }
 
 // awaitTurn waits until t may be read again, its read deadline comes, or

@@ -91,6 +91,8 @@ func acceptedConn(t *testing.T) (tc *testController, clk *clock.Fake, client, se
 func pacedConn(t *testing.T, bufSize int) (tc *testController, clk *clock.Fake, client, server net.Conn, r *edgeReader) {
 	t.Helper()
 	tc, clk, client, server = acceptedConn(t)
+	// Heads are paced only while the box is contended.
+	tc.contended.Store(true)
 	return tc, clk, client, server, startReader(server, bufSize)
 }
 
@@ -192,6 +194,7 @@ func TestAVisitorsFirstRequestIsNeverPaced(t *testing.T) {
 func syncConn(t *testing.T) (tc *testController, clk *clock.Fake, client, server net.Conn) {
 	t.Helper()
 	tc, clk, client, server = acceptedConn(t)
+	tc.contended.Store(true) // heads are paced only under contention
 	tc.ConnState(server, http.StateNew)
 	clk.Advance(slowAge) // the head has been on its way long enough to be paced
 	return tc, clk, client, server
@@ -622,6 +625,7 @@ func awaitAnswer(t *testing.T, got <-chan error, clk *clock.Fake, step time.Dura
 func TestOverTLSAPreconnectedRequestIsServedAtOnceAndATricklingOneInTurns(t *testing.T) {
 	t.Parallel()
 	tc, clk, dial := pacingServer(t)
+	tc.contended.Store(true) // heads are paced only under contention
 
 	pre := dial("127.0.0.2", "http/1.1")
 	clk.Advance(30 * time.Second)
@@ -681,6 +685,7 @@ func TestHTTP2ConnectionsAreNotPaced(t *testing.T) {
 func TestAHeadIsPacedOnlyAfterItsFirstSecond(t *testing.T) {
 	t.Parallel()
 	tc, clk, client, server := acceptedConn(t)
+	tc.contended.Store(true) // heads are paced only under contention
 	tc.ConnState(server, http.StateNew)
 	for range 2 * trickleReads {
 		readOne(t, client, server, "a") // the clock standing still: never waits
@@ -694,4 +699,43 @@ func TestAHeadIsPacedOnlyAfterItsFirstSecond(t *testing.T) {
 		t.Fatalf("scafo_edge_paced_heads_total = %v once the head was on its way %v, want 1", got, slowAge)
 	}
 	waitsItsTurn(t, clk, client, server)
+}
+
+// Nobody short of anything: a head that keeps trickling into the server is
+// read as it comes, however long it trickles, as net/http would read it
+// (issue 46); the first short read under contention paces it.
+func TestATricklingHeadIsPacedOnlyUnderContention(t *testing.T) {
+	t.Parallel()
+	tc, clk, client, server := acceptedConn(t)
+	tc.ConnState(server, http.StateNew)
+	clk.Advance(slowAge)
+	for range 4 * trickleReads {
+		readOne(t, client, server, "a") // at once: no turn, no clock moved
+	}
+	if got := tc.pacedHeads(t); got != 0 {
+		t.Fatalf("scafo_edge_paced_heads_total = %v with the box not contended, want 0", got)
+	}
+	tc.contended.Store(true)
+	readOne(t, client, server, "a")
+	if got := tc.pacedHeads(t); got != 1 {
+		t.Fatalf("scafo_edge_paced_heads_total = %v after a short read under contention, want 1", got)
+	}
+	if _, err := io.WriteString(client, "b"); err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan error, 1)
+	go func() {
+		_, err := server.Read(make([]byte, 64))
+		read <- err
+	}()
+	testsupport.WaitFor(t, 10*time.Second, "the read to wait for its turn", func() bool { return clk.Waiting() == 1 })
+	clk.Advance(paceEvery * 3 / 2)
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatalf("the paced read: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the paced read did not end at its turn")
+	}
 }
