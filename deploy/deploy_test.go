@@ -1,6 +1,6 @@
 // Package deploy's tests hold the deployment files beside them to account:
 // the Compose example and the systemd unit are parsed and checked against the
-// serve command's flags, read from the README's flag table (which
+// serve command's flags, read from the flag table in docs/flags.md (which
 // cmd/scafo-edge's TestREADMEFlags keeps equal to the flag set).
 package deploy
 
@@ -16,22 +16,22 @@ import (
 // runs.
 const pkgRoot = ".."
 
-// flagRow matches a row of the README's flag table:
+// flagRow matches a row of the flag table in docs/flags.md:
 // | `--name` | `ENV`, `ENV2` | `default` | what it does |
 var flagRow = regexp.MustCompile("(?m)^\\| `--([^`]+)` \\| ([^|]*) \\| ([^|]*) \\|")
 
-// readmeFlags returns the rows of the README's flag table: each serve flag
+// readmeFlags returns the rows of the flag table in docs/flags.md: each serve flag
 // with its default ("" for none) and its environment variables.
 func readmeFlags(t *testing.T) (defaults map[string]string, envs map[string][]string) {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(pkgRoot, "README.md"))
+	raw, err := os.ReadFile(filepath.Join(pkgRoot, "docs", "flags.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := string(raw)
 	i, j := strings.Index(text, "<!-- flags:start -->"), strings.Index(text, "<!-- flags:end -->")
 	if i < 0 || j < i {
-		t.Fatal("README.md lacks its flag table markers")
+		t.Fatal("docs/flags.md lacks its flag table markers")
 	}
 	defaults, envs = map[string]string{}, map[string][]string{}
 	for _, m := range flagRow.FindAllStringSubmatch(text[i:j], -1) {
@@ -44,7 +44,7 @@ func readmeFlags(t *testing.T) (defaults map[string]string, envs map[string][]st
 		}
 	}
 	if len(defaults) == 0 {
-		t.Fatal("README.md's flag table has no rows")
+		t.Fatal("docs/flags.md's flag table has no rows")
 	}
 	return defaults, envs
 }
