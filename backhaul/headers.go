@@ -72,7 +72,7 @@ func aliasesProtected(key string) bool {
 // ones another byte in its place can alias.
 var dashedProtected = [...]string{"x-real-ip", "content-length", "transfer-encoding",
 	"proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate",
-	"true-client-ip", "cf-connecting-ip", "fastly-client-ip", "x-client-ip", "x-cluster-client-ip"}
+	"true-client-ip", "cf-connecting-ip", "fastly-client-ip", "x-client-ip", "x-cluster-client-ip", "client-ip"}
 
 // foldedPrefix reports whether key starts with prefix (lower case),
 // comparing letters case-insensitively and reading any byte but a letter
@@ -113,13 +113,14 @@ func hasToken(values []string, tok string) bool { return h1.HasToken(values, tok
 // the standard ones, the client-address fields of CDNs and load balancers
 // that applications read in their place (Akamai's and Cloudflare's
 // True-Client-IP, Cloudflare's CF-Connecting-IP, Fastly's, Rackspace's
-// X-Cluster-Client-IP, X-Client-IP), as nginx's realip and Rails do.
+// X-Cluster-Client-IP, X-Client-IP, and Client-IP, which Rails and common
+// PHP helpers read first), as nginx's realip and Rails do.
 func isForwarding(key string) bool {
 	if strings.HasPrefix(key, "X-Forwarded-") {
 		return true
 	}
 	switch key {
-	case "Forwarded", "X-Real-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip", "X-Client-Ip", "X-Cluster-Client-Ip":
+	case "Forwarded", "X-Real-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip", "X-Client-Ip", "X-Cluster-Client-Ip", "Client-Ip":
 		return true
 	}
 	return false

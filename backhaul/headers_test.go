@@ -102,9 +102,9 @@ func TestForwardedHeaders(t *testing.T) {
 		{
 			name: "an untrusted client's CDN client-address fields are dropped",
 			head: "Host: app.example\r\nTrue-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nFastly-Client-IP: 6.6.6.6\r\n" +
-				"X-Client-IP: 6.6.6.6\r\nX-Cluster-Client-IP: 6.6.6.6\r\nTrue_Client_IP: 6.6.6.6\r\n",
+				"X-Client-IP: 6.6.6.6\r\nX-Cluster-Client-IP: 6.6.6.6\r\nTrue_Client_IP: 6.6.6.6\r\nClient-IP: 6.6.6.6\r\n",
 			want:   map[string]string{"X-Forwarded-For": "127.0.0.1"},
-			absent: []string{"True-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip", "X-Client-Ip", "X-Cluster-Client-Ip", "True_client_ip", "True_Client_IP"},
+			absent: []string{"True-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip", "X-Client-Ip", "X-Cluster-Client-Ip", "True_client_ip", "True_Client_IP", "Client-Ip"},
 		},
 		{
 			name:    "a trusted proxy's True-Client-IP is kept",

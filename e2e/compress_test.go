@@ -129,7 +129,9 @@ func TestCompressionThroughTheBinary(t *testing.T) {
 
 	// Streams: each event the application flushes reaches the client
 	// before the application writes the next.
-	for _, tc := range []struct{ path, coding string }{{"/events", ""}, {"/ndjson", "zstd"}} {
+	// A stream is compressed with gzip, which keeps no window between
+	// writes: a stream may be open for long.
+	for _, tc := range []struct{ path, coding string }{{"/events", ""}, {"/ndjson", "gzip"}} {
 		resp := get(on, tc.path, "gzip, zstd")
 		if got := resp.Header.Get("Content-Encoding"); got != tc.coding {
 			t.Fatalf("%s: Content-Encoding %q, want %q", tc.path, got, tc.coding)

@@ -104,6 +104,9 @@ func TestDeniedPrefixSpellingsThroughTheBinary(t *testing.T) {
 		{"/v1/ingress/routes%2e%20", 403},
 		{"/v1/storage%23x", 403},
 		{"/v1/storage%3fx", 403},
+		{"/v1/storage%0d", 403},
+		{"/v1/storage%c2%a0", 403},
+		{"/v1/x/..%20/storage", 403},
 	}
 	for _, p := range protocols {
 		t.Run(p.name, func(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/scafo/scafo-edge/backhaul"
 	"github.com/scafo/scafo-edge/internal/testsupport"
@@ -247,9 +248,13 @@ func decodeIISU(p string) string {
 func stripTrailingDots(p string) string {
 	segs := strings.Split(p, "/")
 	for i, s := range segs {
-		if s != "." && s != ".." {
-			segs[i] = strings.TrimRight(s, ". \t")
+		ws := strings.TrimRightFunc(s, unicode.IsSpace)
+		ws = strings.TrimRight(ws, "\x00\x01\x02\x03\x04\x05\x06\x07\x08\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f\x7f")
+		if ws == "." || ws == ".." {
+			segs[i] = ws
+			continue
 		}
+		segs[i] = strings.TrimRightFunc(s, func(r rune) bool { return r == '.' || r <= ' ' || r == 0x7f || unicode.IsSpace(r) })
 	}
 	return strings.Join(segs, "/")
 }

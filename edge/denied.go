@@ -3,6 +3,7 @@ package edge
 import (
 	"path"
 	"strings"
+	"unicode"
 )
 
 // maxSpellings bounds how many readings of one path a denied-prefix check
@@ -97,24 +98,37 @@ func cutAtTerminator(p string) string {
 	return p
 }
 
-// trimSegmentEnds drops the dots, spaces and tabs that end a segment, as
-// Windows file APIs (and IIS) and servers that trim what they decoded do:
-// "storage." and "storage%20" are "storage" there.
+// trimSegmentEnds drops the dots and white space that end a segment, as
+// Windows file APIs (and IIS) and servers that trim what they decoded do
+// (Java's trim, Python's strip, Go's TrimSpace): "storage.", "storage%20"
+// and "storage%0d" are "storage" there. A segment that trimming white space
+// alone leaves "." or ".." keeps that, for the dot segments to resolve.
 func trimSegmentEnds(p string) string {
 	segs := strings.Split(p, "/")
 	for i, s := range segs {
-		if s != "." && s != ".." {
-			segs[i] = strings.TrimRight(s, ". \t")
+		if ws := strings.TrimRightFunc(s, isTrimmedSpace); ws == "." || ws == ".." {
+			segs[i] = ws
+			continue
 		}
+		segs[i] = strings.TrimRightFunc(s, func(r rune) bool { return r == '.' || isTrimmedSpace(r) })
 	}
 	return strings.Join(segs, "/")
+}
+
+// isTrimmedSpace reports whether some common server trims r from the end
+// of what it decoded: control bytes, space, DEL, and Unicode white space.
+func isTrimmedSpace(r rune) bool {
+	return r <= ' ' || r == 0x7f || unicode.IsSpace(r)
 }
 
 // plainPath reports whether no normalisation could change p's segments.
 func plainPath(p string) bool {
 	for i := 0; i < len(p); i++ {
+		if c := p[i]; c <= ' ' || c >= 0x7f {
+			return false // trimmed, or white space once decoded (trimSegmentEnds)
+		}
 		switch p[i] {
-		case '%', '\\', ';', '.', ' ', '\t', 0, '?', '#':
+		case '%', '\\', ';', '.', '?', '#':
 			return false
 		case '/':
 			if i > 0 && p[i-1] == '/' {

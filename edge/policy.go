@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"net/http"
 	"net/netip"
@@ -44,6 +45,7 @@ type headerRules struct {
 // basicAuth checks RFC 7617 credentials against bcrypt hashes.
 type basicAuth struct {
 	challenge string            // the WWW-Authenticate value
+	unknown   []byte            // checked for a user the route does not know
 	users     map[string][]byte // user -> bcrypt hash
 	v         *verifier
 }
@@ -77,11 +79,16 @@ func newPolicy(host string, r *node.OperatorRoute, v *verifier) *policy {
 			realm = host
 		}
 		a := &basicAuth{challenge: `Basic realm="` + realm + `", charset="UTF-8"`, users: map[string][]byte{}, v: v}
+		cost := bcrypt.DefaultCost
 		for _, line := range b.Users {
 			if user, hash, err := node.ParseHtpasswd(line); err == nil {
 				a.users[user] = hash
+				if c, err := bcrypt.Cost(hash); err == nil && c > cost {
+					cost = c
+				}
 			}
 		}
+		a.unknown = unknownUserHash(cost)
 		p.auth = a
 	}
 	if h := r.Headers; h != nil {
@@ -242,9 +249,25 @@ func (w *headerWriter) Write(b []byte) (int, error) {
 
 func (w *headerWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// unknownUserHash is a bcrypt hash (cost 10, of a password nobody sends)
-// checked for a user the route does not know.
-var unknownUserHash = []byte("$2a$10$vPsovUGYScFQ5P2QIfjeV.1r8uq.IW7zU9nCT8iPw.zmqQtw.O2qu")
+// unknownUserHash returns a bcrypt hash of cost, of a password nobody
+// sends, checked for a user a route does not know: as costly as its
+// costliest user's, so that the time a refusal takes does not tell which
+// users exist. One is made per cost, once.
+func unknownUserHash(cost int) []byte {
+	if h, ok := unknownHashes.Load(cost); ok {
+		return h.([]byte)
+	}
+	secret := make([]byte, 32)
+	rand.Read(secret)
+	h, err := bcrypt.GenerateFromPassword(secret, cost)
+	if err != nil {
+		h, _ = bcrypt.GenerateFromPassword(secret, bcrypt.DefaultCost)
+	}
+	got, _ := unknownHashes.LoadOrStore(cost, h)
+	return got.([]byte)
+}
+
+var unknownHashes sync.Map // cost -> hash
 
 // Outcomes of basicAuth.check.
 const (
@@ -262,7 +285,7 @@ func (a *basicAuth) check(r *http.Request) int {
 	if !known {
 		// As long to refuse as a wrong password, so that the time taken
 		// does not tell which users exist.
-		a.v.verify(r.Context(), unknownUserHash, pass)
+		a.v.verify(r.Context(), a.unknown, pass)
 		return authRefused
 	}
 	return a.v.verify(r.Context(), hash, pass)
@@ -300,7 +323,9 @@ func (v *verifier) verify(ctx context.Context, hash []byte, pass string) int {
 	h := sha256.New()
 	h.Write(hash)
 	h.Write([]byte{0})
-	h.Write([]byte(pass))
+	// bcrypt reads 72 bytes of a password and no more: so does the key,
+	// or suffixes of one good password would fill the cache.
+	h.Write([]byte(pass[:min(len(pass), 72)]))
 	var key [sha256.Size]byte
 	h.Sum(key[:0])
 	v.mu.Lock()

@@ -60,14 +60,20 @@ type handler struct {
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	c := h.coding(r)
+	c, gzipOK := h.coding(r)
 	if c == identity {
 		h.next.ServeHTTP(w, r)
 		return
 	}
 	cw := writers.Get().(*writer)
-	*cw = writer{ResponseWriter: w, h: h, coding: c, buf: cw.buf[:0]}
+	*cw = writer{ResponseWriter: w, h: h, coding: c, gzipOK: gzipOK, buf: cw.buf[:0]}
 	defer func() {
+		if p := recover(); p != nil {
+			// The handler gave up on the response (http.ErrAbortHandler):
+			// its end must not be written after all.
+			cw.abandon()
+			panic(p)
+		}
 		cw.finish()
 		*cw = writer{buf: cw.buf[:0]} // holds no request while pooled
 		writers.Put(cw)
@@ -78,13 +84,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 var writers = sync.Pool{New: func() any { return &writer{buf: make([]byte, 0, DefaultMinSize)} }}
 
 // coding is the content coding chosen for r's response, identity when it
-// is not to be compressed whatever it turns out to be.
-func (h *handler) coding(r *http.Request) coding {
+// is not to be compressed whatever it turns out to be, and whether the
+// client takes gzip (for a stream: see writer.startStream).
+func (h *handler) coding(r *http.Request) (coding, bool) {
 	if r.Method == http.MethodHead || r.Header.Get("Range") != "" || r.Header.Get("Upgrade") != "" {
-		return identity
+		return identity, false
 	}
 	if h.o.Skip != nil && h.o.Skip(r) {
-		return identity
+		return identity, false
 	}
 	return negotiate(r.Header["Accept-Encoding"])
 }
@@ -96,13 +103,16 @@ const (
 	identity coding = iota
 	codingZstd
 	codingGzip
+	// codingGzipStream is gzip that keeps no state between writes, for a
+	// stream: see writer.startStream.
+	codingGzipStream
 )
 
 func (c coding) String() string {
 	switch c {
 	case codingZstd:
 		return "zstd"
-	case codingGzip:
+	case codingGzip, codingGzipStream:
 		return "gzip"
 	}
 	return "identity"
@@ -111,7 +121,7 @@ func (c coding) String() string {
 // negotiate picks the coding with the highest q-value among those the edge
 // produces (RFC 9110 §12.5.3), zstd on a tie: it compresses better at less
 // CPU. "*" stands for every coding not named; q=0 refuses one.
-func negotiate(values []string) coding {
+func negotiate(values []string) (best coding, gzipOK bool) {
 	zq, gq, star := -1, -1, -1 // in thousandths; -1: not named
 	for _, v := range values {
 		for v != "" {
@@ -138,11 +148,11 @@ func negotiate(values []string) coding {
 	}
 	switch {
 	case zq > 0 && zq >= gq:
-		return codingZstd
+		return codingZstd, gq > 0
 	case gq > 0:
-		return codingGzip
+		return codingGzip, true
 	}
-	return identity
+	return identity, false
 }
 
 // qValue reads the weight in an Accept-Encoding item's parameters, in
@@ -202,6 +212,10 @@ var (
 		w, _ := gzip.NewWriterLevel(nil, 5)
 		return w
 	}}
+	gzipStreamEncoders = sync.Pool{New: func() any {
+		w, _ := gzip.NewWriterLevel(nil, gzip.StatelessCompression)
+		return w
+	}}
 	zstdEncoders = sync.Pool{New: func() any {
 		// One goroutine, and a window of 128 KiB with the lower-memory
 		// tables: an encoder per compressing response, each bounded.
@@ -212,21 +226,22 @@ var (
 )
 
 func getEncoder(c coding, w io.Writer) encoder {
-	var e encoder
-	if c == codingZstd {
-		e = zstdEncoders.Get().(*zstd.Encoder)
-	} else {
-		e = gzipEncoders.Get().(*gzip.Writer)
-	}
+	e := encoders(c).Get().(encoder)
 	e.Reset(w)
 	return e
 }
 
 func putEncoder(c coding, e encoder) {
 	e.Reset(nil)
-	if c == codingZstd {
-		zstdEncoders.Put(e)
-	} else {
-		gzipEncoders.Put(e)
+	encoders(c).Put(e)
+}
+
+func encoders(c coding) *sync.Pool {
+	switch c {
+	case codingZstd:
+		return &zstdEncoders
+	case codingGzipStream:
+		return &gzipStreamEncoders
 	}
+	return &gzipEncoders
 }

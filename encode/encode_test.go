@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -40,7 +41,7 @@ func TestNegotiate(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := negotiate(tc.values); got != tc.want {
+			if got, _ := negotiate(tc.values); got != tc.want {
 				t.Errorf("negotiate(%q) = %v, want %v", tc.values, got, tc.want)
 			}
 		})
@@ -55,7 +56,10 @@ func FuzzNegotiate(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		c := negotiate([]string{v})
+		c, gzipOK := negotiate([]string{v})
+		if gzipOK && !strings.Contains(strings.ToLower(v), "gzip") && !strings.Contains(v, "*") {
+			t.Fatalf("negotiate(%q) says gzip is taken, which it does not name", v)
+		}
 		lower := strings.ToLower(v)
 		switch c {
 		case codingZstd:
@@ -237,10 +241,16 @@ func TestWhatIsCompressed(t *testing.T) {
 }
 
 // A streamed response stays streamed: each piece the handler flushes
-// reaches the client, decodable, before the next is written.
+// reaches the client, decodable, before the next is written. A stream
+// (flushed before MinSize bytes came) is compressed with gzip, which keeps
+// no window between writes, or not at all for a client without gzip.
 func TestEachFlushReachesTheClient(t *testing.T) {
-	for _, coding := range []string{"gzip", "zstd"} {
-		t.Run(coding, func(t *testing.T) {
+	for _, tc := range []struct{ accept, coding string }{
+		{"gzip", "gzip"},
+		{"gzip, zstd", "gzip"},
+		{"zstd", ""},
+	} {
+		t.Run(tc.accept, func(t *testing.T) {
 			next := make(chan struct{})
 			h := func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "application/x-ndjson")
@@ -259,7 +269,7 @@ func TestEachFlushReachesTheClient(t *testing.T) {
 			srv := httptest.NewServer(Handler(http.HandlerFunc(h), Options{}))
 			defer srv.Close()
 			req, _ := http.NewRequest("GET", srv.URL, nil)
-			req.Header.Set("Accept-Encoding", coding)
+			req.Header.Set("Accept-Encoding", tc.accept)
 			tr := &http.Transport{DisableCompression: true}
 			defer tr.CloseIdleConnections()
 			resp, err := tr.RoundTrip(req)
@@ -267,22 +277,15 @@ func TestEachFlushReachesTheClient(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer resp.Body.Close()
-			if resp.Header.Get("Content-Encoding") != coding {
-				t.Fatalf("Content-Encoding %q, want %s", resp.Header.Get("Content-Encoding"), coding)
+			if got := resp.Header.Get("Content-Encoding"); got != tc.coding {
+				t.Fatalf("Content-Encoding %q, want %q", got, tc.coding)
 			}
-			var dec io.Reader
-			if coding == "gzip" {
+			var dec io.Reader = resp.Body
+			if tc.coding == "gzip" {
 				zr, err := gzip.NewReader(resp.Body)
 				if err != nil {
 					t.Fatal(err)
 				}
-				dec = zr
-			} else {
-				zr, err := zstd.NewReader(resp.Body)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer zr.Close()
 				dec = zr
 			}
 			lines := bufio.NewReader(dec)
@@ -303,6 +306,68 @@ func TestEachFlushReachesTheClient(t *testing.T) {
 				if i < 2 {
 					next <- struct{}{}
 				}
+			}
+		})
+	}
+}
+
+// A short body whose handler announced trailers is not given a length,
+// which would leave no room for them.
+func TestAShortBodyKeepsItsTrailers(t *testing.T) {
+	resp, b := serve(t, Options{}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Trailer", "X-Sum")
+		io.WriteString(w, "short")
+		w.Header().Set("X-Sum", "42")
+	}, "GET", "Accept-Encoding", "gzip")
+	if string(b) != "short" || resp.Trailer.Get("X-Sum") != "42" {
+		t.Errorf("body %q, trailer X-Sum %q; want short and 42", b, resp.Trailer.Get("X-Sum"))
+	}
+}
+
+// A response given up on, by a hijack (backhaul closes the client's
+// connection under a response cut short) or by http.ErrAbortHandler,
+// writes nothing more: no encoder's end into a connection taken over.
+func TestAResponseGivenUpOnWritesNothingMore(t *testing.T) {
+	for _, how := range []string{"hijack", "abort"} {
+		t.Run(how, func(t *testing.T) {
+			var logged bytes.Buffer
+			h := func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/html")
+				w.Write(page)
+				if how == "abort" {
+					panic(http.ErrAbortHandler)
+				}
+				c, _, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					t.Errorf("Hijack: %v", err)
+					return
+				}
+				c.Close()
+			}
+			srv := httptest.NewUnstartedServer(Handler(http.HandlerFunc(h), Options{}))
+			srv.Config.ErrorLog = log.New(&logged, "", 0)
+			srv.Start()
+			defer srv.Close()
+			req, _ := http.NewRequest("GET", srv.URL, nil)
+			req.Header.Set("Accept-Encoding", "gzip")
+			tr := &http.Transport{DisableCompression: true}
+			defer tr.CloseIdleConnections()
+			if resp, err := tr.RoundTrip(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			srv.Close() // waits for the handler's end
+			if strings.Contains(logged.String(), "hijacked") {
+				t.Errorf("the server logged a write after the hijack: %s", logged.String())
+			}
+			// The pooled writer and encoders serve the next response.
+			resp, b := serve(t, Options{}, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/html")
+				w.Write(page)
+			}, "GET", "Accept-Encoding", "gzip")
+			if got := decode(t, resp.Header.Get("Content-Encoding"), b); !bytes.Equal(got, page) {
+				t.Errorf("the next response decoded to %d bytes, want the page", len(got))
 			}
 		})
 	}

@@ -1,6 +1,8 @@
 package encode
 
 import (
+	"bufio"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -14,11 +16,16 @@ type writer struct {
 	http.ResponseWriter
 	h      *handler
 	coding coding
+	gzipOK bool // the client takes gzip: a stream is compressed with it
 
 	state  writerState
 	status int    // held while pending
 	buf    []byte // body held while pending, up to MinSize
 	enc    encoder
+	// hijacked is set once the connection was taken over (backhaul closes
+	// a client's connection under a response cut short): nothing more is
+	// written.
+	hijacked bool
 }
 
 type writerState uint8
@@ -137,8 +144,8 @@ func (w *writer) writeHeld() error {
 	return err
 }
 
-// Flush sends what the handler wrote so far: a held head is decided (a
-// stream of unknown length is compressed), the encoder flushed.
+// Flush sends what the handler wrote so far: a held head is decided (see
+// startStream), the encoder flushed.
 func (w *writer) Flush() { w.FlushError() }
 
 // FlushError is Flush, reporting the client's error; http.ResponseController
@@ -151,9 +158,11 @@ func (w *writer) FlushError() error {
 			return w.FlushError()
 		}
 	case pending:
-		w.startCompressing(w.status)
-		if err := w.writeHeld(); err != nil {
+		if err := w.startStream(); err != nil {
 			return err
+		}
+		if w.state != compressing {
+			break
 		}
 		fallthrough
 	case compressing:
@@ -164,22 +173,83 @@ func (w *writer) FlushError() error {
 	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
+// startStream decides a held head at a flush, before MinSize bytes came:
+// the response is a stream (a long poll, progress, a body the upstream
+// sends in pieces), which may stay open long and flush often. A full
+// encoder holds its window (a MiB or two) for as long as the stream, so a
+// stream is compressed with gzip that keeps no state between writes, when
+// the client takes gzip, and is sent as it is when it does not.
+func (w *writer) startStream() error {
+	if !w.gzipOK {
+		w.state = passing
+		w.ResponseWriter.WriteHeader(w.status)
+		if len(w.buf) > 0 {
+			_, err := w.ResponseWriter.Write(w.buf)
+			w.buf = w.buf[:0]
+			return err
+		}
+		return nil
+	}
+	w.coding = codingGzipStream
+	w.startCompressing(w.status)
+	return w.writeHeld()
+}
+
 // Unwrap gives http.ResponseController the writer underneath, for the
-// deadlines and the hijack it offers.
+// deadlines it offers.
 func (w *writer) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack takes the connection over, and notes that nothing more is to be
+// written on it.
+func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		w.hijacked = true
+	}
+	return c, rw, err
+}
+
+// abandon lets the encoder go without writing its end: the response was
+// given up on.
+func (w *writer) abandon() {
+	if w.enc != nil {
+		putEncoder(w.coding, w.enc)
+		w.enc = nil
+	}
+	w.state = passing
+}
 
 // finish ends the response once the handler has returned: a held short
 // body goes out as it is, a compressed one gets its encoder's end.
 func (w *writer) finish() {
+	if w.hijacked {
+		w.abandon()
+		return
+	}
 	switch w.state {
 	case pending:
-		w.Header().Set("Content-Length", strconv.Itoa(len(w.buf)))
+		if !hasTrailers(w.Header()) { // a length would leave no room for them
+			w.Header().Set("Content-Length", strconv.Itoa(len(w.buf)))
+		}
 		w.ResponseWriter.WriteHeader(w.status)
 		w.ResponseWriter.Write(w.buf)
 	case compressing:
 		w.enc.Close()
 		putEncoder(w.coding, w.enc)
 	}
+}
+
+// hasTrailers reports whether the handler announced or set trailers.
+func hasTrailers(h http.Header) bool {
+	if len(h["Trailer"]) > 0 {
+		return true
+	}
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // hasToken reports whether the comma-separated values hold tok, compared
