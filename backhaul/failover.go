@@ -44,6 +44,9 @@ type Result struct {
 	// the response body bytes written to it; for an upgraded connection,
 	// the bytes tunnelled each way.
 	BytesIn, BytesOut int64
+	// RequestID is the ID sent upstream as X-Request-Id (RequestIDFor);
+	// zero when the request was not prepared (its body broke off first).
+	RequestID RequestID
 }
 
 // Forward proxies r to the first usable upstream of ups, a priority list
@@ -72,6 +75,10 @@ func (p *Proxy) Forward(w http.ResponseWriter, r *http.Request, ups []node.Upstr
 	out, err := p.prepare(w, r)
 	if err != nil {
 		return res, clientGone(err)
+	}
+	res.RequestID = RequestID{own: out.fwd.ownID}
+	if out.fwd.relayID {
+		res.RequestID = RequestID{relayed: r.Header[headerXRequestID][0]}
 	}
 	var lastErr error
 	tried := false

@@ -81,6 +81,11 @@ func (p *Proxy) writeRequest(bw *bufio.Writer, r *http.Request, f forwarding, ad
 		bw.WriteString(f.host)
 		bw.WriteString("\r\n")
 	}
+	if f.ownID != 0 {
+		bw.WriteString("X-Request-Id: ")
+		bw.Write(RequestID{own: f.ownID}.AppendTo(bw.AvailableBuffer()))
+		bw.WriteString("\r\n")
+	}
 	switch {
 	case body != nil && body.length >= 0:
 		bw.WriteString("Content-Length: ")

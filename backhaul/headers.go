@@ -1,6 +1,7 @@
 package backhaul
 
 import (
+	"math/rand/v2"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -70,7 +71,7 @@ func aliasesProtected(key string) bool {
 
 // dashedProtected lists the protected names that contain a '-', the only
 // ones another byte in its place can alias.
-var dashedProtected = [...]string{"x-real-ip", "content-length", "transfer-encoding",
+var dashedProtected = [...]string{"x-real-ip", "x-request-id", "content-length", "transfer-encoding",
 	"proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate",
 	"true-client-ip", "cf-connecting-ip", "fastly-client-ip", "x-client-ip", "x-cluster-client-ip", "client-ip"}
 
@@ -169,6 +170,11 @@ type forwarding struct {
 	// the one TE value a proxy that forwards trailers may pass on (gRPC
 	// clients send it).
 	te bool
+	// relayID reports whether the client's X-Request-Id passes as sent
+	// (requestIDFor); otherwise ownID is sent in its place.
+	relayID bool
+	// ownID is the edge's own request ID, 0 when the client's is relayed.
+	ownID uint64
 }
 
 // forwardingFor decides the forwarding policy for r.
@@ -192,17 +198,106 @@ func (p *Proxy) forwardingFor(r *http.Request) forwarding {
 	if !f.kept(in, headerXFHost) {
 		f.host = r.Host
 	}
+	id := requestIDFor(in, f.trusted)
+	f.relayID, f.ownID = id.relayed != "", id.own
 	return f
+}
+
+// RequestID names one request in the edge's access log and to its upstream,
+// as X-Request-Id: the ID a trusted proxy sent, passed on as sent, or else
+// the edge's own, 16 random hexadecimal digits. The zero value is no ID.
+type RequestID struct {
+	relayed string // a trusted proxy's
+	own     uint64 // the edge's own, when relayed is ""
+}
+
+// RequestIDFor returns the ID the edge gives r: the one its peer sent in
+// X-Request-Id when the peer (RemoteAddr, after the PROXY protocol) is in
+// trusted and the ID is well formed (requestIDFor), else a new one of the
+// edge's. Forward decides the same for the requests it forwards and
+// reports it in Result.RequestID; the handler calls this for the requests
+// it answers itself.
+func RequestIDFor(r *http.Request, trusted []netip.Prefix) RequestID {
+	client, ok := clientAddr(r.RemoteAddr)
+	return requestIDFor(r.Header, ok && contains(trusted, client))
+}
+
+// requestIDFor decides a request's ID, the one place that does: a client's
+// X-Request-Id is believed only from a trusted proxy, and only as one field
+// naming one ID of at most maxRequestIDLen visible ASCII bytes without a
+// quote, backslash or comma, none named by its Connection. Any other
+// client's is dropped and replaced, so that an application cannot be made
+// to log a string a client chose as the edge's ID (nor an access log a
+// forged one).
+func requestIDFor(h http.Header, trusted bool) RequestID {
+	if trusted {
+		if v := h[headerXRequestID]; len(v) == 1 && validRequestID(v[0]) && !namedByConnection(h["Connection"], headerXRequestID) {
+			return RequestID{relayed: v[0]}
+		}
+	}
+	id := rand.Uint64()
+	for id == 0 {
+		id = rand.Uint64()
+	}
+	return RequestID{own: id}
+}
+
+// maxRequestIDLen bounds a relayed request ID: long enough for a UUID, an
+// AWS trace ID or a W3C traceparent, short enough for a log line.
+const maxRequestIDLen = 128
+
+func validRequestID(s string) bool {
+	if s == "" || len(s) > maxRequestIDLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '\\' || c == ',' {
+			return false
+		}
+	}
+	return true
+}
+
+// IsZero reports whether id is no ID.
+func (id RequestID) IsZero() bool { return id.relayed == "" && id.own == 0 }
+
+// Relayed reports whether id is a trusted proxy's rather than the edge's own.
+func (id RequestID) Relayed() bool { return id.relayed != "" }
+
+// AppendTo appends id's text to b.
+func (id RequestID) AppendTo(b []byte) []byte {
+	if id.relayed != "" {
+		return append(b, id.relayed...)
+	}
+	if id.own == 0 {
+		return b
+	}
+	const digits = "0123456789abcdef"
+	for shift := 60; shift >= 0; shift -= 4 {
+		b = append(b, digits[id.own>>uint(shift)&0xf])
+	}
+	return b
+}
+
+// String returns id's text, "" for no ID.
+func (id RequestID) String() string {
+	if id.relayed != "" || id.own == 0 {
+		return id.relayed
+	}
+	var b [16]byte
+	return string(id.AppendTo(b[:0]))
 }
 
 // passes reports whether the client's field k goes upstream as the client
 // sent it. Host and Content-Length never do: each writer sets them from
 // the request itself. Nor does X-Forwarded-For: a trusted proxy's is
-// priorXFF, extended.
+// priorXFF, extended. X-Request-Id passes only as requestIDFor decided.
 func (f *forwarding) passes(k string) bool {
 	switch {
 	case isHopByHop(k) || k == "Host" || k == "Content-Length" || aliasesProtected(k):
 		return false
+	case k == headerXRequestID:
+		return f.relayID
 	case f.namedByConnection(k):
 		return false
 	case isForwarding(k):
@@ -234,6 +329,8 @@ var (
 	headerXFF     = "X-Forwarded-For"
 	headerXFProto = "X-Forwarded-Proto"
 	headerXFHost  = "X-Forwarded-Host"
+	// headerXRequestID is the request's ID (RequestID).
+	headerXRequestID = "X-Request-Id"
 )
 
 // outboundHeader returns the header the transport sends upstream for r, by
@@ -241,9 +338,9 @@ var (
 // the upgrade headers when upgrade is set, and the X-Forwarded-* set. vals
 // backs the values it computes, so that they cost no allocation of their
 // own.
-func outboundHeader(r *http.Request, f *forwarding, upgrade string, vals *[3]string) http.Header {
+func outboundHeader(r *http.Request, f *forwarding, upgrade string, vals *[4]string) http.Header {
 	in := r.Header
-	out := make(http.Header, len(in)+3)
+	out := make(http.Header, len(in)+4)
 	for k, v := range in {
 		if f.passes(k) {
 			out[k] = v
@@ -278,6 +375,10 @@ func outboundHeader(r *http.Request, f *forwarding, upgrade string, vals *[3]str
 		vals[2] = f.host
 		out[headerXFHost] = vals[2:3:3]
 	}
+	if f.ownID != 0 {
+		vals[3] = RequestID{own: f.ownID}.String()
+		out[headerXRequestID] = vals[3:4:4]
+	}
 	return out
 }
 
@@ -293,8 +394,10 @@ func clientAddr(remote string) (netip.Addr, bool) {
 }
 
 // isTrusted reports whether the client is one of the trusted proxies.
-func (p *Proxy) isTrusted(a netip.Addr) bool {
-	for _, pfx := range p.trusted {
+func (p *Proxy) isTrusted(a netip.Addr) bool { return contains(p.trusted, a) }
+
+func contains(nets []netip.Prefix, a netip.Addr) bool {
+	for _, pfx := range nets {
 		if pfx.Contains(a) {
 			return true
 		}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -157,6 +158,52 @@ func TestForwardedHeaders(t *testing.T) {
 			absent:  []string{"X_forwarded_for", "X-Real_ip"},
 		},
 		{
+			name: "an untrusted client's X-Request-Id is replaced by the edge's own",
+			head: "Host: app.example\r\nX-Request-Id: chosen-by-client\r\n",
+		},
+		{
+			name:    "a trusted proxy's X-Request-Id is passed on as sent",
+			trusted: []netip.Prefix{loopback},
+			head:    "Host: app.example\r\nX-Request-Id: Root=1-67891233-abcdef012345678912345678\r\n",
+			want:    map[string]string{"X-Request-Id": "Root=1-67891233-abcdef012345678912345678"},
+		},
+		{
+			name:    "a trusted proxy's X-Request-Id with a quote is replaced",
+			trusted: []netip.Prefix{loopback},
+			head:    "Host: app.example\r\nX-Request-Id: a\"b\r\n",
+		},
+		{
+			name:    "a trusted proxy's X-Request-Id with a space is replaced",
+			trusted: []netip.Prefix{loopback},
+			head:    "Host: app.example\r\nX-Request-Id: a b\r\n",
+		},
+		{
+			name:    "a trusted proxy's X-Request-Id over 128 bytes is replaced",
+			trusted: []netip.Prefix{loopback},
+			head:    "Host: app.example\r\nX-Request-Id: " + strings.Repeat("a", 129) + "\r\n",
+		},
+		{
+			name:    "a trusted proxy's two X-Request-Id fields are replaced",
+			trusted: []netip.Prefix{loopback},
+			head:    "Host: app.example\r\nX-Request-Id: one\r\nX-Request-Id: two\r\n",
+		},
+		{
+			name:    "a trusted proxy's X-Request-Id listing two IDs is replaced",
+			trusted: []netip.Prefix{loopback},
+			head:    "Host: app.example\r\nX-Request-Id: one, two\r\n",
+		},
+		{
+			name:    "a trusted proxy's X-Request-Id named in Connection is replaced",
+			trusted: []netip.Prefix{loopback},
+			head:    "Host: app.example\r\nConnection: X-Request-Id\r\nX-Request-Id: hop\r\n",
+		},
+		{
+			name:    "a name that aliases X-Request-Id is dropped, even from a trusted proxy",
+			trusted: []netip.Prefix{loopback},
+			head:    "Host: app.example\r\nX_Request_Id: forged\r\n",
+			absent:  []string{"X_request_id", "X_Request_Id"},
+		},
+		{
 			name: "TE: trailers is the one TE value passed on",
 			head: "Host: app.example\r\nTe: trailers, deflate\r\n",
 			want: map[string]string{"Te": "trailers"},
@@ -198,6 +245,15 @@ func TestForwardedHeaders(t *testing.T) {
 						t.Errorf("%s: upstream got %s: %q, want it removed", shape.name, k, v)
 					}
 				}
+				// Unless a row wants a trusted proxy's, the request ID is
+				// the edge's own, new for every request.
+				if _, relayed := tt.want["X-Request-Id"]; !relayed {
+					ids := s.Header.Values("X-Request-Id")
+					if len(ids) != 1 || !ownRequestID.MatchString(ids[0]) {
+						t.Errorf("%s: upstream X-Request-Id = %q, want one of the edge's own", shape.name, ids)
+					}
+					s.Header["X-Request-Id"] = []string{"(the edge's own)"}
+				}
 				// The client's Connection never passes: the pooled client
 				// keeps its connection alive, the transport asks for one
 				// per request.
@@ -223,6 +279,9 @@ func TestForwardedHeaders(t *testing.T) {
 		})
 	}
 }
+
+// ownRequestID is the form of the edge's own request IDs.
+var ownRequestID = regexp.MustCompile(`^[0-9a-f]{16}$`)
 
 // forwardingShapes are the requests each TestForwardedHeaders row is sent
 // as, one for each path h1Eligible can choose, so that both writers of the
@@ -307,7 +366,10 @@ func TestAliasesOfProtectedHeadersAreRecognised(t *testing.T) {
 		{"Content_Length", true},
 		{"Keep_Alive", true},
 		{"Proxy_Authorization", true},
+		{"X_Request_Id", true},
+		{"X-Request_Id", true},
 		{"X-Forwarded-For", false}, // the real name: the trust rules decide
+		{"X-Request-Id", false},
 		{"X_Custom_Thing", false},
 		{"X_Real_Ip_Extra", false},
 		{"Content_Type", false},
@@ -317,5 +379,59 @@ func TestAliasesOfProtectedHeadersAreRecognised(t *testing.T) {
 		if got := aliasesProtected(tt.key); got != tt.want {
 			t.Errorf("aliasesProtected(%q) = %t, want %t", tt.key, got, tt.want)
 		}
+	}
+}
+
+func TestRequestID(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	tests := []struct {
+		name    string
+		remote  string
+		header  http.Header
+		relayed string // "": the edge's own
+	}{
+		{"a trusted proxy's ID is believed", "10.1.2.3:5000", http.Header{"X-Request-Id": {"abc-123"}}, "abc-123"},
+		{"a trusted proxy over IPv4-mapped IPv6 is trusted", "[::ffff:10.1.2.3]:5000", http.Header{"X-Request-Id": {"abc-123"}}, "abc-123"},
+		{"an untrusted client's ID is not", "192.0.2.1:5000", http.Header{"X-Request-Id": {"abc-123"}}, ""},
+		{"a peer that is no address is not trusted", "@unix", http.Header{"X-Request-Id": {"abc-123"}}, ""},
+		{"no ID sent: the edge's own", "10.1.2.3:5000", http.Header{}, ""},
+		{"an empty ID: the edge's own", "10.1.2.3:5000", http.Header{"X-Request-Id": {""}}, ""},
+		{"a control byte: the edge's own", "10.1.2.3:5000", http.Header{"X-Request-Id": {"a\x01"}}, ""},
+		{"a non-ASCII byte: the edge's own", "10.1.2.3:5000", http.Header{"X-Request-Id": {"caf\xc3\xa9"}}, ""},
+		{"a backslash: the edge's own", "10.1.2.3:5000", http.Header{"X-Request-Id": {`a\b`}}, ""},
+		{"128 bytes: believed", "10.1.2.3:5000", http.Header{"X-Request-Id": {strings.Repeat("x", 128)}}, strings.Repeat("x", 128)},
+		{"129 bytes: the edge's own", "10.1.2.3:5000", http.Header{"X-Request-Id": {strings.Repeat("x", 129)}}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &http.Request{RemoteAddr: tt.remote, Header: tt.header}
+			id := RequestIDFor(r, trusted)
+			if tt.relayed != "" {
+				if !id.Relayed() || id.String() != tt.relayed {
+					t.Errorf("RequestIDFor = %q (relayed %t), want %q relayed", id, id.Relayed(), tt.relayed)
+				}
+				return
+			}
+			if id.Relayed() || !ownRequestID.MatchString(id.String()) {
+				t.Errorf("RequestIDFor = %q (relayed %t), want one of the edge's own", id, id.Relayed())
+			}
+			if again := RequestIDFor(r, trusted); again == id {
+				t.Errorf("RequestIDFor gave %q twice, want a new ID each time", id)
+			}
+		})
+	}
+	if !(RequestID{}).IsZero() || (RequestID{}).String() != "" {
+		t.Error("the zero RequestID is not empty")
+	}
+	if got := string(RequestID{own: 0xa}.AppendTo(nil)); got != "000000000000000a" {
+		t.Errorf("AppendTo = %q, want 16 digits, zero-padded", got)
+	}
+}
+
+func TestRequestIDTrailerIsDropped(t *testing.T) {
+	tr := http.Header{"X-Request-Id": {"forged"}, "X-Sum": {"1"}}
+	dropForbiddenTrailers(tr, nil)
+	if _, ok := tr["X-Request-Id"]; ok || tr.Get("X-Sum") != "1" {
+		t.Errorf("trailer after dropForbiddenTrailers = %v, want X-Request-Id dropped and X-Sum kept", tr)
 	}
 }

@@ -71,7 +71,7 @@ func transportRequest(r *http.Request, f *forwarding, upgrade string, body *requ
 	// piece.
 	parts := &struct {
 		url  url.URL
-		vals [3]string // backing for the X-Forwarded-* values
+		vals [4]string // backing for the X-Forwarded-* and X-Request-Id values
 	}{}
 	parts.url.Scheme = "http"
 	setTarget(&parts.url, r)
@@ -168,12 +168,12 @@ func smallBody(r *http.Request) bool {
 
 // dropForbiddenTrailers deletes from a request's trailer the fields that
 // may not travel as trailers (forbiddenTrailer) and those that claim an
-// origin for the request (an upstream that merges trailers into headers
-// would believe them). The server adds every field of a chunked body's
-// trailer section to it, announced or not.
+// origin or an ID for the request (an upstream that merges trailers into
+// headers would believe them). The server adds every field of a chunked
+// body's trailer section to it, announced or not.
 func dropForbiddenTrailers(tr http.Header, conn []string) {
 	for k := range tr {
-		if forbiddenTrailer(k) || isForwarding(k) || aliasesProtected(k) || hasToken(conn, k) {
+		if forbiddenTrailer(k) || isForwarding(k) || k == headerXRequestID || aliasesProtected(k) || hasToken(conn, k) {
 			delete(tr, k)
 		}
 	}

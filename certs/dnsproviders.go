@@ -60,6 +60,38 @@ var dnsProviders = map[string]dnsProviderSpec{
 		},
 		build: buildRFC2136,
 	},
+	"desec": {
+		vars:  []DNSVar{{Name: "DESEC_TOKEN", Doc: "a deSEC API token (one without token management rights will do)"}},
+		build: buildDesec,
+	},
+	"digitalocean": {
+		vars:  []DNSVar{{Name: "DO_AUTH_TOKEN", Doc: "a DigitalOcean personal access token with read and write access to the domains"}},
+		build: buildDigitalOcean,
+	},
+	"gandi": {
+		vars:  []DNSVar{{Name: "GANDIV5_PERSONAL_ACCESS_TOKEN", Doc: "a Gandi personal access token allowed to manage the domains' DNS records"}},
+		build: buildGandi,
+	},
+	"hetzner": {
+		vars:  []DNSVar{{Name: "HETZNER_API_TOKEN", Doc: "a Hetzner Cloud API token with read & write permission, from the project holding the zones"}},
+		build: buildHetzner,
+	},
+	"ovh": {
+		vars: []DNSVar{
+			{Name: "OVH_ENDPOINT", Doc: "ovh-eu, ovh-ca, ovh-us (or another go-ovh endpoint name), or the API's URL"},
+			{Name: "OVH_APPLICATION_KEY", Doc: "the application key"},
+			{Name: "OVH_APPLICATION_SECRET", Doc: "the application secret"},
+			{Name: "OVH_CONSUMER_KEY", Doc: "a consumer key allowed GET, POST, PUT and DELETE on /domain/zone/*/record* and POST on /domain/zone/*/refresh"},
+		},
+		build: buildOVH,
+	},
+	"porkbun": {
+		vars: []DNSVar{
+			{Name: "PORKBUN_API_KEY", Doc: "the API key (pk1_…), with API access turned on for the domains"},
+			{Name: "PORKBUN_SECRET_API_KEY", Doc: "the secret API key (sk1_…)"},
+		},
+		build: buildPorkbun,
+	},
 }
 
 // DNSProviders lists the names --dns-provider accepts, sorted.

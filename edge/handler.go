@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -33,21 +34,22 @@ var _ Forwarder = (*backhaul.Proxy)(nil)
 type Reason string
 
 const (
-	ReasonNoDocument  Reason = "no_document"
-	ReasonBadHost     Reason = "bad_host"
-	ReasonBadTarget   Reason = "bad_target"
-	ReasonMisdirected Reason = "misdirected"
-	ReasonDenied      Reason = "denied"
-	ReasonNoRoute     Reason = "no_route"
-	ReasonNoUpstream  Reason = "no_upstream"
-	ReasonTimeout     Reason = "timeout"
-	ReasonMethod      Reason = "method_not_allowed"
-	ReasonCanceled    Reason = "client_canceled"
-	ReasonBadBody     Reason = "bad_body"
-	ReasonOverloaded  Reason = "overloaded"
-	ReasonAppBusy     Reason = "app_busy"
-	ReasonClientBusy  Reason = "client_busy"
-	ReasonClientRate  Reason = "client_rate"
+	ReasonNoDocument   Reason = "no_document"
+	ReasonBadHost      Reason = "bad_host"
+	ReasonBadTarget    Reason = "bad_target"
+	ReasonMisdirected  Reason = "misdirected"
+	ReasonDenied       Reason = "denied"
+	ReasonNoRoute      Reason = "no_route"
+	ReasonNoUpstream   Reason = "no_upstream"
+	ReasonTimeout      Reason = "timeout"
+	ReasonMethod       Reason = "method_not_allowed"
+	ReasonCanceled     Reason = "client_canceled"
+	ReasonBadBody      Reason = "bad_body"
+	ReasonBodyTooLarge Reason = "body_too_large"
+	ReasonOverloaded   Reason = "overloaded"
+	ReasonAppBusy      Reason = "app_busy"
+	ReasonClientBusy   Reason = "client_busy"
+	ReasonClientRate   Reason = "client_rate"
 	// The answers of the operator file's routes (policy.go).
 	ReasonRedirect     Reason = "redirect"
 	ReasonNotAllowed   Reason = "not_allowed"
@@ -56,30 +58,33 @@ const (
 
 // Reasons lists every Reason, for metrics that pre-create their series.
 var Reasons = []Reason{ReasonNoDocument, ReasonBadHost, ReasonBadTarget, ReasonMisdirected, ReasonDenied,
-	ReasonNoRoute, ReasonNoUpstream, ReasonTimeout, ReasonMethod, ReasonCanceled, ReasonBadBody,
+	ReasonNoRoute, ReasonNoUpstream, ReasonTimeout, ReasonMethod, ReasonCanceled, ReasonBadBody, ReasonBodyTooLarge,
 	ReasonOverloaded, ReasonAppBusy, ReasonClientBusy, ReasonClientRate,
 	ReasonRedirect, ReasonNotAllowed, ReasonUnauthorized}
 
 // selfAnswers are the statuses and bodies of the responses the edge writes
-// itself: short, plain, and saying which case it was.
+// itself: short, plain, and saying which case it was. A client that prefers
+// JSON gets them as jsonAnswers; for the statuses of PageStatuses, the
+// operator's pages (ErrorPages) may stand in for the text.
 var selfAnswers = map[Reason]struct {
 	status int
 	body   string
 }{
-	ReasonNoDocument:  {http.StatusServiceUnavailable, "scafo-edge: no routing document loaded yet\n"},
-	ReasonBadHost:     {http.StatusBadRequest, "scafo-edge: malformed Host header\n"},
-	ReasonBadTarget:   {http.StatusBadRequest, "scafo-edge: malformed request target\n"},
-	ReasonMisdirected: {http.StatusMisdirectedRequest, "scafo-edge: Host not covered by this connection's certificate\n"},
-	ReasonDenied:      {http.StatusForbidden, "scafo-edge: this path of the API is not served publicly\n"},
-	ReasonNoRoute:     {http.StatusNotFound, "scafo-edge: no route for this host\n"},
-	ReasonNoUpstream:  {http.StatusBadGateway, "scafo-edge: no upstream could be reached\n"},
-	ReasonTimeout:     {http.StatusGatewayTimeout, "scafo-edge: upstream did not answer in time\n"},
-	ReasonMethod:      {http.StatusMethodNotAllowed, "scafo-edge: CONNECT is not supported\n"},
-	ReasonBadBody:     {http.StatusBadRequest, "scafo-edge: the request's body broke off\n"},
-	ReasonOverloaded:  {http.StatusServiceUnavailable, "scafo-edge: overloaded, retry shortly\n"},
-	ReasonAppBusy:     {http.StatusServiceUnavailable, "scafo-edge: this application has its share of the edge in use, retry shortly\n"},
-	ReasonClientBusy:  {http.StatusTooManyRequests, "scafo-edge: too many requests in flight from your address\n"},
-	ReasonClientRate:  {http.StatusTooManyRequests, "scafo-edge: too many requests from your address\n"},
+	ReasonNoDocument:   {http.StatusServiceUnavailable, "scafo-edge: no routing document loaded yet\n"},
+	ReasonBadHost:      {http.StatusBadRequest, "scafo-edge: malformed Host header\n"},
+	ReasonBadTarget:    {http.StatusBadRequest, "scafo-edge: malformed request target\n"},
+	ReasonMisdirected:  {http.StatusMisdirectedRequest, "scafo-edge: Host not covered by this connection's certificate\n"},
+	ReasonDenied:       {http.StatusForbidden, "scafo-edge: this path of the API is not served publicly\n"},
+	ReasonNoRoute:      {http.StatusNotFound, "scafo-edge: no route for this host\n"},
+	ReasonNoUpstream:   {http.StatusBadGateway, "scafo-edge: no upstream could be reached\n"},
+	ReasonTimeout:      {http.StatusGatewayTimeout, "scafo-edge: upstream did not answer in time\n"},
+	ReasonMethod:       {http.StatusMethodNotAllowed, "scafo-edge: CONNECT is not supported\n"},
+	ReasonBadBody:      {http.StatusBadRequest, "scafo-edge: the request's body broke off\n"},
+	ReasonBodyTooLarge: {http.StatusRequestEntityTooLarge, "scafo-edge: the request's body is larger than this host accepts\n"},
+	ReasonOverloaded:   {http.StatusServiceUnavailable, "scafo-edge: overloaded, retry shortly\n"},
+	ReasonAppBusy:      {http.StatusServiceUnavailable, "scafo-edge: this application has its share of the edge in use, retry shortly\n"},
+	ReasonClientBusy:   {http.StatusTooManyRequests, "scafo-edge: too many requests in flight from your address\n"},
+	ReasonClientRate:   {http.StatusTooManyRequests, "scafo-edge: too many requests from your address\n"},
 
 	ReasonNotAllowed:   {http.StatusForbidden, "scafo-edge: your address may not use this host\n"},
 	ReasonUnauthorized: {http.StatusUnauthorized, "scafo-edge: this host wants a user and password\n"},
@@ -123,6 +128,17 @@ type Record struct {
 	Failovers int
 	BytesIn   int64
 	BytesOut  int64
+	// Request is the request answered, for what an observer reads beyond
+	// these fields (the access log's client, User-Agent...): read only,
+	// and not kept past Observe.
+	Request *http.Request
+	// RequestID is the ID the request was forwarded with (X-Request-Id);
+	// zero when it was not forwarded.
+	RequestID backhaul.RequestID
+
+	// reset asks ServeHTTP to reset the client's stream once the request
+	// is observed.
+	reset bool
 }
 
 // Observer is told about every request once it has been answered. It runs on
@@ -154,7 +170,12 @@ type Observer interface {
 //  10. An operator route's own rules (policy.go): outside its allow list
 //     403, without valid basic auth credentials 401, a redirect answered
 //     here; its response header rules wrap the writer.
-//  11. Forward down the route's upstream list: 502 when none could be
+//  11. A body larger than the route's limit (bodylimit.go): 413 when its
+//     Content-Length says so, before a byte goes upstream; a body of
+//     unknown length is cut where it crosses the limit, and the upstream
+//     attempt with it: 413 when no response was started, else the client's
+//     connection (HTTP/1) or stream is reset.
+//  12. Forward down the route's upstream list: 502 when none could be
 //     reached, 504 when the response-header timeout fired. The request
 //     holds its admission shares until Forward returns (a WebSocket's
 //     when its tunnel closes).
@@ -190,6 +211,15 @@ type Handler struct {
 	// an operator route's allow list judges (--trusted-proxies). Empty:
 	// every request is judged by its peer address.
 	TrustedProxies []netip.Prefix
+	// ErrorPages, if non-nil, are the operator's pages for the edge's own
+	// 404, 429, 502, 503 and 504 (--error-pages). Nil: the edge's text.
+	ErrorPages *ErrorPages
+	// MaxBodyBytes bounds a request's body (--max-body-bytes): a larger
+	// declared Content-Length is answered 413 before anything is sent
+	// upstream, and a body of unknown length is cut where it crosses it
+	// (bodylimit.go). An operator route's max_body_bytes overrides it.
+	// Zero: no bound.
+	MaxBodyBytes int64
 }
 
 func (h *Handler) now() time.Time {
@@ -204,17 +234,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.Observer == nil {
 		var rec Record // stays on the stack: nothing else sees it
 		h.serve(w, r, &rec)
+		if rec.reset {
+			panic(http.ErrAbortHandler)
+		}
 		return
 	}
 	// Handing the record to an interface makes it escape; a pooled one
 	// spares an allocation per request (Observers must not keep it).
 	rec := records.Get().(*Record)
-	*rec = Record{Start: h.now(), Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto}
+	*rec = Record{Start: h.now(), Method: r.Method, Host: r.Host, Path: r.URL.Path, Proto: r.Proto, Request: r}
 	h.serve(w, r, rec)
 	rec.Duration = h.now().Sub(rec.Start)
 	h.Observer.Observe(rec)
-	*rec = Record{} // holds no Route, and so no Table, while pooled
+	reset := rec.reset
+	*rec = Record{} // holds no Route nor Request while pooled
 	records.Put(rec)
+	if reset {
+		// Resets an HTTP/2 or HTTP/3 stream; net/http does not log it.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 var records = sync.Pool{New: func() any { return new(Record) }}
@@ -231,23 +269,23 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		w.Header().Set("Connection", "close")
 	}
 	if r.Method == http.MethodConnect {
-		h.answer(w, rec, ReasonMethod)
+		h.answer(w, r, rec, ReasonMethod)
 		return
 	}
 	if !validTarget(r.RequestURI) {
-		h.answer(w, rec, ReasonBadTarget)
+		h.answer(w, r, rec, ReasonBadTarget)
 		return
 	}
 	t := h.Table.Load()
 	if t == nil {
-		h.answer(w, rec, ReasonNoDocument)
+		h.answer(w, r, rec, ReasonNoDocument)
 		return
 	}
 	if r.TLS != nil && r.TLS.ServerName != "" && !h.covers(r.TLS.ServerName, r.Host) {
 		if !validHost(r.Host) {
-			h.answer(w, rec, ReasonBadHost)
+			h.answer(w, r, rec, ReasonBadHost)
 		} else {
-			h.answer(w, rec, ReasonMisdirected)
+			h.answer(w, r, rec, ReasonMisdirected)
 		}
 		return
 	}
@@ -255,13 +293,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 	rec.Route, rec.Prefix = res.Route, res.Prefix
 	switch res.Outcome {
 	case BadHost:
-		h.answer(w, rec, ReasonBadHost)
+		h.answer(w, r, rec, ReasonBadHost)
 		return
 	case Denied:
-		h.answer(w, rec, ReasonDenied)
+		h.answer(w, r, rec, ReasonDenied)
 		return
 	case NoRoute:
-		h.answer(w, rec, ReasonNoRoute)
+		h.answer(w, r, rec, ReasonNoRoute)
 		return
 	}
 	if r.Context().Err() != nil {
@@ -278,7 +316,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		h.canceled(w, r, rec)
 		return
 	default:
-		h.answer(w, rec, refusalReasons[refusal])
+		h.answer(w, r, rec, refusalReasons[refusal])
 		return
 	}
 	defer ticket.Release()
@@ -291,20 +329,27 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 			return
 		}
 	}
+	body, tooLarge := h.limitBody(r, res.Route)
+	if tooLarge {
+		h.answer(w, r, rec, ReasonBodyTooLarge)
+		return
+	}
 	result, err := h.Forwarder.Forward(w, r, res.Route.Upstreams)
 	rec.Status, rec.Node, rec.Failovers = result.Status, result.Node, result.Failovers
-	rec.BytesIn, rec.BytesOut = result.BytesIn, result.BytesOut
+	rec.BytesIn, rec.BytesOut, rec.RequestID = result.BytesIn, result.BytesOut, result.RequestID
 	switch {
+	case body != nil && body.crossed.Load():
+		h.bodyCut(w, r, rec)
 	case err == nil:
 	case errors.Is(err, backhaul.ErrUpstreamTimeout):
-		h.answer(w, rec, ReasonTimeout)
+		h.answer(w, r, rec, ReasonTimeout)
 	case errors.Is(err, backhaul.ErrNoUpstream):
-		h.answer(w, rec, ReasonNoUpstream)
+		h.answer(w, r, rec, ReasonNoUpstream)
 	case errors.Is(err, context.Canceled) && result.Status == 0 && r.Context().Err() == nil:
 		// The body broke off (malformed, or shorter than it said) on a
 		// connection its server still holds: its client may be waiting
 		// for an answer, and nginx gives it 400 too.
-		h.answer(w, rec, ReasonBadBody)
+		h.answer(w, r, rec, ReasonBadBody)
 	case errors.Is(err, context.Canceled) && result.Status == 0:
 		h.canceled(w, r, rec)
 	case errors.Is(err, context.Canceled):
@@ -356,12 +401,23 @@ func (h *Handler) Screen(next http.Handler) http.Handler {
 	})
 }
 
-// answer writes one of the edge's own responses.
-func (h *Handler) answer(w http.ResponseWriter, rec *Record, reason Reason) {
+// answer writes one of the edge's own responses: the operator's page for
+// its status if there is one, the JSON form to a client that prefers JSON,
+// else the edge's own text. The body varies with Accept.
+func (h *Handler) answer(w http.ResponseWriter, r *http.Request, rec *Record, reason Reason) {
 	a := selfAnswers[reason]
 	hdr := w.Header()
-	hdr.Set("Content-Type", "text/plain; charset=utf-8")
-	hdr.Set("X-Content-Type-Options", "nosniff")
+	var body []byte // nil: a.body
+	hdr["Content-Type"] = textPlainUTF8
+	if prefersJSON(r.Header["Accept"]) {
+		body = jsonAnswers[reason]
+		hdr["Content-Type"] = applicationJSON
+	} else if page := h.ErrorPages.page(a.status); page != nil {
+		body = page
+		hdr["Content-Type"] = textHTMLUTF8
+	}
+	hdr["Vary"] = varyAccept
+	hdr["X-Content-Type-Options"] = noSniff
 	if reason == ReasonNoDocument {
 		ra := h.RetryAfter
 		if ra == "" {
@@ -375,9 +431,25 @@ func (h *Handler) answer(w http.ResponseWriter, rec *Record, reason Reason) {
 		hdr.Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
 	}
 	w.WriteHeader(a.status)
-	n, _ := w.Write([]byte(a.body))
+	var n int
+	if body != nil {
+		n, _ = w.Write(body)
+	} else {
+		n, _ = io.WriteString(w, a.body)
+	}
 	rec.Reason, rec.Status, rec.BytesOut = reason, a.status, int64(n)
 }
+
+// Header values of the edge's own answers, shared by every response: the
+// server only reads them, and a writer that appends to one (an Add) makes a
+// new slice, as each has no room beyond its value.
+var (
+	textPlainUTF8   = []string{"text/plain; charset=utf-8"}
+	textHTMLUTF8    = []string{"text/html; charset=utf-8"}
+	applicationJSON = []string{"application/json"}
+	varyAccept      = []string{"Accept"}
+	noSniff         = []string{"nosniff"}
+)
 
 // covers applies the 421 rule: the Host of a request on a TLS connection must
 // be a name the connection's certificate was chosen for.

@@ -1,8 +1,12 @@
 package edge
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/scafo/scafo-edge/backhaul"
+	"github.com/scafo/scafo-edge/internal/forwarded"
 	"github.com/scafo/scafo-edge/internal/promreg"
 )
 
@@ -223,30 +229,86 @@ func protocolClassIndex(p string) uint8 {
 	return 4
 }
 
-// AccessLog writes one JSON line per request, at most perSecond lines in
-// any one second of the clock; lines beyond that are counted, not written,
-// so a flood cannot fill a disk. It is an Observer.
+// AccessLog writes one line per request, JSON (AccessLogJSON) or the
+// Apache and nginx "combined" format (AccessLogCombined), at most perSecond
+// lines in any one second of the clock; lines beyond that are counted, not
+// written, so a flood cannot fill a disk. It is an Observer.
 type AccessLog struct {
-	log   zerolog.Logger
-	limit *lineLimiter // nil: no limit
+	log    zerolog.Logger
+	out    io.Writer    // the combined format's lines; nil for JSON
+	limit  *lineLimiter // nil: no limit
+	anon   bool
+	trusts []netip.Prefix
 	// dropped counts every line not written; reported is the part of it
 	// already told in a written line's lines_dropped_before.
 	dropped, reported atomic.Uint64
 }
 
-// NewAccessLog returns an access log writing to log at most perSecond lines
-// a second, its counter of dropped lines registered on reg (nil: not
+// AccessLogFormat names the access log's line format.
+type AccessLogFormat string
+
+const (
+	// AccessLogJSON is one zerolog JSON object a line.
+	AccessLogJSON AccessLogFormat = "json"
+	// AccessLogCombined is the Apache and nginx "combined" format, which
+	// log analysers read: client, identity and user ("-"), time, request
+	// line, status, body bytes, Referer and User-Agent.
+	AccessLogCombined AccessLogFormat = "combined"
+)
+
+// AccessLogOptions configures an AccessLog. The zero value writes JSON
+// lines without a rate limit, with client addresses as the peers are.
+type AccessLogOptions struct {
+	// PerSecond bounds the lines written in any one second; <= 0: no limit.
+	PerSecond int
+	// Format is the line format; "": AccessLogJSON.
+	Format AccessLogFormat
+	// Out receives the combined format's lines, one Write each; required
+	// with AccessLogCombined, unused with JSON (lines go to the logger).
+	Out io.Writer
+	// Anonymise logs client addresses cut to their network (IPv4 /24,
+	// IPv6 /48), for operators who may not keep personal data (GDPR).
+	Anonymise bool
+	// TrustedProxies are the peers whose X-Forwarded-For names the client
+	// logged, and whose X-Request-Id is the request's ID (--trusted-proxies,
+	// read as the forwarded headers read them). Empty: the peer is the
+	// client and the edge gives every request its own ID.
+	TrustedProxies []netip.Prefix
+	// Registerer registers the counter of dropped lines; nil: not
+	// registered.
+	Registerer prometheus.Registerer
+}
+
+// NewAccessLog returns a JSON access log writing to log at most perSecond
+// lines a second, its counter of dropped lines registered on reg (nil: not
 // registered), or the registration's error. perSecond <= 0 means no limit.
 func NewAccessLog(log zerolog.Logger, perSecond int, reg prometheus.Registerer) (*AccessLog, error) {
-	a := &AccessLog{log: log}
-	if perSecond > 0 {
-		a.limit = &lineLimiter{limit: int64(perSecond)}
+	return NewAccessLogWith(log, AccessLogOptions{PerSecond: perSecond, Registerer: reg})
+}
+
+// NewAccessLogWith returns an access log configured by o, writing JSON lines
+// to log, or an error for an unknown format, a combined format without Out,
+// or a failed registration.
+func NewAccessLogWith(log zerolog.Logger, o AccessLogOptions) (*AccessLog, error) {
+	a := &AccessLog{log: log, anon: o.Anonymise, trusts: o.TrustedProxies}
+	switch o.Format {
+	case "", AccessLogJSON:
+	case AccessLogCombined:
+		if o.Out == nil {
+			return nil, errors.New("access log: the combined format needs a writer")
+		}
+		a.out = o.Out
+	default:
+		return nil, fmt.Errorf("access log: format %q: want json or combined", o.Format)
+	}
+	if o.PerSecond > 0 {
+		a.limit = &lineLimiter{limit: int64(o.PerSecond)}
 	}
 	dropped := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "scafo_edge_access_log_dropped_total",
 		Help: "Access log lines not written because the rate limit was reached.",
 	}, func() float64 { return float64(a.dropped.Load()) })
-	if err := promreg.Register(reg, dropped); err != nil {
+	if err := promreg.Register(o.Registerer, dropped); err != nil {
 		return nil, fmt.Errorf("register access log metrics: %w", err)
 	}
 	return a, nil
@@ -278,6 +340,10 @@ func (l *lineLimiter) allow(now time.Time) bool {
 	return l.count.Add(1) <= l.limit
 }
 
+// maxLoggedField bounds the client-chosen fields a line carries (query,
+// User-Agent, Referer): a client may send tens of kilobytes of each.
+const maxLoggedField = 1024
+
 // Observe implements Observer.
 func (a *AccessLog) Observe(rec *Record) {
 	if a.limit != nil {
@@ -292,6 +358,13 @@ func (a *AccessLog) Observe(rec *Record) {
 			return
 		}
 	}
+	var clientBuf [64]byte
+	var idBuf [16]byte
+	f := a.fields(rec, clientBuf[:0], idBuf[:0])
+	if a.out != nil {
+		a.writeCombined(rec, &f)
+		return
+	}
 	ev := a.log.Info().
 		Time("start", rec.Start).
 		Str("application", applicationLabel(rec.Route)).
@@ -303,6 +376,24 @@ func (a *AccessLog) Observe(rec *Record) {
 		Int64("bytes_in", rec.BytesIn).
 		Int64("bytes_out", rec.BytesOut).
 		Float64("duration_ms", float64(rec.Duration.Microseconds())/1000)
+	if len(f.client) > 0 {
+		ev = ev.Bytes("client", f.client)
+	}
+	if f.query != "" {
+		ev = ev.Str("query", f.query)
+	}
+	if f.userAgent != "" {
+		ev = ev.Str("user_agent", f.userAgent)
+	}
+	if f.referer != "" {
+		ev = ev.Str("referer", f.referer)
+	}
+	if f.tls != "" {
+		ev = ev.Str("tls", f.tls)
+	}
+	if len(f.id) > 0 {
+		ev = ev.Bytes("request_id", f.id)
+	}
 	if rec.Route != nil {
 		ev = ev.Str("route", rec.Route.Host)
 	}
@@ -324,6 +415,71 @@ func (a *AccessLog) Observe(rec *Record) {
 		}
 	}
 	ev.Msg("request")
+}
+
+// requestFields are what a line says of the request beyond its Record,
+// read from it once for either format. The byte fields are appended to
+// buffers on Observe's stack, so that a line costs no allocation of its
+// own.
+type requestFields struct {
+	client, id                []byte
+	query, userAgent, referer string
+	tls                       string
+}
+
+// fields fills f from rec's request: the client after the PROXY protocol
+// and --trusted-proxies (forwarded.Origin, as the forwarded headers name
+// it), anonymised if asked; the request ID (the one forwarded upstream, or
+// for a request the edge answered itself one decided the same way).
+func (a *AccessLog) fields(rec *Record, clientBuf, idBuf []byte) (f requestFields) {
+	id := rec.RequestID
+	r := rec.Request
+	if r != nil {
+		if ip := forwarded.Origin(r.RemoteAddr, r.Header["X-Forwarded-For"], a.trusts); ip.IsValid() {
+			if a.anon {
+				ip = anonymise(ip)
+			}
+			f.client = ip.AppendTo(clientBuf)
+		}
+		f.query = clip(r.URL.RawQuery)
+		f.userAgent = clip(firstValue(r.Header["User-Agent"]))
+		f.referer = clip(firstValue(r.Header["Referer"]))
+		if r.TLS != nil {
+			f.tls = tls.VersionName(r.TLS.Version)
+		}
+		if id.IsZero() {
+			id = backhaul.RequestIDFor(r, a.trusts)
+		}
+	}
+	if !id.IsZero() {
+		f.id = id.AppendTo(idBuf)
+	}
+	return f
+}
+
+// anonymise cuts ip to its network: IPv4 /24, IPv6 /48, as the GDPR
+// guidance for access logs (and Matomo, nginx's anonymisers) does.
+func anonymise(ip netip.Addr) netip.Addr {
+	bits := 48
+	if ip.Is4() {
+		bits = 24
+	}
+	p, _ := ip.Prefix(bits)
+	return p.Addr()
+}
+
+func firstValue(v []string) string {
+	if len(v) == 0 {
+		return ""
+	}
+	return v[0]
+}
+
+func clip(s string) string {
+	if len(s) > maxLoggedField {
+		return s[:maxLoggedField]
+	}
+	return s
 }
 
 // Observers fans one record out to several observers in order.

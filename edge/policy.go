@@ -29,6 +29,10 @@ type policy struct {
 	allow    []netip.Prefix // empty: every client
 	auth     *basicAuth
 	headers  *headerRules
+	// maxBody is the route's own bound on a request body when hasMaxBody
+	// (0: none), in place of Handler.MaxBodyBytes (bodylimit.go).
+	maxBody    int64
+	hasMaxBody bool
 }
 
 type redirect struct {
@@ -53,10 +57,13 @@ type basicAuth struct {
 // newPolicy compiles an operator route's extras; nil when it has none. The
 // file was validated by node.ParseOperator, so nothing here can fail.
 func newPolicy(host string, r *node.OperatorRoute, v *verifier) *policy {
-	if r.Redirect == nil && len(r.Allow) == 0 && r.BasicAuth == nil && r.Headers == nil {
+	if r.Redirect == nil && len(r.Allow) == 0 && r.BasicAuth == nil && r.Headers == nil && r.MaxBodyBytes == nil {
 		return nil
 	}
 	p := &policy{}
+	if r.MaxBodyBytes != nil {
+		p.maxBody, p.hasMaxBody = max(*r.MaxBodyBytes, 0), true
+	}
 	if rd := r.Redirect; rd != nil {
 		p.redirect = &redirect{to: rd.To, status: rd.Status, keepPath: rd.KeepPath}
 		if p.redirect.status == 0 {
@@ -107,7 +114,8 @@ func newPolicy(host string, r *node.OperatorRoute, v *verifier) *policy {
 
 // Features lists what the operator file adds to the route, for status
 // surfaces ("redirect 308 https://www.example.com", "allow 2 networks",
-// "basic auth", "headers"); nil for a route with none.
+// "basic auth", "headers", "max body 1048576 bytes"); nil for a route with
+// none.
 func (r *Route) Features() []string {
 	p := r.policy
 	if p == nil {
@@ -130,6 +138,13 @@ func (r *Route) Features() []string {
 	if p.headers != nil {
 		out = append(out, "headers")
 	}
+	if p.hasMaxBody {
+		if p.maxBody == 0 {
+			out = append(out, "no max body")
+		} else {
+			out = append(out, "max body "+strconv.FormatInt(p.maxBody, 10)+" bytes")
+		}
+	}
 	return out
 }
 
@@ -151,17 +166,17 @@ func (h *Handler) enforce(w http.ResponseWriter, r *http.Request, rec *Record, p
 
 func (h *Handler) answeredByPolicy(w http.ResponseWriter, r *http.Request, rec *Record, p *policy) bool {
 	if p.allow != nil && !h.allowed(r, p.allow) {
-		h.answer(w, rec, ReasonNotAllowed)
+		h.answer(w, r, rec, ReasonNotAllowed)
 		return true
 	}
 	if p.auth != nil {
 		switch p.auth.check(r) {
 		case authBusy:
-			h.answer(w, rec, ReasonOverloaded)
+			h.answer(w, r, rec, ReasonOverloaded)
 			return true
 		case authRefused:
 			w.Header().Set("WWW-Authenticate", p.auth.challenge)
-			h.answer(w, rec, ReasonUnauthorized)
+			h.answer(w, r, rec, ReasonUnauthorized)
 			return true
 		}
 		// The credentials were for the edge: the upstream never sees them.

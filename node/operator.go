@@ -50,6 +50,10 @@ type OperatorRoute struct {
 	BasicAuth *BasicAuth `json:"basic_auth,omitempty"`
 	// Headers sets or removes headers of the route's responses.
 	Headers *HeaderRules `json:"headers,omitempty"`
+	// MaxBodyBytes bounds a request body on the route, in place of
+	// --max-body-bytes (413 beyond it); 0: no bound on this route. Nil:
+	// --max-body-bytes.
+	MaxBodyBytes *int64 `json:"max_body_bytes,omitempty"`
 }
 
 // Redirect answers every request of a route with a redirect.
@@ -126,7 +130,8 @@ func (e *OperatorError) Unwrap() []error { return []error{errInvalid, e.Err} }
 //   - an allow entry is not a CIDR or an address;
 //   - a basic_auth user is not "user:<bcrypt hash>", or names no user;
 //   - a header name is not a valid field name, or is one the edge owns
-//     (hop-by-hop, Content-Length, Transfer-Encoding).
+//     (hop-by-hop, Content-Length, Transfer-Encoding);
+//   - max_body_bytes is negative, or set on a redirect.
 //
 // A path prefix or target that is wrong on its own is dropped by
 // edge.Compile, as for a node's document.
@@ -204,7 +209,7 @@ func (d *OperatorDocument) Document() *Document {
 // the shape of its path ("" for the top level); a nil set is a free map.
 var fieldsOf = map[string]map[string]bool{
 	"":                     {"v": true, "routes": true},
-	"routes[]":             {"host": true, "application": true, "upstreams": true, "paths": true, "redirect": true, "allow": true, "basic_auth": true, "headers": true},
+	"routes[]":             {"host": true, "application": true, "upstreams": true, "paths": true, "redirect": true, "allow": true, "basic_auth": true, "headers": true, "max_body_bytes": true},
 	"routes[].upstreams[]": {"node": true, "address": true},
 	"routes[].redirect":    {"to": true, "status": true, "keep_path": true},
 	"routes[].basic_auth":  {"realm": true, "users": true},
@@ -261,6 +266,10 @@ func validateOperator(d *OperatorDocument) (jsonPath, error) {
 			return at("redirect"), fmt.Errorf("route %q has both upstreams and a redirect: a redirect is answered by the edge, never forwarded", r.Host)
 		case r.Redirect != nil && len(r.Paths) > 0:
 			return at("paths"), fmt.Errorf("route %q has a redirect: its paths would never be used", r.Host)
+		case r.Redirect != nil && r.MaxBodyBytes != nil:
+			return at("max_body_bytes"), fmt.Errorf("route %q has a redirect: no body is ever forwarded", r.Host)
+		case r.MaxBodyBytes != nil && *r.MaxBodyBytes < 0:
+			return at("max_body_bytes"), fmt.Errorf("%d: want a number of bytes, 0 for no bound", *r.MaxBodyBytes)
 		}
 		if r.Redirect != nil {
 			if p, err := checkRedirect(r.Redirect); err != nil {

@@ -91,6 +91,11 @@ func TestParseOperatorRefusals(t *testing.T) {
 		{"a header value with a line break", route(ups + `, "headers": {"set": {"X-A": "1\r\nSet-Cookie: x"}}`), 4, "routes[0].headers.set.X-A", "not a valid header value"},
 		{"a framing header", route(ups + `, "headers": {"remove": ["content-length"]}`), 4, "routes[0].headers.remove[0]", "the edge's to set"},
 		{"a hop-by-hop header", route(ups + `, "headers": {"set": {"Connection": "close"}}`), 4, "routes[0].headers.set.Connection", "the edge's to set"},
+		{"a negative max_body_bytes", route(ups + `, "max_body_bytes": -1`), 4, "routes[0].max_body_bytes", "want a number of bytes"},
+		{"a fractional max_body_bytes", route(ups + `, "max_body_bytes": 1.5`), 4, "routes[0].max_body_bytes", "a JSON number 1.5 where int64 is wanted"},
+		{"a max_body_bytes past int64", route(ups + `, "max_body_bytes": 1e30`), 4, "routes[0].max_body_bytes", "where int64 is wanted"},
+		{"a max_body_bytes with a unit", route(ups + `, "max_body_bytes": "10MiB"`), 4, "routes[0].max_body_bytes", "a JSON string where int64 is wanted"},
+		{"a max_body_bytes on a redirect", route(`"redirect": {"to": "https://b.example"}, "max_body_bytes": 10`), 4, "routes[0].max_body_bytes", "no body is ever forwarded"},
 		{"an empty file", "  \n", 0, "", "empty file"},
 	}
 	for _, tc := range cases {
@@ -315,5 +320,26 @@ func TestWithOperatorAddsTheFileToStatus(t *testing.T) {
 	}
 	if fs.Status().Operator != nil {
 		t.Error("the wrapped source's own status grew an operator part")
+	}
+}
+
+func TestParseOperatorMaxBodyBytes(t *testing.T) {
+	for _, tc := range []struct {
+		field string
+		want  *int64
+	}{
+		{``, nil},
+		{`, "max_body_bytes": 0`, new(int64)},
+		{`, "max_body_bytes": 1048576`, func() *int64 { n := int64(1 << 20); return &n }()},
+	} {
+		body := `{"v": 1, "routes": [{"host": "a.example.com", "upstreams": [{"address": "127.0.0.1:1"}]` + tc.field + `}]}`
+		doc, err := node.ParseOperator("ops.json", []byte(body))
+		if err != nil {
+			t.Fatalf("ParseOperator(%s) = %v", body, err)
+		}
+		got := doc.Routes[0].MaxBodyBytes
+		if (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+			t.Errorf("ParseOperator(%s): max_body_bytes = %v, want %v", body, got, tc.want)
+		}
 	}
 }

@@ -48,6 +48,10 @@ type config struct {
 	logFormat         string
 	accessLog         bool
 	accessLogRate     int
+	accessLogFormat   string
+	accessLogAnon     bool
+	errorPages        string
+	maxBodyBytes      int64
 	readHeaderTimeout time.Duration
 	proxyProtocol     string
 	sendTimeout       time.Duration
@@ -178,6 +182,8 @@ func serveFlags(c *config) *flagSet {
 	fs.durationVar(&c.idleTimeout, "idle-timeout", "SCAFO_EDGE_IDLE_TIMEOUT", 120*time.Second, "how long an idle keep-alive client connection is kept; over HTTP/1.1 each connection's is stretched by the same factor of its own as its header timeout (1 to 1.5), so that connections opened together do not close together")
 	fs.boolVar(&c.compress, "compress", "SCAFO_EDGE_COMPRESS", true, "compress responses with zstd or gzip for clients that accept them: text, JSON, JavaScript, XML, SVG and WebAssembly of 512 bytes or more that the application did not encode, never with Cache-Control: no-transform, a range, HEAD or server-sent events; skipped while memory is past its high-water mark")
 	fs.intVar(&c.maxHeaderBytes, "max-header-bytes", "SCAFO_EDGE_MAX_HEADER_BYTES", 64<<10, "largest request header block accepted (431 beyond)")
+	fs.bytesVar(&c.maxBodyBytes, "max-body-bytes", "SCAFO_EDGE_MAX_BODY_BYTES", "largest request body forwarded, in bytes or with a unit (10MiB): a larger Content-Length is answered 413 before anything reaches the upstream, a chunked body is cut where it crosses it (413, or a reset once the response has begun); an operator route's max_body_bytes overrides it (0: no limit)")
+	fs.dirVar(&c.errorPages, "error-pages", "SCAFO_EDGE_ERROR_PAGES", "directory of HTML pages for the edge's own answers, any of 404.html, 429.html, 502.html, 503.html and 504.html, re-read within seconds of a change; never served in place of an application's response, and clients preferring application/json get a JSON body instead (default: the edge's short text)")
 	fs.stringVar(&c.proxyProtocol, "proxy-protocol-from", "SCAFO_EDGE_PROXY_PROTOCOL_FROM", "", "comma-separated CIDRs allowed to send a PROXY protocol v1/v2 header on the HTTP and HTTPS listeners; a header from anywhere else closes the connection")
 	fs.stringVar(&c.trustedProxies, "trusted-proxies", "SCAFO_EDGE_TRUSTED_PROXIES", "", "comma-separated CIDRs whose X-Forwarded-* headers are kept (default: none)")
 
@@ -216,8 +222,10 @@ func serveFlags(c *config) *flagSet {
 	fs.group = "Logging"
 	fs.stringVar(&c.logLevel, "log-level", "SCAFO_EDGE_LOG_LEVEL", "info", "debug, info, warn or error")
 	fs.stringVar(&c.logFormat, "log-format", "SCAFO_EDGE_LOG_FORMAT", "json", "json or console")
-	fs.boolVar(&c.accessLog, "access-log", "SCAFO_EDGE_ACCESS_LOG", true, "write one JSON line per request")
+	fs.boolVar(&c.accessLog, "access-log", "SCAFO_EDGE_ACCESS_LOG", true, "write one line per request")
 	fs.intVar(&c.accessLogRate, "access-log-rate", "SCAFO_EDGE_ACCESS_LOG_RATE", 1000, "most access log lines per second; the rest are counted, not written (0: no limit)")
+	fs.oneOfVar(&c.accessLogFormat, "access-log-format", "SCAFO_EDGE_ACCESS_LOG_FORMAT", "json", []string{"json", "combined"}, "json (one object a line, among the other logs) or combined (the Apache and nginx format log analysers read, written to standard output)")
+	fs.boolVar(&c.accessLogAnon, "access-log-anonymise", "SCAFO_EDGE_ACCESS_LOG_ANONYMISE", false, "log client addresses cut to their network, IPv4 /24 and IPv6 /48 (for operators who may not keep personal data)")
 	return fs
 }
 

@@ -144,12 +144,31 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 	observers := edge.Observers{p.metrics}
 	if c.accessLog {
 		var access *edge.AccessLog
-		if access, err = edge.NewAccessLog(log.With().Str("component", "access").Logger(), c.accessLogRate, p.reg); err != nil {
+		if access, err = edge.NewAccessLogWith(log.With().Str("component", "access").Logger(), edge.AccessLogOptions{
+			PerSecond: c.accessLogRate,
+			Format:    edge.AccessLogFormat(c.accessLogFormat),
+			// The combined format is not JSON: its lines go to standard
+			// output, where the logger writes, but not through it.
+			Out:            os.Stdout,
+			Anonymise:      c.accessLogAnon,
+			TrustedProxies: s.trusted,
+			Registerer:     p.reg,
+		}); err != nil {
 			return nil, err
 		}
 		observers = append(observers, access)
 	}
-	p.handler = &edge.Handler{Table: p.live, Forwarder: p.proxy, Observer: observers, Admission: p.admission, TrustedProxies: s.trusted}
+	var pages *edge.ErrorPages
+	if c.errorPages != "" {
+		if pages, err = edge.NewErrorPages(edge.ErrorPagesOptions{
+			Dir: c.errorPages,
+			Log: log.With().Str("component", "error-pages").Logger(),
+		}); err != nil {
+			return nil, err
+		}
+	}
+	p.handler = &edge.Handler{Table: p.live, Forwarder: p.proxy, Observer: observers, Admission: p.admission,
+		TrustedProxies: s.trusted, ErrorPages: pages, MaxBodyBytes: c.maxBodyBytes}
 
 	p.handshakeErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "scafo_edge_tls_handshake_errors_total",

@@ -34,6 +34,8 @@ func TestValidateNamesTheFlagAtFault(t *testing.T) {
 		{"rfc2136 without its secret", []string{"--dns-provider", "rfc2136"}, map[string]string{"RFC2136_NAMESERVER": "ns:53", "RFC2136_TSIG_KEY": "edge"}, "--dns-provider: dns provider rfc2136 needs RFC2136_TSIG_SECRET"},
 		{"rfc2136 with a secret that is not base64", []string{"--dns-provider", "rfc2136"}, map[string]string{"RFC2136_NAMESERVER": "ns:53", "RFC2136_TSIG_KEY": "edge", "RFC2136_TSIG_SECRET": "%%%"}, "--dns-provider: dns provider rfc2136: RFC2136_TSIG_SECRET"},
 		{"rfc2136 with an unknown algorithm", []string{"--dns-provider", "rfc2136"}, map[string]string{"RFC2136_NAMESERVER": "ns:53", "RFC2136_TSIG_KEY": "edge", "RFC2136_TSIG_SECRET": "c2VjcmV0", "RFC2136_TSIG_ALGORITHM": "md5"}, "--dns-provider: dns provider rfc2136: RFC2136_TSIG_ALGORITHM"},
+		{"hetzner without its token", []string{"--dns-provider", "hetzner", "--wildcard-domains", "example.com"}, map[string]string{}, "--dns-provider: dns provider hetzner needs HETZNER_API_TOKEN"},
+		{"ovh with an unknown endpoint", []string{"--dns-provider", "ovh"}, map[string]string{"OVH_ENDPOINT": "ovh-mars", "OVH_APPLICATION_KEY": "k", "OVH_APPLICATION_SECRET": "s", "OVH_CONSUMER_KEY": "c"}, "--dns-provider: dns provider ovh: OVH_ENDPOINT"},
 		{"DNS resolvers with and without ports", []string{"--dns-resolvers", "192.0.2.53, ns.example.net:5353,[2001:db8::53]:53"}, nil, ""},
 		{"a DNS resolver with a bad port", []string{"--dns-resolvers", "192.0.2.53:99999"}, nil, "--dns-resolvers: "},
 		{"a DNS resolver that is a URL", []string{"--dns-resolvers", "https://dns.example/"}, nil, "--dns-resolvers: "},

@@ -47,3 +47,25 @@ func Contains(nets []netip.Prefix, a netip.Addr) bool {
 	}
 	return false
 }
+
+// Origin returns the client a request comes from, as the edge's forwarded
+// headers name it to its upstreams: the peer (remoteAddr, "ip:port", after
+// the PROXY protocol), or, when the peer is trusted, the client the proxies
+// vouch for in X-Forwarded-For. When they vouch for nobody, or name
+// something that is not an address, it is the peer, the one address known
+// for sure. The zero Addr when remoteAddr is no address.
+func Origin(remoteAddr string, xff []string, trusted []netip.Prefix) netip.Addr {
+	ap, err := netip.ParseAddrPort(remoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	peer := ap.Addr().Unmap().WithZone("")
+	if !Contains(trusted, peer) {
+		return peer
+	}
+	client, vouched, err := Client(xff, trusted)
+	if err != nil || !vouched {
+		return peer
+	}
+	return client
+}

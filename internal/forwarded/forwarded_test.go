@@ -39,3 +39,27 @@ func TestClient(t *testing.T) {
 		})
 	}
 }
+
+func TestOrigin(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	for _, tc := range []struct {
+		name, remote string
+		xff          []string
+		want         string
+	}{
+		{"an untrusted peer is the client, whatever it forwards", "192.0.2.1:5000", []string{"203.0.113.9"}, "192.0.2.1"},
+		{"a trusted peer's vouched client", "10.0.0.2:5000", []string{"6.6.6.6, 203.0.113.9"}, "203.0.113.9"},
+		{"a trusted peer that names nobody is the client", "10.0.0.2:5000", nil, "10.0.0.2"},
+		{"a trusted peer that names only proxies is the client", "10.0.0.2:5000", []string{"10.0.0.3"}, "10.0.0.2"},
+		{"a trusted peer that names garbage is the client", "10.0.0.2:5000", []string{"203.0.113.9, nonsense"}, "10.0.0.2"},
+		{"a mapped peer is unmapped", "[::ffff:192.0.2.1]:5000", nil, "192.0.2.1"},
+		{"a peer that is no address is none", "@", []string{"203.0.113.9"}, "invalid IP"},
+		{"an IPv6 peer", "[2001:db8::1]:443", nil, "2001:db8::1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Origin(tc.remote, tc.xff, trusted); got.String() != tc.want {
+				t.Errorf("Origin(%q, %q) = %v, want %s", tc.remote, tc.xff, got, tc.want)
+			}
+		})
+	}
+}
