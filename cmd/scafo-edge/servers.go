@@ -94,23 +94,17 @@ func openServers(ctx context.Context, c *config, s settings, p *parts, in handov
 		guard.Configure(sv.httpsSrv)
 		p.handler.Canceled = guard.Canceled
 	}
-	// The PROXY header is read in Accept's connection wrapper, before TLS
-	// and HTTP, so the client address reaches logs and forwarded headers.
-	// The gate goes on last, right below TLS: it sees what each connection
-	// receives, to know when the ones accepted have arrived. Admission is
-	// first, on the socket itself: it counts the peer that connected, and
-	// at the connection budget makes room or waits for it. Each
-	// connection's read deadlines are spread, so that a flood opened in a
-	// burst does not time out in one.
-	// On plain HTTP, a connection's first request head is awaited outside
-	// the server until it has ended (admission/heads.go).
-	client := func(l net.Listener) net.Listener {
-		l = serving.WithSendTimeout(serving.WithSpreadDeadlines(l), c.sendTimeout)
-		return sv.gate.Listener(serving.WithProxyProtocol(l, s.proxyFrom, c.readHeaderTimeout))
+	// The public listeners' layers, in their one order (serving.ClientStack).
+	// On plain HTTP, admission also awaits a connection's first request
+	// head outside the server until it has ended (admission/heads.go).
+	stack := serving.ClientOptions{SendTimeout: c.sendTimeout, ProxyFrom: s.proxyFrom, HeaderTimeout: c.readHeaderTimeout, Gate: &sv.gate}
+	stack.Admission = func(l net.Listener) net.Listener {
+		return p.admission.PlainListener(l, c.readHeaderTimeout, len(s.proxyFrom) > 0)
 	}
-	sv.httpLn = client(p.admission.PlainListener(sv.httpLn, c.readHeaderTimeout, len(s.proxyFrom) > 0))
+	sv.httpLn = serving.ClientStack(stack).Listener(sv.httpLn)
 	if sv.httpsLn != nil {
-		sv.httpsLn = client(p.admission.Listener(sv.httpsLn))
+		stack.Admission = p.admission.Listener
+		sv.httpsLn = serving.ClientStack(stack).Listener(sv.httpsLn)
 	}
 	status := &admin.Server{Live: p.live, Source: p.source, Registry: p.reg, Proxy: p.proxy, Token: p.token,
 		MetricsFrom: s.adminAllow, TrustedProxies: s.trusted,
@@ -163,10 +157,7 @@ func (sv *servers) newServer(c *config, p *parts, h http.Handler, tlsConf *tls.C
 		// short header timeout gives a place in the pool back soon.
 		srv.ReadHeaderTimeout = min(c.readHeaderTimeout, adminHeaderTimeout)
 	} else {
-		srv.ConnState = func(conn net.Conn, st http.ConnState) {
-			sv.gate.ConnState(conn, st)
-			p.admission.ConnState(conn, st)
-		}
+		srv.ConnState = serving.ConnStates(sv.gate.ConnState, p.admission.ConnState)
 	}
 	sv.all = append(sv.all, srv)
 	return srv
