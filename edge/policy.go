@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"golang.org/x/crypto/bcrypt"
+	"golang.org/x/time/rate"
 
 	"github.com/scafo/scafo-edge/internal/forwarded"
 	"github.com/scafo/scafo-edge/node"
@@ -170,9 +171,12 @@ func (h *Handler) answeredByPolicy(w http.ResponseWriter, r *http.Request, rec *
 		return true
 	}
 	if p.auth != nil {
-		switch p.auth.check(r) {
+		switch p.auth.check(r, forwarded.Origin(r.RemoteAddr, r.Header["X-Forwarded-For"], h.TrustedProxies)) {
 		case authBusy:
 			h.answer(w, r, rec, ReasonOverloaded)
+			return true
+		case authLimited:
+			h.answer(w, r, rec, ReasonClientRate)
 			return true
 		case authRefused:
 			w.Header().Set("WWW-Authenticate", p.auth.challenge)
@@ -288,10 +292,11 @@ var unknownHashes sync.Map // cost -> hash
 const (
 	authPassed = iota
 	authRefused
-	authBusy
+	authBusy    // no check could start in time: 503
+	authLimited // the client's address is past its rate of checks: 429
 )
 
-func (a *basicAuth) check(r *http.Request) int {
+func (a *basicAuth) check(r *http.Request, client netip.Addr) int {
 	user, pass, ok := r.BasicAuth()
 	if !ok {
 		return authRefused
@@ -300,39 +305,80 @@ func (a *basicAuth) check(r *http.Request) int {
 	if !known {
 		// As long to refuse as a wrong password, so that the time taken
 		// does not tell which users exist.
-		a.v.verify(r.Context(), a.unknown, pass)
+		if got := a.v.verify(r.Context(), client, a.unknown, pass); got != authPassed {
+			return got // limited or busy, as a known user's would be
+		}
 		return authRefused
 	}
-	return a.v.verify(r.Context(), hash, pass)
+	return a.v.verify(r.Context(), client, hash, pass)
 }
 
-// verifier bounds the cost of checking passwords: bcrypt takes tens of
-// milliseconds of CPU by design, so at most a few run at once (a request
-// waits briefly for a slot, then is answered 503), and a pair that passed
-// is remembered, so a browser that sends its credentials with every
-// request pays once. Only successes are kept: failures are the guesser's
-// to choose, and would crowd the cache. One verifier serves every table
-// an Updater compiles, so a swap does not forget who passed.
+// verifier bounds the cost of checking passwords, so that a guesser
+// cannot burn the edge's CPU: bcrypt takes tens of milliseconds of CPU by
+// design. A pair that passed is remembered, so a browser that sends its
+// credentials with every request pays once; only successes are kept
+// (failures are the guesser's to choose, and would crowd the cache). A
+// pair not remembered is checked only within its client address's rate
+// (checksPerClient a second, past it 429), within the box's rate
+// (checksPerCore a second for each core: a request waits up to wait for
+// its turn, then is answered 503), and one check at a time for every two
+// cores. One verifier serves every table an Updater compiles, so a swap
+// does not forget who passed.
 type verifier struct {
 	slots chan struct{}
 	wait  time.Duration
+	rate  *rate.Limiter
 
-	mu     sync.Mutex
-	passed map[[sha256.Size]byte]struct{}
+	mu      sync.Mutex
+	passed  map[[sha256.Size]byte]struct{}
+	clients map[netip.Addr]*rate.Limiter
 }
+
+// The rates of password checks: a client address's, and the box's for
+// each core. At a cost of 10 a check takes about 50 ms of a core, so the
+// box's rate holds the checks to a fifth of the CPU or so.
+const (
+	checksPerClient      = 1
+	checksPerClientBurst = 5
+	checksPerCore        = 4
+	// maxClients bounds the addresses whose rates are remembered; past
+	// it they start over.
+	maxClients = 16384
+)
 
 // maxVerified bounds the remembered pairs; past it the cache starts over.
 const maxVerified = 4096
 
 func newVerifier() *verifier {
+	cores := runtime.GOMAXPROCS(0)
 	return &verifier{
-		slots:  make(chan struct{}, max(2, runtime.GOMAXPROCS(0)/2)),
-		wait:   time.Second,
-		passed: make(map[[sha256.Size]byte]struct{}),
+		slots:   make(chan struct{}, max(1, cores/2)),
+		wait:    time.Second,
+		rate:    rate.NewLimiter(rate.Limit(checksPerCore*cores), checksPerCore*cores),
+		passed:  make(map[[sha256.Size]byte]struct{}),
+		clients: make(map[netip.Addr]*rate.Limiter),
 	}
 }
 
-func (v *verifier) verify(ctx context.Context, hash []byte, pass string) int {
+// clientAllows reports whether client may have a password checked now.
+func (v *verifier) clientAllows(client netip.Addr) bool {
+	if client.Is6() {
+		client = netip.PrefixFrom(client, 64).Masked().Addr() // one /64, one client
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	l, ok := v.clients[client]
+	if !ok {
+		if len(v.clients) >= maxClients {
+			clear(v.clients)
+		}
+		l = rate.NewLimiter(checksPerClient, checksPerClientBurst)
+		v.clients[client] = l
+	}
+	return l.Allow()
+}
+
+func (v *verifier) verify(ctx context.Context, client netip.Addr, hash []byte, pass string) int {
 	// Keyed by hash and password together: a changed hash for the user
 	// forgets the old password.
 	h := sha256.New()
@@ -349,13 +395,17 @@ func (v *verifier) verify(ctx context.Context, hash []byte, pass string) int {
 	if ok {
 		return authPassed
 	}
-	t := time.NewTimer(v.wait)
-	defer t.Stop()
+	if !v.clientAllows(client) {
+		return authLimited
+	}
+	wctx, cancel := context.WithTimeout(ctx, v.wait)
+	defer cancel()
+	if err := v.rate.Wait(wctx); err != nil {
+		return authBusy
+	}
 	select {
 	case v.slots <- struct{}{}:
-	case <-t.C:
-		return authBusy
-	case <-ctx.Done():
+	case <-wctx.Done():
 		return authBusy
 	}
 	err := bcrypt.CompareHashAndPassword(hash, []byte(pass))

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -29,11 +30,38 @@ func TestBasicAuthGivesNothingAwayAndCachesWhatBcryptReads(t *testing.T) {
 		t.Errorf("unknown users are checked at cost %d, want %d (the default, above every user's)", got, bcrypt.DefaultCost)
 	}
 	for _, suffix := range []string{"", "a", "bb", "ccc"} {
-		if got := v.verify(context.Background(), hash, pass+suffix); got != authPassed {
+		if got := v.verify(context.Background(), netip.MustParseAddr("192.0.2.1"), hash, pass+suffix); got != authPassed {
 			t.Fatalf("verify(%q) = %d, want passed (bcrypt reads 72 bytes)", suffix, got)
 		}
 	}
 	if n := len(v.passed); n != 1 {
 		t.Errorf("%d pairs remembered for one password and its suffixes, want 1", n)
+	}
+}
+
+// A guesser's address gets its few checks and then 429, whatever the
+// password; another address is still checked, and a pair that passed
+// before is still let in without a check.
+func TestBasicAuthChecksAreRatedByAddress(t *testing.T) {
+	hash, _ := bcrypt.GenerateFromPassword([]byte("right"), bcrypt.MinCost)
+	v := newVerifier()
+	ctx := context.Background()
+	guesser, other := netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("2001:db8::1")
+	if got := v.verify(ctx, other, hash, "right"); got != authPassed {
+		t.Fatalf("first check from another address = %d, want passed", got)
+	}
+	for i := range checksPerClientBurst {
+		if got := v.verify(ctx, guesser, hash, "wrong"); got != authRefused {
+			t.Fatalf("wrong password %d = %d, want refused", i+1, got)
+		}
+	}
+	if got := v.verify(ctx, guesser, hash, "wrong"); got != authLimited {
+		t.Errorf("a check past the address's burst = %d, want limited", got)
+	}
+	if got := v.verify(ctx, guesser, hash, "right"); got != authPassed {
+		t.Errorf("a remembered pair from a limited address = %d, want passed without a check", got)
+	}
+	if got := v.verify(ctx, netip.MustParseAddr("2001:db8::2"), hash, "wrong"); got != authRefused {
+		t.Errorf("a check from the other address's /64 = %d, want refused (that /64's burst not spent)", got)
 	}
 }
