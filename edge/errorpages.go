@@ -22,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/scafo/scafo-edge/internal/clock"
+	"github.com/scafo/scafo-edge/internal/qvalue"
 )
 
 // PageStatuses are the statuses an error pages directory may hold a page
@@ -262,7 +263,7 @@ func prefersJSON(accept []string) bool {
 			if !ok {
 				continue
 			}
-			q := acceptQ(params)
+			q := qvalue.FromParams(params)
 			if s := rangeSpec(typ, sub, "application", "json"); s > jsonSpec {
 				jsonSpec, jsonQ = s, q
 			}
@@ -288,44 +289,4 @@ func rangeSpec(typ, sub, wantTyp, wantSub string) int {
 		return 3
 	}
 	return 0
-}
-
-// acceptQ returns the q of a media range's parameters in thousandths.
-func acceptQ(params string) int {
-	for params != "" {
-		var p string
-		p, params, _ = strings.Cut(params, ";")
-		k, val, ok := strings.Cut(strings.TrimSpace(p), "=")
-		if !ok || !strings.EqualFold(strings.TrimSpace(k), "q") {
-			continue
-		}
-		return parseQ(strings.TrimSpace(val))
-	}
-	return 1000
-}
-
-// parseQ parses a qvalue (RFC 9110 §12.4.2: "0" to "1" with at most three
-// decimals) in thousandths; anything else is 0.
-func parseQ(s string) int {
-	if s == "" || len(s) > 5 || (s[0] != '0' && s[0] != '1') {
-		return 0
-	}
-	q := int(s[0]-'0') * 1000
-	if len(s) > 1 {
-		if s[1] != '.' {
-			return 0
-		}
-		scale := 100
-		for _, c := range s[2:] {
-			if c < '0' || c > '9' {
-				return 0
-			}
-			q += int(c-'0') * scale
-			scale /= 10
-		}
-	}
-	if q > 1000 {
-		return 0
-	}
-	return q
 }

@@ -19,12 +19,12 @@ package encode
 import (
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
+	"github.com/scafo/scafo-edge/internal/qvalue"
 )
 
 // DefaultMinSize is the smallest body compressed when Options.MinSize is
@@ -129,7 +129,7 @@ func negotiate(values []string) (best coding, gzipOK bool) {
 			item, v, _ = strings.Cut(v, ",")
 			name, params, _ := strings.Cut(item, ";")
 			name = strings.TrimSpace(name)
-			q := qValue(params)
+			q := qvalue.FromParams(params)
 			switch {
 			case strings.EqualFold(name, "zstd"):
 				zq = q
@@ -153,26 +153,6 @@ func negotiate(values []string) (best coding, gzipOK bool) {
 		return codingGzip, true
 	}
 	return identity, false
-}
-
-// qValue reads the weight in an Accept-Encoding item's parameters, in
-// thousandths: 1000 when absent, 0 when malformed (a weight that cannot be
-// read does not make the client accept a coding).
-func qValue(params string) int {
-	for params != "" {
-		var p string
-		p, params, _ = strings.Cut(params, ";")
-		k, v, ok := strings.Cut(strings.TrimSpace(p), "=")
-		if !ok || !strings.EqualFold(strings.TrimSpace(k), "q") {
-			continue
-		}
-		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if err != nil || f < 0 || f > 1 {
-			return 0
-		}
-		return int(f*1000 + 0.5)
-	}
-	return 1000
 }
 
 // compressible reports whether a body of this Content-Type gains from
