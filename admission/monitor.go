@@ -1,0 +1,158 @@
+package admission
+
+import (
+	"context"
+	"time"
+)
+
+// Run samples memory and sheds under pressure until ctx ends.
+func (c *Controller) Run(ctx context.Context) {
+	if c == nil {
+		return
+	}
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	sweep := 0
+	for {
+		select {
+		case <-ctx.Done():
+			c.refused.releaseAll()
+			return
+		case <-t.C:
+			c.refused.release(c.clock.Now())
+			c.sampleMemory()
+			c.headTurns(c.clock.Now())
+			if sweep%4 == 0 { // every second
+				c.expireHeads(c.clock.Now())
+			}
+			if sweep++; sweep%20 == 0 { // every 5s
+				c.clients.sweep()
+				c.apps.prune(c.m)
+			}
+		case <-c.wake:
+		}
+		c.step()
+		c.apps.grantAll()
+	}
+}
+
+// sampleMemory moves the memory high-water state, with hysteresis.
+func (c *Controller) sampleMemory() {
+	limit := c.limits.MemoryLimit
+	if limit <= 0 {
+		return
+	}
+	use := float64(c.memUse())
+	switch {
+	case !c.memHigh.Load() && use >= memHighWater*float64(limit):
+		c.memHigh.Store(true)
+		c.contended.Store(true)
+	case c.memHigh.Load() && use < memLowWater*float64(limit):
+		c.memHigh.Store(false)
+	}
+}
+
+// step starts or ends an episode of pressure and, during one, closes idle
+// connections: those of the client addresses furthest past their share
+// first, down to their share, then the others oldest first, down to the
+// low-water mark; and, while the pressure lasts, every one idle past the
+// short idle timeout.
+func (c *Controller) step() {
+	max := float64(c.limits.MaxConns)
+	// Those sent a GOAWAY are as good as closed: shedding them again would
+	// close more than needed.
+	pressed := func() bool {
+		return float64(c.inUse()-c.draining.Load()) >= lowWater*max || c.memHigh.Load() || c.paused.Load()
+	}
+	if c.contended.Load() && !pressed() && float64(c.inUse()+c.quicConns.Load()-c.draining.Load()) < lowWater*max {
+		c.contended.Store(false)
+	}
+	used := c.inUse()
+	now := c.clock.Now()
+	c.episodeMu.Lock()
+	ep := c.episode
+	c.episodeMu.Unlock()
+	if !ep.active {
+		reason := ""
+		switch {
+		case c.paused.Load():
+			reason = "connection limit reached: not accepting"
+		case float64(used) >= highWater*max:
+			reason = "connections past the high-water mark"
+		case c.memHigh.Load():
+			reason = "memory past the high-water mark"
+		}
+		if reason == "" {
+			return
+		}
+		ep = episode{active: true, started: now, reason: reason, peak: used, shedAtStart: c.shedIdle.Load(), slowAtStart: c.shedSlow.Load()}
+		c.m.pressure.Set(1)
+		c.m.episodes.Inc()
+		msg := "overload: closing idle connections (client addresses furthest past their share first, then oldest first), idle timeout " +
+			pressureIdleTimeout.String() + ", client addresses held to their share until it is over"
+		if c.memHigh.Load() {
+			msg += "; new requests get 503 while memory is past its high-water mark"
+		}
+		c.log.Warn().Str("reason", reason).Int64("conns", used).Int("max_conns", c.limits.MaxConns).
+			Bool("memory_high", c.memHigh.Load()).Int("idle_conns", c.conns.idleLen()).Msg(msg)
+	}
+	// One shedder at a time (Accept and Admit make room too), or two
+	// would close a connection more than needed.
+	c.shedMu.Lock()
+	if pressed() {
+		// Idle upstream connections cost the least to give up: the next
+		// request dials again, and no client notices. Only those idle for
+		// upstreamIdleUnderPressure: one that the traffic of the moment
+		// reuses frees nothing, as the next request dials it again at
+		// once (every request of a busy application would dial its
+		// upstream). Once a tick, not at every wake: each connection
+		// accepted past the high-water mark wakes the monitor.
+		if wall := time.Now(); c.closeIdleUpstreams != nil && wall.Sub(c.upstreamsClosed) >= tick {
+			c.upstreamsClosed = wall
+			c.closeIdleUpstreams(upstreamIdleUnderPressure)
+		}
+		// Nor is the plan made at every wake, nor at every tick unless
+		// the last walk paid for itself (monitorMayPlan).
+		if c.monitorMayPlan() {
+			c.makePlan(now)
+		}
+	}
+	for float64(c.inUse()-c.draining.Load()) >= lowWater*max {
+		if !c.shedNext(now, minIdleAge) {
+			break
+		}
+	}
+	// While the pressure lasts, the addresses past their share lose their
+	// idle connections down to it, and the short idle timeout holds for
+	// everyone; not while the episode waits out calmFor: by then every
+	// connection idle since the start would be past it.
+	if pressed() {
+		c.shedOver(now)
+		c.shedIdleLongerThan(now, pressureIdleTimeout)
+	}
+	c.shedMu.Unlock()
+	used = c.inUse()
+	ep.peak = max64(ep.peak, used)
+	switch {
+	case pressed():
+		ep.calm = time.Time{}
+	case ep.calm.IsZero():
+		ep.calm = now
+	case now.Sub(ep.calm) >= calmFor:
+		c.m.pressure.Set(0)
+		c.log.Info().Dur("lasted", now.Sub(ep.started)).Int64("idle_closed", c.shedIdle.Load()-ep.shedAtStart).
+			Int64("slow_headers_closed", c.shedSlow.Load()-ep.slowAtStart).Int64("peak_conns", ep.peak).
+			Int64("conns", used).Msg("overload over: idle timeout back to normal, client shares no longer bind")
+		ep = episode{}
+	}
+	c.episodeMu.Lock()
+	c.episode = ep
+	c.episodeMu.Unlock()
+}
+
+func max64(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}
