@@ -17,13 +17,11 @@ import (
 // server once the head has ended, or net/http would already refuse what
 // came, or its client has gone, or headPeek bytes wait. A visitor's head
 // comes in a segment or a few, so it waits one round trip at most; a
-// slowloris's never ends, and each of its 19,000 connections held by
-// net/http cost a goroutine (about 3 KiB of stack that every garbage
-// collection scans), 8 KiB of buffers, and a wake-up of its goroutine for
-// every byte: the edge's RSS was about 400 MiB under that row, 67 MiB with
-// them waiting here (bench/README: "first heads awaited outside the
-// server"). Waiting, a connection costs an entry here and a peek at its
-// queued bytes each time some arrive. The server still reads every byte
+// slowloris's never ends, and each of its connections held by net/http
+// costs a goroutine (a stack that every garbage collection scans), two
+// buffers, and a wake-up of its goroutine for every byte. Waiting here, a
+// connection costs an entry and a peek at its queued bytes each time some
+// arrive (bench/README has what that saved, measured). The server still reads every byte
 // the client sent, and judges it: this only chooses when (judgeHead).
 //
 // It is counted against the budget as any connection (it was accepted),
@@ -106,9 +104,9 @@ type waitingHead struct {
 }
 
 // A head that keeps trickling is looked at on the edge's schedule, as a
-// server's read of it would be paced (pace.go), and for the same reason:
-// at a byte every 100 ms from 19,000 connections, a look at each byte took
-// 0.69 of a core, against 0.25 paced (bench/README). Once bytes have come
+// server's read of it would be paced (pace.go), and for the same reason: a
+// look at each byte of many trickling connections takes the CPU its
+// clients choose. While the box is contended, once bytes have come
 // headPaceAfter times and it has waited slowAge, the kernel is asked not to
 // report its bytes until headPeek wait (SO_RCVLOWAT; its end still wakes
 // the poller), and it is looked at paceEvery after, then twice as far each

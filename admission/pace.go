@@ -11,10 +11,10 @@ import (
 // A request head (its TLS handshake included, for a connection's first)
 // that keeps arriving a few bytes at a time is read at the edge's pace, not
 // its client's. Each read of a connection wakes a goroutine, and a client
-// that trickles its headers chooses how often that happens: 19,000
-// connections sending a byte every 100 ms left a 2-core box serving another
-// application 395 requests in 8 s, p99 0.8 s (bench/README: "a request head
-// read at the edge's pace").
+// that trickles its headers chooses how often that happens: enough such
+// connections leave the box's CPU to their wake-ups instead of to the
+// other applications' visitors (bench/README, "a request head read at the
+// edge's pace").
 //
 // So, once a head has come in trickleReads short reads, and has been on
 // its way slowAge (since the accept or the connection's last request, so
@@ -75,7 +75,7 @@ const (
 	// quietFrom is how many bytes the last turn must have found for the
 	// next wait to hold the poller's wake-ups: holding them costs two
 	// system calls and a wake-up a turn, more than the wake-ups of a
-	// client trickling a byte or two a turn (bench/README). Bytes stand
+	// client trickling a byte or two a turn. Bytes stand
 	// in for segments: a trickle sends a segment a byte or so.
 	quietFrom = 3
 )
@@ -173,8 +173,7 @@ func (t *trackedConn) awaitTurn() {
 		}
 		// Nor does the poller wake for it meanwhile, but for its end,
 		// when the client sends enough to make that worth two system
-		// calls: each segment would (at a byte every 100 ms from 19,000
-		// connections, 0.40 of a core against 0.22; bench/README). The
+		// calls: each segment would, at a cost a trickle chooses. The
 		// read is made with this undone, so that one that finds nothing
 		// is woken by the next byte.
 		if t.lastRead >= quietFrom {
