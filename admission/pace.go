@@ -24,7 +24,7 @@ import (
 // part of half that, so that the edge wakes for such a connection at
 // moments of its own choosing, spread rather than in the client's bursts.
 // Each turn taken doubles the next wait, up to paceEvery<<paceDoublings:
-// every read is a system call and a wake-up (about 7 µs on a 2-core VM),
+// every read is a system call and a wake-up,
 // and a head still trickling after two turns is read once every 4 to 6 s
 // instead of once a second. No further: the bytes wait in the kernel
 // meanwhile, each segment in a buffer of its own unless the kernel can

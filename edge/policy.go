@@ -335,8 +335,8 @@ type verifier struct {
 }
 
 // The rates of password checks: a client address's, and the box's for
-// each core. At a cost of 10 a check takes about 50 ms of a core, so the
-// box's rate holds the checks to a fifth of the CPU or so.
+// each core. A check at bcrypt's default cost takes tens of milliseconds
+// of a core: the box's rate keeps the checks to a small part of the CPU.
 const (
 	checksPerClient      = 1
 	checksPerClientBurst = 5
