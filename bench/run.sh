@@ -24,11 +24,14 @@ Usage: bench/run.sh [flags]
                        TLS cells: bench/gotls, a bare Go HTTPS and HTTP/3
                        server with the edge's TLS settings, proxying nothing)
   --cells LIST         comma list of: http-1k,http-1m,https-1k,https-close,
-                       h2-1k,h2-1k-1s,h2-1m,h3-1k,h3-close; "all" for every one
-                       (default: the four HTTP/1.1 cells; the h2 cells, h2load
-                       over TLS, are opt-in: with them a default run passes
-                       ten minutes; so are h3-1k and h3-close, HTTP/3 with
-                       bench/h3load, scafo-edge, Caddy, Traefik and go-tls only)
+                       h2-1k,h2-1k-1s,h2-1m,h3-1k,h3-close,http-html64k; "all"
+                       for every one (default: the four HTTP/1.1 cells; the
+                       h2 cells, h2load over TLS, are opt-in: with them a
+                       default run passes ten minutes; so are h3-1k and
+                       h3-close, HTTP/3 with bench/h3load, scafo-edge, Caddy,
+                       Traefik and go-tls only; and http-html64k, compression:
+                       a 64 KiB HTML page asked for with Accept-Encoding:
+                       gzip, zstd, each proxy with its compression on)
   --connections N      wrk connections (default 64; the h2 and h3 cells set
                        their own)
   --threads N          wrk threads (default 2)
@@ -119,7 +122,7 @@ while (($#)); do
 	esac
 	shift
 done
-[[ $CELLS == all ]] && CELLS=http-1k,http-1m,https-1k,https-close,h2-1k,h2-1k-1s,h2-1m,h3-1k,h3-close
+[[ $CELLS == all ]] && CELLS=http-1k,http-1m,https-1k,https-close,h2-1k,h2-1k-1s,h2-1m,h3-1k,h3-close,http-html64k
 # --profile profiles the http-1k load unless told which.
 [[ -n $PROFILE_DIR ]] && ((!CELLS_GIVEN)) && CELLS=http-1k
 
@@ -291,13 +294,18 @@ if [[ -z $PROFILE_DIR ]]; then
 fi
 for p in "${!SKIP[@]}"; do log "$p: skipped: ${SKIP[$p]}"; done
 
-# start_proxy NAME TLS [H2 [H3]]: starts NAME (TLS=1: with its HTTPS
-# listener; H2=1: offering h2 on it; H3=1: serving HTTP/3 on its UDP side)
+# start_proxy NAME TLS [H2 [H3 [ENC]]]: starts NAME (TLS=1: with its HTTPS
+# listener; H2=1: offering h2 on it; H3=1: serving HTTP/3 on its UDP side;
+# ENC=1: with its compression on, the compression cell's variant of its
+# configuration, which bench/proxyconf writes beside the usual one, so every
+# other cell runs the configuration it always has. scafo-edge compresses by
+# default (--compress), in every cell: only a request that asks for it, as
+# the other cells' do not, is compressed)
 # and sets PID. scafo-edge, Caddy and Traefik offer h2 on TLS in every cell;
 # nginx and HAProxy only in the h2 cells. scafo-edge's --http3 is on by
 # default; the h3 cells name it; Caddy and Traefik get h3 only in them.
 start_proxy() {
-	local name=$1 tls=$2 h2=${3:-0} h3=${4:-0} logf=$WORK/$1.log state
+	local name=$1 tls=$2 h2=${3:-0} h3=${4:-0} enc=${5:-0} logf=$WORK/$1.log state
 	case $name in
 	scafo-edge | scafo-edge@*)
 		# The --baseline-rev row: the same command, another build.
@@ -314,28 +322,32 @@ start_proxy() {
 	caddy)
 		local conf=caddy.json
 		((h3)) && conf=caddy-h3.json
+		((enc)) && conf=caddy-encode.json
 		start "$logf" env GOMAXPROCS="$WORKERS" XDG_DATA_HOME="$WORK/caddy-data" \
 			XDG_CONFIG_HOME="$WORK/caddy-config" "$CADDY_BIN" run --config "$WORK/$conf"
 		;;
 	traefik)
 		# HTTP/3 on the UDP side of the TLS entry point, with the same
 		# certificate (the file provider's default one).
-		local http3=()
+		local http3=() conf=traefik.yml
 		((h3)) && http3=(--entryPoints.tls.http3=true)
+		((enc)) && conf=traefik-compress.yml
 		start "$logf" env GOMAXPROCS="$WORKERS" "$TRAEFIK_BIN" \
 			--entryPoints.plain.address="127.0.0.1:$PX_PORT" \
 			--entryPoints.tls.address="127.0.0.1:$PX_TLS_PORT" "${http3[@]}" \
-			--providers.file.filename="$WORK/traefik.yml" --log.level=ERROR \
+			--providers.file.filename="$WORK/$conf" --log.level=ERROR \
 			--global.checkNewVersion=false --global.sendAnonymousUsage=false
 		;;
 	nginx)
 		local conf=nginx.conf
 		((h2)) && conf=nginx-h2.conf
+		((enc)) && conf=nginx-gzip.conf
 		start "$logf" "$NGINX_BIN" -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/$conf"
 		;;
 	haproxy)
 		local conf=haproxy.cfg
 		((h2)) && conf=haproxy-h2.cfg
+		((enc)) && conf=haproxy-gzip.cfg
 		start "$logf" "$HAPROXY_BIN" -db -f "$WORK/$conf"
 		;;
 	go-tls)
@@ -355,9 +367,11 @@ start_proxy() {
 # cell_spec CELL sets SCHEME, PATH_, SIZE, CLOSE, and for the h2 cells
 # (h2load over TLS) H2=1 with H2_CLIENTS connections of H2_STREAMS
 # concurrent streams each; for the h3 cells (bench/h3load over QUIC) H3=1,
-# with H2_CLIENTS and H2_STREAMS as h3load's -c and -m.
+# with H2_CLIENTS and H2_STREAMS as h3load's -c and -m; for the compression
+# cell ENCODING, the Accept-Encoding its requests send (every other cell's
+# send none, so no proxy compresses there).
 cell_spec() {
-	H2=0 H3=0 H2_CLIENTS='' H2_STREAMS=''
+	H2=0 H3=0 H2_CLIENTS='' H2_STREAMS='' ENCODING=''
 	case $1 in
 	http-1k) SCHEME=http PATH_=/1k SIZE=1024 CLOSE=0 ;;
 	http-1m) SCHEME=http PATH_=/1m SIZE=1048576 CLOSE=0 ;;
@@ -375,7 +389,12 @@ cell_spec() {
 	# HTTP/3, https-close's shape: as many workers as wrk has connections,
 	# each a new QUIC connection per request (load_cmd).
 	h3-close) SCHEME=https PATH_=/1k SIZE=1024 CLOSE=1 H3=1 H2_CLIENTS=$CONNS H2_STREAMS=1 ;;
-	*) die "unknown cell $1 (want http-1k, http-1m, https-1k, https-close, h2-1k, h2-1k-1s, h2-1m, h3-1k or h3-close)" ;;
+	# Compression: bench/upstream's 64 KiB HTML page (with its
+	# Content-Length, uncompressed), asked for as a browser does; each
+	# proxy compresses it with its compression on (start_proxy), the
+	# direct row does not (the ceiling, and the uncompressed size).
+	http-html64k) SCHEME=http PATH_=/html64k SIZE=65536 CLOSE=0 ENCODING='gzip, zstd' ;;
+	*) die "unknown cell $1 (want http-1k, http-1m, https-1k, https-close, h2-1k, h2-1k-1s, h2-1m, h3-1k, h3-close or http-html64k)" ;;
 	esac
 }
 
@@ -416,6 +435,7 @@ load_cmd() {
 		TOOL=wrk
 		LOAD=("$WRK" -t "$THREADS" -c "$CONNS" --latency --timeout 10s -d "$d")
 		((CLOSE)) && LOAD+=(-H 'Connection: close')
+		[[ -n $ENCODING ]] && LOAD+=(-H "Accept-Encoding: $ENCODING")
 		LOAD+=("$url")
 	fi
 }
@@ -468,6 +488,16 @@ measure() {
 	"$BENCHTAB" measure "${flags[@]}" -- "${LOAD[@]}"
 }
 
+# encoding_note URL: the Content-Encoding and body size of one response of
+# URL asked for with the cell's Accept-Encoding (not decoded).
+encoding_note() {
+	local out ce size
+	out=$("$CURL" -s -o /dev/null -D - -w 'size=%{size_download}\n' --max-time 5 -H "Accept-Encoding: $ENCODING" "$1" 2>/dev/null | tr -d '\r') || true
+	ce=$(awk -F': *' 'tolower($1) == "content-encoding" { print $2 }' <<<"$out")
+	size=$(sed -n 's/^size=//p' <<<"$out")
+	echo "Accept-Encoding: $ENCODING: Content-Encoding ${ce:-none (identity)}, ${size:-?} bytes of body"
+}
+
 run_cell() {
 	local proxy=$1 cell=$2 url pid
 	cell_spec "$cell"
@@ -508,7 +538,7 @@ run_cell() {
 	if [[ $proxy == direct ]]; then
 		pid=$UP_PID
 	else
-		start_proxy "$proxy" "$tls" "$H2" "$H3"
+		start_proxy "$proxy" "$tls" "$H2" "$H3" "$((${#ENCODING} > 0))"
 		pid=$PID
 	fi
 	if ! wait_ok "$url" "$SIZE" "$pid"; then
@@ -536,6 +566,9 @@ run_cell() {
 	# other servers issue tickets too) and the row's note says so.
 	local stats=()
 	[[ $proxy == direct && $cell == https-close ]] && stats=(-stats-url "https://127.0.0.1:$UP_TLS_PORT/stats")
+	# The compression cell: what one response asked for as wrk asks was
+	# (its Content-Encoding and body size), the row's note.
+	[[ -n $ENCODING ]] && stats+=(-note "$(encoding_note "$url")")
 	measure "$proxy" "$cell" "$pid" "$RESULTS" "$WORK" -idle-kib "$idle_kib" "${stats[@]}" ||
 		row "$proxy" "$cell" failed "bench/benchtab measure failed (see the log above)"
 	[[ $proxy != direct ]] && stop_tree "$pid"

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -24,6 +25,10 @@ type Load struct {
 	// failed requests (its "errored" ones included); h3load's errors plus
 	// its non-2xx responses.
 	Errors int64
+	// ReadBytes is what the responses took on the wire, status lines,
+	// headers and bodies as sent (compressed or not, chunked or not): wrk's
+	// "MB read" (to its two decimals); zero when the tool gave none.
+	ReadBytes int64
 	// Note, for the row: h3load -close's handshakes, how many resumed and
 	// their key exchange.
 	Note string
@@ -54,6 +59,8 @@ func parseLoad(tool string, out, h2log []byte) (Load, error) {
 //	  Socket errors: connect 0, read 12, write 0, timeout 3
 //	  Non-2xx or 3xx responses: 28384
 //	Requests/sec:  27419.61
+//
+// "61.44MB read" is in units of 1024 (wrk's format_binary).
 func parseWrk(out []byte) Load {
 	var l Load
 	for _, line := range lines(out) {
@@ -64,6 +71,9 @@ func parseWrk(out []byte) Load {
 			l.RPS, _ = strconv.ParseFloat(f[1], 64)
 		case strings.Contains(line, " requests in "):
 			l.Requests, _ = strconv.ParseInt(f[0], 10, 64)
+			if len(f) > 5 && f[5] == "read" {
+				l.ReadBytes = binaryBytes(f[4])
+			}
 		case f[0] == "50%" && len(f) > 1:
 			l.P50 = toMs(f[1])
 		case f[0] == "99%" && len(f) > 1:
@@ -82,6 +92,27 @@ func parseWrk(out []byte) Load {
 		}
 	}
 	return l
+}
+
+// binaryBytes converts a wrk byte count ("512.00B", "61.44MB", "1.02GB",
+// units of 1024) to bytes; anything else is 0.
+func binaryBytes(v string) int64 {
+	scale := 1.0
+	for i, u := range []string{"B", "KB", "MB", "GB", "TB", "PB"} {
+		if i > 0 {
+			scale *= 1024
+		}
+		num, ok := strings.CutSuffix(v, u)
+		if !ok || num == "" || strings.ContainsAny(num[len(num)-1:], "KMGTP") {
+			continue
+		}
+		n, err := strconv.ParseFloat(num, 64)
+		if err != nil {
+			return 0
+		}
+		return int64(math.Round(n * scale))
+	}
+	return 0
 }
 
 // toMs converts a wrk latency ("812.00us", "1.20ms", "2.01s", "1.50m") to

@@ -14,13 +14,15 @@ func TestParseLoad(t *testing.T) {
 		want       Load
 	}{
 		{"wrk keep-alive run", "wrk", "wrk-http-1k.txt", "",
-			Load{Requests: 56415, RPS: 27419.61, P50: 0.325, P99: 120.62}},
+			Load{Requests: 56415, RPS: 27419.61, P50: 0.325, P99: 120.62, ReadBytes: 64424509}},
+		{"wrk's bytes read of a compressed response", "wrk", "wrk-http-html64k.txt", "",
+			Load{Requests: 43075, RPS: 4293.11, P50: 14.89, P99: 52.96, ReadBytes: 381167862}},
 		{"wrk counts non-2xx responses as errors", "wrk", "wrk-non2xx.txt", "",
-			Load{Requests: 28384, RPS: 13413.41, P50: 0.569, P99: 214.54, Errors: 28384}},
+			Load{Requests: 28384, RPS: 13413.41, P50: 0.569, P99: 214.54, Errors: 28384, ReadBytes: 4991222}},
 		{"wrk adds every kind of socket error to the non-2xx", "wrk", "wrk-socket-errors.txt", "",
-			Load{Requests: 20946, RPS: 6958.80, P50: 6.02, P99: 1020, Errors: 12 + 1 + 3 + 5}},
+			Load{Requests: 20946, RPS: 6958.80, P50: 6.02, P99: 1020, Errors: 12 + 1 + 3 + 5, ReadBytes: 23907533}},
 		{"wrk Connection: close run", "wrk", "wrk-https-close.txt", "",
-			Load{Requests: 881, RPS: 414.98, P50: 4.99, P99: 195.93}},
+			Load{Requests: 881, RPS: 414.98, P50: 4.99, P99: 195.93, ReadBytes: 1027604}},
 		{"wrk that could not connect measured nothing", "wrk", "wrk-refused.txt", "", Load{}},
 		{"h2load takes done, failed and its log's percentiles", "h2load", "h2load-h2-1k.txt", "h2load-h2-1k.log",
 			Load{Requests: 16264, RPS: 8132, P50: 2.501, P99: 8.684}}, // as sort -n | awk read them
@@ -57,7 +59,8 @@ func TestParseLoad(t *testing.T) {
 
 func closeLoad(a, b Load) bool {
 	near := func(x, y float64) bool { return x-y < 1e-9 && y-x < 1e-9 }
-	return a.Requests == b.Requests && a.Errors == b.Errors && near(a.RPS, b.RPS) && near(a.P50, b.P50) && near(a.P99, b.P99) && a.Note == b.Note
+	return a.Requests == b.Requests && a.Errors == b.Errors && near(a.RPS, b.RPS) && near(a.P50, b.P50) && near(a.P99, b.P99) && a.Note == b.Note &&
+		a.ReadBytes == b.ReadBytes
 }
 
 func TestH3loadErrorsIncludeNon2xx(t *testing.T) {
@@ -104,4 +107,15 @@ func mustRead(t *testing.T, name string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func TestBinaryBytes(t *testing.T) {
+	for in, want := range map[string]int64{
+		"512.00B": 512, "8.50KB": 8704, "61.44MB": 64424509, "1.02GB": 1095216660, "1.00TB": 1 << 40,
+		"": 0, "B": 0, "12": 0, "3.5XB": 0, "-": 0, "1.5KiB": 0,
+	} {
+		if got := binaryBytes(in); got != want {
+			t.Errorf("binaryBytes(%q) = %d, want %d", in, got, want)
+		}
+	}
 }

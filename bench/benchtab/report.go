@@ -28,15 +28,16 @@ type Meta struct {
 
 // cellNames are the table's words for each cell.
 var cellNames = map[string]string{
-	"http-1k":     "HTTP keep-alive 1 KiB",
-	"http-1m":     "HTTP keep-alive 1 MiB",
-	"https-1k":    "HTTPS keep-alive 1 KiB",
-	"https-close": "HTTPS new connection per request 1 KiB",
-	"h2-1k":       "h2 (TLS) 1 KiB, 16 conns × 16 streams",
-	"h2-1k-1s":    "h2 (TLS) 1 KiB, 64 conns × 1 stream",
-	"h2-1m":       "h2 (TLS) 1 MiB, 16 conns × 4 streams",
-	"h3-1k":       "HTTP/3 1 KiB, 16 conns × 16 streams",
-	"h3-close":    "HTTP/3 new connection per request 1 KiB",
+	"http-1k":      "HTTP keep-alive 1 KiB",
+	"http-1m":      "HTTP keep-alive 1 MiB",
+	"https-1k":     "HTTPS keep-alive 1 KiB",
+	"https-close":  "HTTPS new connection per request 1 KiB",
+	"h2-1k":        "h2 (TLS) 1 KiB, 16 conns × 16 streams",
+	"h2-1k-1s":     "h2 (TLS) 1 KiB, 64 conns × 1 stream",
+	"h2-1m":        "h2 (TLS) 1 MiB, 16 conns × 4 streams",
+	"h3-1k":        "HTTP/3 1 KiB, 16 conns × 16 streams",
+	"h3-close":     "HTTP/3 new connection per request 1 KiB",
+	"http-html64k": "HTTP keep-alive 64 KiB HTML, Accept-Encoding: gzip, zstd",
 }
 
 func cellName(c string) string {
@@ -100,8 +101,16 @@ func writeMarkdown(w io.Writer, m Meta, sums []Summary) {
 	}
 	fmt.Fprintf(w, "Versions: %s. Ratios within this run are what count; absolute figures move with the machine's other load.\n\n", strings.Join(vs, ", "))
 
-	fmt.Fprintln(w, "| cell | proxy | req/s | × direct | p50 ms | p99 ms | CPU µs/req | ctx switches/req | peak RSS MiB | idle RSS MiB | errors |")
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	// bytes/resp, what a response took on the wire, only for results that
+	// counted it (wrk's; a results file from before it was counted renders
+	// as it always did).
+	withBytes := slices.ContainsFunc(sums, func(s Summary) bool { return s.BytesPerResponse != nil })
+	bytesHead, bytesRule, bytesNone := "", "", ""
+	if withBytes {
+		bytesHead, bytesRule, bytesNone = " bytes/resp |", "--:|", " — |"
+	}
+	fmt.Fprintf(w, "| cell | proxy | req/s | × direct | p50 ms | p99 ms |%s CPU µs/req | ctx switches/req | peak RSS MiB | idle RSS MiB | errors |\n", bytesHead)
+	fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|%s--:|--:|--:|--:|--:|\n", bytesRule)
 	var notes []string
 	said := map[string]bool{}
 	for _, s := range sums {
@@ -115,15 +124,19 @@ func writeMarkdown(w io.Writer, m Meta, sums []Summary) {
 				notes = append(notes, n)
 			}
 		}
+		bytesCell, bytesEmpty := "", ""
+		if withBytes {
+			bytesCell, bytesEmpty = " "+orDash(s.BytesPerResponse, 0)+" |", " |"
+		}
 		switch s.Status {
 		case "ok":
-			fmt.Fprintf(w, "| %s | %s | %.0f | %s | %.2f | %.2f | %s | %s | %s | %s | %d |\n", cellName(s.Cell), s.Proxy,
-				val(s.RPS), orDash(s.RatioToDirect, 2), val(s.P50), val(s.P99), orDash(s.CPU, 1), orDash(s.CtxSwitches, 2),
+			fmt.Fprintf(w, "| %s | %s | %.0f | %s | %.2f | %.2f |%s %s | %s | %s | %s | %d |\n", cellName(s.Cell), s.Proxy,
+				val(s.RPS), orDash(s.RatioToDirect, 2), val(s.P50), val(s.P99), bytesCell, orDash(s.CPU, 1), orDash(s.CtxSwitches, 2),
 				orDash(s.PeakMiB, 1), orDash(s.IdleMiB, 1), *s.Errors)
 		case "n/a":
-			fmt.Fprintf(w, "| %s | %s | — | — | — | — | — | — | — | — | — |\n", cellName(s.Cell), s.Proxy)
+			fmt.Fprintf(w, "| %s | %s | — | — | — | — |%s — | — | — | — | — |\n", cellName(s.Cell), s.Proxy, bytesNone)
 		default:
-			fmt.Fprintf(w, "| %s | %s | %s | | | | | | | | |\n", cellName(s.Cell), s.Proxy, s.Status)
+			fmt.Fprintf(w, "| %s | %s | %s | | | |%s | | | | |\n", cellName(s.Cell), s.Proxy, s.Status, bytesEmpty)
 		}
 	}
 	if len(notes) > 0 {
@@ -262,7 +275,7 @@ func writeJSON(w io.Writer, m Meta, sums []Summary) error {
 		rep.Versions = map[string]string{}
 	}
 	for _, s := range sums {
-		for _, f := range []**float64{&s.RPS, &s.RatioToDirect, &s.P50, &s.P99, &s.CPU, &s.CtxSwitches, &s.RWSyscalls, &s.PeakMiB, &s.IdleMiB, &s.UpstreamCPU} {
+		for _, f := range []**float64{&s.RPS, &s.RatioToDirect, &s.P50, &s.P99, &s.CPU, &s.CtxSwitches, &s.RWSyscalls, &s.PeakMiB, &s.IdleMiB, &s.UpstreamCPU, &s.BytesPerResponse} {
 			*f = sig(*f)
 		}
 		rep.Results = append(rep.Results, s)

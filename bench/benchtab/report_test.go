@@ -90,3 +90,46 @@ func TestTargetsSetTheFloorAgainstThemToo(t *testing.T) {
 		t.Errorf("the floor's line should follow the edge's:\n%s", out)
 	}
 }
+
+// TestBytesPerResponseColumn: results that counted bytes on the wire
+// (testdata/results-html64k.jsonl, a run of the compression cell) get the
+// bytes/resp column, between p99 and CPU, and a row without the figure a
+// dash; the golden results, from before it was counted, render without it
+// (TestMarkdownMatchesTheShellTable).
+func TestBytesPerResponseColumn(t *testing.T) {
+	rows, err := readRows("testdata/results-html64k.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows = append(rows, Row{Round: 1, Summary: Summary{Proxy: "traefik", Cell: "http-html64k", Status: "skipped", Note: "not built"}},
+		Row{Round: 1, Summary: Summary{Proxy: "haproxy", Cell: "http-html64k", Status: "n/a", Note: "no"}})
+	var b bytes.Buffer
+	writeMarkdown(&b, goldenMeta, aggregate(rows))
+	out := b.String()
+	for _, want := range []string{
+		"| cell | proxy | req/s | × direct | p50 ms | p99 ms | bytes/resp | CPU µs/req | ctx switches/req | peak RSS MiB | idle RSS MiB | errors |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+		"| HTTP keep-alive 64 KiB HTML, Accept-Encoding: gzip, zstd | direct | 23927 | 1.00 | 2.04 | 11.16 | 65675 | — | — | — | — | 0 |",
+		"| HTTP keep-alive 64 KiB HTML, Accept-Encoding: gzip, zstd | scafo-edge | 4293 | 0.18 | 14.89 | 52.96 | 8849 | 303.4 | 2.60 | 69.8 | 21.4 | 0 |",
+		"| HTTP keep-alive 64 KiB HTML, Accept-Encoding: gzip, zstd | traefik | skipped | | | | | | | | | |",
+		"| HTTP keep-alive 64 KiB HTML, Accept-Encoding: gzip, zstd | haproxy | — | — | — | — | — | — | — | — | — | — |",
+		"- nginx: Accept-Encoding: gzip, zstd: Content-Encoding gzip, 10029 bytes of body",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the table lacks %q:\n%s", want, out)
+		}
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "| HTTP keep-alive 64 KiB") {
+			if n := strings.Count(line, "|"); n != 13 {
+				t.Errorf("%d cells in %q, want 12", n-1, line)
+			}
+		}
+	}
+	var j bytes.Buffer
+	if err := writeJSON(&j, goldenMeta, aggregate(rows)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(j.String(), `"bytes_per_response": 8849`) {
+		t.Errorf("the JSON lacks the edge's bytes_per_response:\n%s", j.String())
+	}
+}

@@ -38,6 +38,9 @@ func (r *Row) figures(w Window, direct bool) {
 	r.Status, r.RoundsOK = "ok", 1
 	r.Requests, r.Errors = &w.Load.Requests, &w.Load.Errors
 	r.RPS, r.P50, r.P99 = ptr(w.Load.RPS), ptr(round(w.Load.P50, 3)), ptr(round(w.Load.P99, 3))
+	if w.Load.ReadBytes > 0 {
+		r.BytesPerResponse = ptr(round(float64(w.Load.ReadBytes)/n, 0))
+	}
 	r.UpstreamCPU = ptr(round(float64(w.UpAfter.CPUTicks-w.UpBefore.CPUTicks)*1e6/tck/n, 1))
 	if direct {
 		return
@@ -121,6 +124,11 @@ type Summary struct {
 	Errors        *int64   `json:"errors"` // summed over the rounds
 	UpstreamCPU   *float64 `json:"upstream_cpu_us_per_request"`
 	Note          string   `json:"note"`
+	// BytesPerResponse is what a response took on the wire, headers
+	// included (wrk's bytes read over its requests): the size a
+	// compressing proxy sends. Absent where the tool does not count it
+	// (h2load, h3load) and in results from before it was counted.
+	BytesPerResponse *float64 `json:"bytes_per_response,omitempty"`
 }
 
 // aggregate folds rows into one Summary per proxy and cell, in the order
@@ -136,6 +144,7 @@ func aggregate(rows []Row) []Summary {
 		requests, errors       int64
 		rps, p50, p99, ratio   []float64
 		cpu, ctx, rw, idle, up []float64
+		bytes                  []float64
 	}
 	type roundCell struct {
 		round int
@@ -190,6 +199,7 @@ func aggregate(rows []Row) []Summary {
 		add(&a.rw, r.RWSyscalls)
 		add(&a.idle, r.IdleMiB)
 		add(&a.up, r.UpstreamCPU)
+		add(&a.bytes, r.BytesPerResponse)
 		if r.PeakMiB != nil && (a.s.PeakMiB == nil || *r.PeakMiB > *a.s.PeakMiB) {
 			a.s.PeakMiB = ptr(*r.PeakMiB)
 		}
@@ -204,6 +214,7 @@ func aggregate(rows []Row) []Summary {
 			s.RatioToDirect = median(a.ratio)
 			s.CPU, s.CtxSwitches, s.RWSyscalls = median(a.cpu), median(a.ctx), median(a.rw)
 			s.IdleMiB, s.UpstreamCPU = median(a.idle), median(a.up)
+			s.BytesPerResponse = median(a.bytes)
 		}
 		out = append(out, s)
 	}

@@ -9,7 +9,13 @@ type obj = map[string]any
 // TLS once it has a connection policy: plain (h1) on s.Addr and TLS (h1,
 // h2, and with h3 also HTTP/3 on the UDP side of the port) on s.TLSAddr.
 // Each routes a host to its application; Tuned sizes the idle pool.
-func (s *Setup) caddy(h3 bool) string {
+//
+// With encode (caddy-encode.json, the compression cell's), each route
+// first runs Caddy's encode handler, zstd preferred to gzip, with its
+// defaults otherwise (gzip level 5, zstd's default level, responses of 512
+// bytes or more of the types it compresses): what a Caddyfile's
+// "encode zstd gzip" gives.
+func (s *Setup) caddy(h3, encode bool) string {
 	var routes []any
 	for _, r := range s.Routes {
 		rp := obj{"handler": "reverse_proxy", "upstreams": []any{obj{"dial": r.Addr}}}
@@ -17,7 +23,12 @@ func (s *Setup) caddy(h3 bool) string {
 			rp["transport"] = obj{"protocol": "http", "keep_alive": obj{"enabled": true,
 				"max_idle_conns": 256, "max_idle_conns_per_host": 256}}
 		}
-		routes = append(routes, obj{"match": []any{obj{"host": []any{r.Host}}}, "handle": []any{rp}, "terminal": true})
+		handle := []any{rp}
+		if encode {
+			handle = []any{obj{"handler": "encode", "encodings": obj{"zstd": obj{}, "gzip": obj{}},
+				"prefer": []any{"zstd", "gzip"}}, rp}
+		}
+		routes = append(routes, obj{"match": []any{obj{"host": []any{r.Host}}}, "handle": handle, "terminal": true})
 	}
 	protos := []any{"h1", "h2"}
 	if h3 {

@@ -12,6 +12,7 @@ const (
 	haproxyPlain haproxyVariant = iota // haproxy.cfg: its TLS bind offers http/1.1 only
 	haproxyH2                          // haproxy-h2.cfg: its TLS bind offers h2 first
 	haproxyQueue                       // haproxy-queue.cfg: haproxyPlain with a per-server maxconn and a queue
+	haproxyGzip                        // haproxy-gzip.cfg: haproxyPlain compressing responses with gzip
 )
 
 // haproxy is HAProxy's configuration: Workers threads, the timeouts and
@@ -23,6 +24,10 @@ const (
 // The queue variant is what HAProxy's operators add for a slow backend:
 // requests beyond HAProxyServerMaxConn at a server wait in its backend's
 // queue, and one that waited HAProxyQueueTimeout gets 503.
+//
+// The gzip variant (the compression cell's) compresses the usual text
+// types with gzip for clients that take it, at HAProxy's defaults
+// otherwise; it has no zstd.
 func (s *Setup) haproxy(variant haproxyVariant) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "global\n  nbthread %d\n", s.Workers)
@@ -38,6 +43,9 @@ func (s *Setup) haproxy(variant haproxyVariant) string {
 `)
 	if variant == haproxyQueue {
 		fmt.Fprintf(&b, "  timeout queue %s\n", s.HAProxyQueueTimeout)
+	}
+	if variant == haproxyGzip {
+		b.WriteString("  compression algo gzip\n  compression type text/html text/plain text/css text/xml application/json application/javascript application/xml image/svg+xml\n")
 	}
 	fmt.Fprintf(&b, `  option http-keep-alive
   option forwardfor

@@ -8,14 +8,19 @@
 // writes into -dir, for each PROXY named:
 //
 //	scafo-edge  routes.json (its --routes-file)
-//	caddy       caddy.json; caddy-h3.json, whose TLS server adds h3
+//	caddy       caddy.json; caddy-h3.json, whose TLS server adds h3;
+//	            caddy-encode.json, compressing (encode, zstd then gzip)
 //	traefik     traefik.yml (the file provider's dynamic configuration;
-//	            the static one is the command line the script builds)
+//	            the static one is the command line the script builds);
+//	            traefik-compress.yml, compressing (compress middleware)
 //	nginx       nginx/nginx.conf; with TLS, nginx/nginx-h2.conf, whose TLS
-//	            listener also offers h2
+//	            listener also offers h2; nginx/nginx-gzip.conf, compressing
 //	haproxy     haproxy.cfg; with TLS, haproxy-h2.cfg, whose TLS bind
 //	            offers h2 first; with -haproxy-server-maxconn,
-//	            haproxy-queue.cfg
+//	            haproxy-queue.cfg; haproxy-gzip.cfg, compressing
+//
+// The compressing variants are bench/run.sh's http-html64k cell's; no other
+// cell uses them (scafo-edge compresses by default and needs none).
 //
 // The certificate is -dir's cert.pem and key.pem (bundle.pem, both in one,
 // for HAProxy), made by the script.

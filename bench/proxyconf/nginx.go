@@ -16,7 +16,12 @@ import (
 // closed every 1000 requests, and turns buffering off: bodies stream
 // through a 32 KiB buffer, as the Go proxies copy them, instead of spooling
 // a 1 MiB body to a temporary file.
-func (s *Setup) nginx(h2 bool) string {
+//
+// With gzip (nginx-gzip.conf, the compression cell's), responses of 512
+// bytes or more of the usual text types are gzipped for clients that take
+// it, proxied ones included, at nginx's default gzip_comp_level (1);
+// Debian's nginx has no zstd module.
+func (s *Setup) nginx(h2, gzip bool) string {
 	var b strings.Builder
 	user := ""
 	if s.Root {
@@ -41,6 +46,15 @@ http {
 		}
 	}
 	keepAlive("  ")
+	if gzip {
+		// text/html is always in gzip_types (naming it draws a warning).
+		b.WriteString(`  gzip on;
+  gzip_types text/plain text/css text/xml application/json application/javascript application/xml image/svg+xml;
+  gzip_proxied any;
+  gzip_min_length 512;
+  gzip_vary on;
+`)
+	}
 	for _, t := range [][2]string{{"client_body", "body"}, {"proxy", "proxy"}, {"fastcgi", "fastcgi"}, {"uwsgi", "uwsgi"}, {"scgi", "scgi"}} {
 		fmt.Fprintf(&b, "  %s_temp_path %s/tmp/%s;\n", t[0], dir, t[1])
 	}

@@ -112,12 +112,15 @@ func TestConfigurationsAreTheScriptsOwn(t *testing.T) {
 				"nginx/nginx.conf":    {nginxKey, nginxKey + nginxProtocols},
 				"nginx/nginx-h2.conf": {nginxKey, nginxKey + nginxProtocols}},
 			bytes: []string{"traefik.yml", "nginx/nginx.conf", "nginx/nginx-h2.conf", "haproxy.cfg", "haproxy-h2.cfg"},
+			// The compression cell's variants (TestCompressionVariants).
+			added: compressionFiles,
 		},
 		{
 			name:  "overload",
 			flags: overloadFlags,
-			// Caddy's HTTP/3 variant, which the overload rows do not use.
-			added: []string{"caddy-h3.json"},
+			// Caddy's HTTP/3 variant and the compression cell's, which the
+			// overload rows do not use.
+			added: append([]string{"caddy-h3.json"}, compressionFiles...),
 			bytes: []string{"haproxy-queue.cfg"},
 		},
 	} {
@@ -239,7 +242,7 @@ func TestOnlyTheNamedProxiesAreWritten(t *testing.T) {
 		names = append(names, f)
 	}
 	slices.Sort(names)
-	want := []string{"caddy-h3.json", "caddy.json", "haproxy-h2.cfg", "haproxy.cfg"}
+	want := []string{"caddy-encode.json", "caddy-h3.json", "caddy.json", "haproxy-gzip.cfg", "haproxy-h2.cfg", "haproxy.cfg"}
 	if !slices.Equal(names, want) {
 		t.Errorf("files = %q, want %q", names, want)
 	}
@@ -301,4 +304,117 @@ func scriptFunction(t *testing.T, src, name string) string {
 		t.Fatalf("%s() does not end", name)
 	}
 	return body[:end+2]
+}
+
+// compressionFiles are the compression cell's (http-html64k) variants, one
+// per proxy that needs its compression turned on (scafo-edge compresses by
+// default).
+var compressionFiles = []string{"caddy-encode.json", "traefik-compress.yml", "nginx/nginx-gzip.conf", "haproxy-gzip.cfg"}
+
+// TestCompressionVariants: each compression variant is its proxy's usual
+// file plus the compression settings and nothing else, so the compression
+// cell differs from the others only in them, and the other cells, which
+// run the usual files, do not change at all.
+func TestCompressionVariants(t *testing.T) {
+	const nginxGzip = `  gzip on;
+  gzip_types text/plain text/css text/xml application/json application/javascript application/xml image/svg+xml;
+  gzip_proxied any;
+  gzip_min_length 512;
+  gzip_vary on;
+`
+	const haproxyGzip = "  compression algo gzip\n" +
+		"  compression type text/html text/plain text/css text/xml application/json application/javascript application/xml image/svg+xml\n"
+	for _, tc := range []struct {
+		name   string
+		flags  []string
+		routes int
+	}{{"run", runFlags, 1}, {"overload", overloadFlags, 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := write(t, tc.flags, allProxies...)
+
+			// Caddy: every route of both servers runs encode, zstd
+			// preferred, before its reverse_proxy.
+			var caddy, encode map[string]any
+			if err := json.Unmarshal([]byte(got["caddy.json"]), &caddy); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal([]byte(got["caddy-encode.json"]), &encode); err != nil {
+				t.Fatal(err)
+			}
+			wantEncode := map[string]any{"handler": "encode", "encodings": map[string]any{"zstd": map[string]any{}, "gzip": map[string]any{}},
+				"prefer": []any{"zstd", "gzip"}}
+			servers := encode["apps"].(map[string]any)["http"].(map[string]any)["servers"].(map[string]any)
+			n := 0
+			for _, srv := range servers {
+				for _, r := range srv.(map[string]any)["routes"].([]any) {
+					route := r.(map[string]any)
+					handle := route["handle"].([]any)
+					if len(handle) != 2 || !reflect.DeepEqual(handle[0], wantEncode) || handle[1].(map[string]any)["handler"] != "reverse_proxy" {
+						t.Errorf("caddy-encode.json route %v: want encode, then reverse_proxy", route["match"])
+					}
+					route["handle"] = handle[1:]
+					n++
+				}
+			}
+			if n != 2*tc.routes {
+				t.Errorf("caddy-encode.json: %d routes, want %d", n, 2*tc.routes)
+			}
+			if !reflect.DeepEqual(encode, caddy) {
+				t.Errorf("caddy-encode.json without encode is not caddy.json:\n%s", got["caddy-encode.json"])
+			}
+
+			// nginx: the gzip directives in the http block.
+			gz := got["nginx/nginx-gzip.conf"]
+			if !strings.Contains(gz, "http {\n") || strings.Count(gz, nginxGzip) != 1 || strings.Index(gz, nginxGzip) < strings.Index(gz, "http {\n") {
+				t.Errorf("nginx-gzip.conf: no gzip directives in its http block:\n%s", gz)
+			}
+			if strings.Replace(gz, nginxGzip, "", 1) != got["nginx/nginx.conf"] {
+				t.Errorf("nginx-gzip.conf without its gzip directives is not nginx.conf:\n%s", gz)
+			}
+			if strings.Contains(got["nginx/nginx.conf"], "gzip") {
+				t.Error("nginx.conf compresses")
+			}
+
+			// HAProxy: compression in the defaults section.
+			hg := got["haproxy-gzip.cfg"]
+			if i := strings.Index(hg, haproxyGzip); i < strings.Index(hg, "defaults\n") || i > strings.Index(hg, "frontend ") {
+				t.Errorf("haproxy-gzip.cfg: no compression in its defaults:\n%s", hg)
+			}
+			if strings.Replace(hg, haproxyGzip, "", 1) != got["haproxy.cfg"] {
+				t.Errorf("haproxy-gzip.cfg without compression is not haproxy.cfg:\n%s", hg)
+			}
+			if strings.Contains(got["haproxy.cfg"], "compression") {
+				t.Error("haproxy.cfg compresses")
+			}
+
+			// Traefik: every router through the compress middleware.
+			var tr, tc2 map[string]any
+			if err := yaml.Unmarshal([]byte(got["traefik.yml"]), &tr); err != nil {
+				t.Fatal(err)
+			}
+			if err := yaml.Unmarshal([]byte(got["traefik-compress.yml"]), &tc2); err != nil {
+				t.Fatal(err)
+			}
+			h := tc2["http"].(map[string]any)
+			wantMw := map[string]any{"compress": map[string]any{"compress": map[string]any{"encodings": []any{"zstd", "gzip"}}}}
+			if !reflect.DeepEqual(h["middlewares"], wantMw) {
+				t.Errorf("traefik-compress.yml middlewares = %v, want %v", h["middlewares"], wantMw)
+			}
+			delete(h, "middlewares")
+			routers := h["routers"].(map[string]any)
+			if len(routers) != 2*tc.routes {
+				t.Errorf("traefik-compress.yml: %d routers, want %d", len(routers), 2*tc.routes)
+			}
+			for name, r := range routers {
+				router := r.(map[string]any)
+				if !reflect.DeepEqual(router["middlewares"], []any{"compress"}) {
+					t.Errorf("traefik-compress.yml router %s: middlewares %v, want [compress]", name, router["middlewares"])
+				}
+				delete(router, "middlewares")
+			}
+			if !reflect.DeepEqual(tc2, tr) {
+				t.Errorf("traefik-compress.yml without compress is not traefik.yml:\n%s", got["traefik-compress.yml"])
+			}
+		})
+	}
 }

@@ -106,20 +106,21 @@ func (s *Setup) Write(proxy string) error {
 	case "scafo-edge":
 		files = map[string]string{"routes.json": s.edgeRoutes()}
 	case "caddy":
-		files = map[string]string{"caddy.json": s.caddy(false), "caddy-h3.json": s.caddy(true)}
+		files = map[string]string{"caddy.json": s.caddy(false, false), "caddy-h3.json": s.caddy(true, false),
+			"caddy-encode.json": s.caddy(false, true)}
 	case "traefik":
-		files = map[string]string{"traefik.yml": s.traefik()}
+		files = map[string]string{"traefik.yml": s.traefik(false), "traefik-compress.yml": s.traefik(true)}
 	case "nginx":
 		// Its temporary files' directories, which nginx makes below it.
 		if err := os.MkdirAll(filepath.Join(s.Dir, "nginx", "tmp"), 0o755); err != nil {
 			return err
 		}
-		files = map[string]string{"nginx/nginx.conf": s.nginx(false)}
+		files = map[string]string{"nginx/nginx.conf": s.nginx(false, false), "nginx/nginx-gzip.conf": s.nginx(false, true)}
 		if !s.NginxPlainOnly {
-			files["nginx/nginx-h2.conf"] = s.nginx(true)
+			files["nginx/nginx-h2.conf"] = s.nginx(true, false)
 		}
 	case "haproxy":
-		files = map[string]string{"haproxy.cfg": s.haproxy(haproxyPlain)}
+		files = map[string]string{"haproxy.cfg": s.haproxy(haproxyPlain), "haproxy-gzip.cfg": s.haproxy(haproxyGzip)}
 		if !s.HAProxyPlainOnly {
 			files["haproxy-h2.cfg"] = s.haproxy(haproxyH2)
 		}

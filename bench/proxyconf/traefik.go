@@ -15,19 +15,29 @@ import (
 // and "tls", as bench/run.sh always had them); with several, each has a
 // router per entry point matching its host ("<name>" and "<name>-tls").
 // Tuned gives the services a transport keeping 256 idle connections.
-func (s *Setup) traefik() string {
+//
+// With compress (traefik-compress.yml, the compression cell's), every
+// router goes through Traefik's compress middleware, zstd first, then
+// gzip, at its defaults otherwise.
+func (s *Setup) traefik(compress bool) string {
 	var b strings.Builder
-	b.WriteString("http:\n  routers:\n")
+	mw := ""
+	if compress {
+		b.WriteString("http:\n  middlewares:\n    compress: {compress: {encodings: [zstd, gzip]}}\n  routers:\n")
+		mw = ", middlewares: [compress]"
+	} else {
+		b.WriteString("http:\n  routers:\n")
+	}
 	if len(s.Routes) == 1 {
 		name := s.Routes[0].Name
-		fmt.Fprintf(&b, "    plain: {rule: \"PathPrefix(`/`)\", entryPoints: [plain], service: %s}\n", name)
-		fmt.Fprintf(&b, "    tls: {rule: \"PathPrefix(`/`)\", entryPoints: [tls], service: %s, tls: {}}\n", name)
+		fmt.Fprintf(&b, "    plain: {rule: \"PathPrefix(`/`)\", entryPoints: [plain], service: %s%s}\n", name, mw)
+		fmt.Fprintf(&b, "    tls: {rule: \"PathPrefix(`/`)\", entryPoints: [tls], service: %s, tls: {}%s}\n", name, mw)
 	} else {
 		for _, r := range s.Routes {
-			fmt.Fprintf(&b, "    %s: {rule: \"Host(`%s`)\", entryPoints: [plain], service: %[1]s}\n", r.Name, r.Host)
+			fmt.Fprintf(&b, "    %s: {rule: \"Host(`%s`)\", entryPoints: [plain], service: %[1]s%[3]s}\n", r.Name, r.Host, mw)
 		}
 		for _, r := range s.Routes {
-			fmt.Fprintf(&b, "    %s-tls: {rule: \"Host(`%s`)\", entryPoints: [tls], service: %[1]s, tls: {}}\n", r.Name, r.Host)
+			fmt.Fprintf(&b, "    %s-tls: {rule: \"Host(`%s`)\", entryPoints: [tls], service: %[1]s, tls: {}%[3]s}\n", r.Name, r.Host, mw)
 		}
 	}
 	b.WriteString("  services:\n")

@@ -1,6 +1,7 @@
 // Command upstream is the origin server of the benchmark (bench/run.sh): it
-// answers GET /1k with a fixed 1 KiB body and GET /1m with a fixed 1 MiB one,
-// over HTTP/1.1 keep-alive, and optionally over TLS for the direct HTTPS
+// answers GET /1k with a fixed 1 KiB body, GET /1m with a fixed 1 MiB one
+// and GET /html64k with a fixed 64 KiB HTML page (text/html, compressible
+// as pages are: the compression cell), over HTTP/1.1 keep-alive, and optionally over TLS for the direct HTTPS
 // ceiling. It does as little as possible per request so that the proxies'
 // costs, not the origin's, set the differences between rows.
 package main
@@ -37,8 +38,11 @@ func newBody(n int) body {
 
 var contentType = []string{"application/octet-stream"}
 
+// htmlType is /html64k's: a type every proxy compresses.
+var htmlType = []string{"text/html; charset=utf-8"}
+
 type handler struct {
-	small, large body
+	small, large, html body
 	// TLS requests served, and those on a resumed session: /stats tells
 	// whether the load generator's new connections resumed sessions (a
 	// full handshake signs with the certificate key; a resumed one does
@@ -62,12 +66,17 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b = h.small
 	case "/1m":
 		b = h.large
+	case "/html64k":
+		b = h.html
 	default:
 		http.NotFound(w, r)
 		return
 	}
 	hdr := w.Header()
 	hdr["Content-Type"] = contentType
+	if r.URL.Path == "/html64k" {
+		hdr["Content-Type"] = htmlType
+	}
 	hdr["Content-Length"] = b.length
 	if r.Method == http.MethodHead {
 		return
@@ -82,7 +91,7 @@ func main() {
 	key := flag.String("key", "", "PEM key for -tls-addr")
 	flag.Parse()
 
-	h := &handler{small: newBody(1 << 10), large: newBody(1 << 20)}
+	h := &handler{small: newBody(1 << 10), large: newBody(1 << 20), html: htmlBody(64 << 10)}
 	newServer := func() *http.Server {
 		return &http.Server{
 			Handler:           h,
@@ -117,7 +126,7 @@ func main() {
 		go func() { errc <- tsrv.ServeTLS(tln, *cert, *key) }()
 		servers = append(servers, tsrv)
 	}
-	fmt.Fprintf(os.Stderr, "upstream: serving /1k and /1m on %s", ln.Addr())
+	fmt.Fprintf(os.Stderr, "upstream: serving /1k, /1m and /html64k on %s", ln.Addr())
 	if *tlsAddr != "" {
 		fmt.Fprintf(os.Stderr, " and https://%s", *tlsAddr)
 	}
