@@ -156,8 +156,9 @@ type CertStatus struct {
 	NotAfter  time.Time `json:"not_after"`
 	ExpiresIn string    `json:"expires_in"` // rounded, for humans
 	Expiring  bool      `json:"expiring"`   // within certExpiryWarning
-	// NotRenewed: nothing renews it (a wildcard imported without DNS-01);
-	// it lapses at NotAfter.
+	// NotRenewed: nothing renews it (a wildcard imported, with no
+	// --dns-provider or its route key gone from the document); it lapses
+	// at NotAfter.
 	NotRenewed bool `json:"not_renewed,omitempty"`
 }
 

@@ -23,19 +23,22 @@ func (m *Manager) configFor(c certmagic.Certificate) (*certmagic.Config, error) 
 	return m.cfg, nil
 }
 
-// isBaseName reports whether name is a wildcard base or its "*.<base>".
+// isBaseName reports whether name is a wildcard base or its "*.<base>",
+// or a held "*.<base>" renewed by DNS-01 (held.go).
 func (m *Manager) isBaseName(name string) bool {
-	return m.bases[strings.TrimPrefix(name, "*.")]
+	b, wild := strings.CutPrefix(name, "*.")
+	return m.bases[b] || (wild && m.adoptedBase(b))
 }
 
 // underBase reports whether a certificate for one of the wildcard bases
-// would cover name: the base itself or one label under it.
+// would cover name: the base itself or one label under it; or one label
+// under a held wildcard renewed by DNS-01.
 func (m *Manager) underBase(name string) bool {
 	if m.bases[name] {
 		return true
 	}
 	i := strings.IndexByte(name, '.')
-	return i > 0 && m.bases[name[i+1:]]
+	return i > 0 && (m.bases[name[i+1:]] || m.adoptedBase(name[i+1:]))
 }
 
 // TLSConfig returns the configuration for the HTTPS listener: certificates

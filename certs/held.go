@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -14,9 +15,17 @@ import (
 // for wildcard route keys that no DNS-01 configuration (WildcardDomains)
 // keeps: certificates imported from Traefik or Caddy (certs/migrate).
 // Hosts under such a key are then served over HTTPS with it, as DNS-01
-// would have served them, and nothing is ever ordered for them
-// (docs/design.md rule 8). Nothing renews them either: each is logged
-// once with when it lapses, and Lapsing lists them for the status page.
+// would have served them.
+//
+// With a DNS provider (ModeACME, Options.DNSProvider), a held wildcard is
+// adopted while the live document names its key: renewed by DNS-01 as a
+// WildcardDomains base's is (the wildcard config, certmagic's
+// maintenance), its bare base never ordered. Only a certificate held and
+// valid is adopted, so nothing is ever ordered for a key the operator
+// holds no certificate for (docs/design.md rule 8), and a key the
+// document drops is released: no renewal after that. Without a provider
+// nothing renews them: each is logged once with when it lapses, and
+// Lapsing lists them for the status page.
 //
 // Safe for concurrent use.
 type HeldWildcards struct {
@@ -27,8 +36,8 @@ type HeldWildcards struct {
 	// status page) never wait for storage.
 	loading sync.Mutex
 	mu      sync.Mutex
-	// held maps each wildcard loaded to its certificate's expiry; Load
-	// writes it under both locks.
+	// held maps each wildcard loaded and not renewed (not adopted) to its
+	// certificate's expiry; Load writes it under both locks.
 	held map[string]time.Time
 	// failed remembers keys whose load failed for another reason than
 	// absence, so the failure is logged once.
@@ -100,8 +109,10 @@ func (h *HeldWildcards) recheck() {
 // Load looks in storage for a certificate for each "*.<base>" in keys
 // (other names are ignored) not kept by DNS-01 and not held yet, and
 // serves what it finds (Want calls it with each routing document's
-// wildcard keys); a key dropped from the document keeps its certificate
-// in memory until it expires, as any certificate would.
+// wildcard keys). With a DNS provider it adopts each one held and valid
+// (HeldWildcards) and releases those keys no longer names; a key dropped
+// from the document keeps its certificate in memory until it expires,
+// as any certificate would.
 func (h *HeldWildcards) Load(keys []string) {
 	if h == nil || h.m.ctx.Err() != nil {
 		return // closed: a load now would only log the cancellation
@@ -110,17 +121,37 @@ func (h *HeldWildcards) Load(keys []string) {
 	defer cancel()
 	h.loading.Lock()
 	defer h.loading.Unlock()
+	named, adopted := map[string]bool{}, false
 	for _, key := range keys {
 		base, ok := strings.CutPrefix(key, "*.")
 		if !ok || h.m.bases[base] {
 			continue
 		}
-		if until, ok := h.held[key]; ok && time.Now().Before(until) {
+		named[base] = true
+		if h.m.adoptedBase(base) {
 			continue
 		}
+		if until, ok := h.held[key]; ok && time.Now().Before(until) {
+			if h.m.renewsHeldBy != "" {
+				// Held unrenewed while the document left it out.
+				h.adopt(key, base, until)
+				adopted = true
+			}
+			continue
+		}
+		// Adopted before it is cached: a handshake under it never goes
+		// through on-demand maintenance, which would drop a certificate
+		// due for renewal that no exact name approves.
+		h.m.setAdopted(base, h.m.renewsHeldBy != "")
 		cert, err := h.m.cfg.CacheManagedCertificate(ctx, key)
+		if err == nil && !time.Now().Before(cert.Leaf.NotAfter) {
+			err = errHeldExpired
+		}
+		if err != nil {
+			h.m.setAdopted(base, false)
+		}
 		switch {
-		case errors.Is(err, fs.ErrNotExist):
+		case errors.Is(err, fs.ErrNotExist), errors.Is(err, errHeldExpired):
 			continue
 		case err != nil:
 			if !h.failed[key] {
@@ -131,19 +162,104 @@ func (h *HeldWildcards) Load(keys []string) {
 		}
 		delete(h.failed, key)
 		until := cert.Leaf.NotAfter
-		if !time.Now().Before(until) {
+		if h.m.renewsHeldBy != "" {
+			h.adopt(key, base, until)
+			adopted = true
 			continue
 		}
 		h.mu.Lock()
 		h.held[key] = until
 		h.mu.Unlock()
 		h.m.log.Warn().Str("name", key).Strs("names", cert.Names).Time("lapses_at", until).
-			Msg("wildcard certificate from storage served without renewal: no DNS-01 provider keeps it (--dns-provider, --wildcard-domains " + base + "); hosts under it lose HTTPS when it lapses")
+			Msg("wildcard certificate from storage served without renewal: no DNS-01 provider keeps it (--dns-provider); hosts under it lose HTTPS when it lapses")
+	}
+	for _, base := range h.m.adoptedBases() {
+		if !named[base] {
+			h.release("*."+base, base)
+		}
+	}
+	if adopted {
+		// Renew now what is due rather than at certmagic's next
+		// maintenance, up to 10 minutes on: an imported certificate may
+		// be close to lapsing. Renewals run on the Manager's context.
+		if err := h.m.cache.RenewManagedCertificates(h.m.ctx); err != nil {
+			h.m.log.Warn().Err(err).Msg("renewing the wildcard certificates adopted")
+		}
 	}
 }
 
+// errHeldExpired marks a wildcard in storage that has expired: not held,
+// so neither served nor renewed.
+var errHeldExpired = errors.New("expired")
+
+// adopt makes the held wildcard key renewed by DNS-01 from now on.
+func (h *HeldWildcards) adopt(key, base string, until time.Time) {
+	h.m.setAdopted(base, true)
+	h.mu.Lock()
+	delete(h.held, key)
+	h.mu.Unlock()
+	h.m.log.Info().Str("name", key).Time("not_after", until).
+		Msg("wildcard certificate from storage renewed by DNS-01 (--dns-provider " + h.m.renewsHeldBy + ") while the routing document names it")
+}
+
+// release stops renewing the adopted key, which the document no longer
+// names: its certificate is served until it lapses, as one not renewed.
+func (h *HeldWildcards) release(key, base string) {
+	h.m.setAdopted(base, false)
+	var until time.Time
+	for _, c := range h.m.cache.AllMatchingCertificates(key) {
+		if c.Leaf != nil && slices.Contains(c.Names, key) && c.Leaf.NotAfter.After(until) {
+			until = c.Leaf.NotAfter
+		}
+	}
+	if !until.IsZero() {
+		h.mu.Lock()
+		h.held[key] = until
+		h.mu.Unlock()
+	}
+	h.m.log.Info().Str("name", key).Msg("wildcard route key left the routing document: its certificate is no longer renewed")
+}
+
+// adoptedBase reports whether "*.<base>" is a held wildcard renewed by
+// DNS-01. Handshakes ask: one atomic load, no lock.
+func (m *Manager) adoptedBase(base string) bool {
+	a := m.adopted.Load()
+	return a != nil && (*a)[base]
+}
+
+// adoptedBases lists the bases adopted.
+func (m *Manager) adoptedBases() []string {
+	a := m.adopted.Load()
+	if a == nil {
+		return nil
+	}
+	out := make([]string, 0, len(*a))
+	for b := range *a {
+		out = append(out, b)
+	}
+	return out
+}
+
+// setAdopted adds base to the adopted bases or removes it. Its callers
+// are serialised (HeldWildcards.loading).
+func (m *Manager) setAdopted(base string, on bool) {
+	if m.adoptedBase(base) == on {
+		return
+	}
+	next := map[string]bool{}
+	if a := m.adopted.Load(); a != nil {
+		maps.Copy(next, *a)
+	}
+	if on {
+		next[base] = true
+	} else {
+		delete(next, base)
+	}
+	m.adopted.Store(&next)
+}
+
 // Lapsing lists the wildcard certificates served that nothing renews,
-// soonest expiry first.
+// soonest expiry first: none adopted.
 func (h *HeldWildcards) Lapsing() []CertInfo {
 	if h == nil {
 		return nil
@@ -159,7 +275,7 @@ func (h *HeldWildcards) Lapsing() []CertInfo {
 }
 
 // NotRenewed reports whether the certificate for names is a held
-// wildcard nothing renews.
+// wildcard nothing renews (not adopted).
 func (h *HeldWildcards) NotRenewed(names []string) bool {
 	if h == nil {
 		return false

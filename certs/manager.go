@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -168,8 +169,9 @@ type Manager struct {
 	cancel context.CancelFunc
 
 	cache *certmagic.Cache
-	// cfg serves on-demand names; wcfg (nil without WildcardDomains) keeps
-	// the wildcard and base certificates managed.
+	// cfg serves on-demand names; wcfg (nil without WildcardDomains and,
+	// in ModeACME, without a DNS provider) keeps the wildcard and base
+	// certificates managed, and the held wildcards adopted (held.go).
 	cfg, wcfg *certmagic.Config
 	// acme answers HTTP-01 challenges; nil in internal mode.
 	acme *certmagic.ACMEIssuer
@@ -187,6 +189,12 @@ type Manager struct {
 	metrics *metrics
 	// prefetch is nil unless Options.Prefetch is set in ModeACME.
 	prefetch *prefetch.Queue
+
+	// renewsHeldBy is the DNS provider in ModeACME ("": none), which
+	// renews a held "*.<base>" the document names (HeldWildcards);
+	// adopted are the bases of those, copy-on-write as handshakes read it.
+	renewsHeldBy string
+	adopted      atomic.Pointer[map[string]bool]
 
 	mu sync.Mutex
 	// held counts the issuance slots taken per name, released when
@@ -230,6 +238,9 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		return nil, err
 	}
 	m.bases = bases
+	if opts.Mode == ModeACME {
+		m.renewsHeldBy = opts.DNSProvider
+	}
 	storage, err := openStorage(opts)
 	if err != nil {
 		return nil, err
@@ -336,8 +347,9 @@ func openStorage(opts Options) (certmagic.Storage, error) {
 }
 
 // newConfigs makes the certificate cache and the on-demand config, and the
-// wildcard config when there are bases, all without issuers yet. It returns
-// the settings they share, for further configs.
+// wildcard config when there are bases or held wildcards may be renewed,
+// all without issuers yet. It returns the settings they share, for
+// further configs.
 func (m *Manager) newConfigs(storage certmagic.Storage, zl *zap.Logger) certmagic.Config {
 	m.cache = certmagic.NewCache(certmagic.CacheOptions{GetConfigForCert: m.configFor, Logger: zl})
 	base := certmagic.Config{
@@ -350,7 +362,7 @@ func (m *Manager) newConfigs(storage certmagic.Storage, zl *zap.Logger) certmagi
 	onDemand := base
 	onDemand.OnDemand = &certmagic.OnDemandConfig{DecisionFunc: m.decide}
 	m.cfg = certmagic.New(m.cache, onDemand)
-	if len(m.bases) > 0 {
+	if len(m.bases) > 0 || m.renewsHeldBy != "" {
 		m.wcfg = certmagic.New(m.cache, base)
 	}
 	return base
@@ -359,7 +371,7 @@ func (m *Manager) newConfigs(storage certmagic.Storage, zl *zap.Logger) certmagi
 // manageWildcards starts obtaining and renewing "*.<base>" and "<base>" for
 // every wildcard base, in the background.
 func (m *Manager) manageWildcards() error {
-	if m.wcfg == nil {
+	if m.wcfg == nil || len(m.bases) == 0 {
 		return nil
 	}
 	var names []string

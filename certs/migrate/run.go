@@ -16,9 +16,14 @@ type Options struct {
 	// edge's ACME CA (IssuerKey(--acme-ca)).
 	Store     Store
 	IssuerKey string
-	// Renewed reports whether the edge keeps "*.<base>" renewed by DNS-01
-	// (--dns-provider with base in --wildcard-domains); nil: none is.
+	// Renewed reports whether the edge keeps "*.<base>" renewed by DNS-01:
+	// with --dns-provider, as a --wildcard-domains base or while the
+	// routing document names "*.<base>" (certs.HeldWildcards); nil: none
+	// is.
 	Renewed func(base string) bool
+	// DNSProvider is --dns-provider, named where Run says a wildcard is
+	// renewed.
+	DNSProvider string
 	// Policy is what each certificate is checked against.
 	Policy
 }
@@ -32,8 +37,8 @@ type Summary struct {
 
 // Run checks and writes each candidate, printing to w a line per
 // certificate (what was done, its names, when it expires, where it came
-// from, or why it was refused), a warning per wildcard nothing will
-// renew, and a summary. A refused certificate writes nothing and does not
+// from, or why it was refused), per wildcard whether DNS-01 renews it or
+// a warning that nothing will, and a summary. A refused certificate writes nothing and does not
 // stop the others; an error from the store does.
 //
 // Names, sources and reasons come from another proxy's files, maybe an
@@ -73,14 +78,18 @@ func Run(ctx context.Context, cands []Candidate, o Options, w io.Writer) (Summar
 		fmt.Fprintf(w, "%-10s %s: not after %s (from %q)%s\n", verb, names(c.Names), c.Leaf.NotAfter.UTC().Format(time.RFC3339), c.Source, note)
 		for _, n := range c.Names {
 			base, ok := strings.CutPrefix(n, "*.")
-			if !ok || (o.Renewed != nil && o.Renewed(base)) {
+			if !ok {
+				continue
+			}
+			if o.Renewed != nil && o.Renewed(base) {
+				// o.DNSProvider is a flag value checked against the
+				// edge's table of providers.
+				fmt.Fprintf(w, "renewed    %q: by DNS-01 (--dns-provider %s) while the routing document names it\n", n, o.DNSProvider)
 				continue
 			}
 			sum.Lapsing = append(sum.Lapsing, n)
-			// base passed checkName: hostname characters only, printed
-			// bare so that it can be pasted as a flag value.
-			fmt.Fprintf(w, "warning    %q: no DNS-01 provider renews it (--dns-provider, --wildcard-domains %s); served until it lapses at %s, then hosts under it lose HTTPS\n",
-				n, base, c.Leaf.NotAfter.UTC().Format(time.RFC3339))
+			fmt.Fprintf(w, "warning    %q: no DNS-01 provider renews it (with --dns-provider the edge renews it while the routing document names it); served until it lapses at %s, then hosts under it lose HTTPS\n",
+				n, c.Leaf.NotAfter.UTC().Format(time.RFC3339))
 		}
 	}
 	fmt.Fprintf(w, "%d certificates: %d imported, %d unchanged, %d kept, %d refused\n",

@@ -92,8 +92,11 @@ func importCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	sum, err := migrate.Run(ctx, cands, migrate.Options{
 		Store:     store,
 		IssuerKey: migrate.IssuerKey(c.acmeCA),
-		Renewed:   func(base string) bool { return c.dnsProvider != "" && slices.Contains(s.wildcards, base) },
-		Policy:    migrate.Policy{Roots: roots, AllowUntrusted: *allowUntrusted},
+		// With a provider, the edge renews a held wildcard its document
+		// names as it renews a --wildcard-domains base (certs.HeldWildcards).
+		Renewed:     func(string) bool { return c.dnsProvider != "" },
+		DNSProvider: c.dnsProvider,
+		Policy:      migrate.Policy{Roots: roots, AllowUntrusted: *allowUntrusted},
 	}, stdout)
 	if err != nil {
 		return err

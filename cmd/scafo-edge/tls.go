@@ -34,7 +34,8 @@ type tlsSetup struct {
 	// failedValidations is for the status page; nil: no ACME.
 	failedValidations func() []certs.ValidationCount
 	// notRenewed reports whether nothing renews a served certificate (a
-	// wildcard imported without DNS-01), for the status page; nil: none.
+	// wildcard imported, with no --dns-provider or its key gone from the
+	// document), for the status page; nil: none.
 	notRenewed func(names []string) bool
 	// tickets are the session ticket keys config uses, offered to a
 	// successor on a handover; nil with --tls off.
@@ -123,7 +124,8 @@ func setupTLS(ctx context.Context, c *config, s settings, p *parts, httpPort, ht
 	if c.tlsMode == "acme" {
 		ts.failedValidations = m.FailedValidations
 		// Wildcards imported from Traefik or Caddy (scafo-edge import)
-		// serve their route keys; read off the poller's goroutine.
+		// serve their route keys, renewed by DNS-01 with --dns-provider
+		// while the document names them; read off the poller's goroutine.
 		held := certs.NewHeldWildcards(m)
 		ts.notRenewed = held.NotRenewed
 		ts.tableChanged = func(t *edge.Table) { held.Want(wildcardKeys(t)) }
