@@ -487,7 +487,10 @@ func TestPrefetchChecksWhatTheCAValidates(t *testing.T) {
 // cannot reach its own public address (a box behind a 1:1 NAT without
 // hairpinning, as the README notes), so A and B must check through it.
 // Every name is certified within 15 s of the document reaching A, where a
-// check that waited out the minute's back-off took more than a minute.
+// check that waited out the minute's back-off took more than a minute;
+// and with two reachability checks a name in the fleet, the one too early
+// for C and the one after (issue 47: one check a name, one more where a
+// document lagged), where each edge used to check for itself, four a name.
 func TestPrefetchFleetDocumentLags(t *testing.T) {
 	const poll = prefetch.DefaultPollInterval
 	n := nodetest.New(t, nodetest.Options{Token: fleetToken})
@@ -495,11 +498,17 @@ func TestPrefetchFleetDocumentLags(t *testing.T) {
 		*fleetEdge
 		live edge.Live
 		m    *Manager
+		reg  *prometheus.Registry
 	}
 	edges := make([]*lagEdge, 3)
 	for i := range edges {
-		edges[i] = &lagEdge{fleetEdge: newFleetEdge(t)}
+		edges[i] = &lagEdge{fleetEdge: newFleetEdge(t), reg: prometheus.NewRegistry()}
 	}
+	// checks counts the reachability checks of each name, fleet-wide: a
+	// check looks its name's A record up once, just before storing its
+	// token (and every look-up here answers).
+	var checksMu sync.Mutex
+	checks := map[string]int{}
 	pb := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: edges[0].httpPort, TLSPort: edges[0].httpsPort})
 	route := func(host string) node.Route {
 		return node.Route{Host: host, Application: "shop", Upstreams: []node.Upstream{{Node: "n", Address: "127.0.0.1:1"}}}
@@ -529,10 +538,16 @@ func TestPrefetchFleetDocumentLags(t *testing.T) {
 			dns.at = nil // no hairpin: its own public address refuses it
 		}
 		opts := acmeOptions(pb)
+		opts.Registerer = e.reg
 		opts.Allowed = func(name string) bool { return e.live.Load().Certifiable(name) }
 		opts.Prefetch = &prefetch.Options{
 			PollInterval: poll,
 			LookupNetIP: func(ctx context.Context, network, host string) ([]netip.Addr, error) {
+				if network == "ip4" {
+					checksMu.Lock()
+					checks[host]++
+					checksMu.Unlock()
+				}
 				if network == "ip6" {
 					return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
 				}
@@ -548,6 +563,7 @@ func TestPrefetchFleetDocumentLags(t *testing.T) {
 	// checked edge) between half an interval and a whole one later.
 	offsets := []time.Duration{0, rand.N(poll / 2), poll/2 + rand.N(poll/2+1)}
 	var swaps sync.WaitGroup
+	counts := n.StorageCounts()
 	start := time.Now()
 	for i, e := range edges {
 		swaps.Add(1)
@@ -580,6 +596,41 @@ func TestPrefetchFleetDocumentLags(t *testing.T) {
 	took := time.Since(start)
 	t.Logf("every name certified %v after the document reached A (%d orders)", took.Round(10*time.Millisecond), pb.OrderCount())
 	pb.WaitOrderCount(t, len(added))
+	// Every queue empties: the edges that did not check took the checking
+	// edge's verdict, and find the certificate stored when it stops
+	// holding, without a check of their own. Before verdicts each name had
+	// four checks (A's and B's, too early for C; C's own, which cannot
+	// reach its public address and backed C off for a minute; the one
+	// that passed), and C's queue kept the name for that minute.
+	testsupport.WaitFor(t, 30*time.Second, "every queue empty", func() bool {
+		for _, e := range edges {
+			if len(e.m.PrefetchStatus()) > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	tokens := make([]float64, len(edges))
+	total := 0.0
+	for i, e := range edges {
+		tokens[i] = series(t, e.reg, "scafo_edge_tls_prefetch_reach_checks_total", nil)
+		total += tokens[i]
+	}
+	checksMu.Lock()
+	defer checksMu.Unlock()
+	after := n.StorageCounts()
+	t.Logf("reach tokens written: A %v, B %v, C %v; checks by name %v; node store: %d writes, %d deletes, %d reads, %d locks taken",
+		tokens[0], tokens[1], tokens[2], checks, after.Puts-counts.Puts, after.Deletes-counts.Deletes,
+		after.Gets+after.Stats+after.Lists-counts.Gets-counts.Stats-counts.Lists, after.LocksTaken-counts.LocksTaken)
+	// One check a name, and one more as C's document lagged behind it.
+	for _, name := range added {
+		if checks[name] > 2 {
+			t.Errorf("%s: %d reachability checks in the fleet, want at most 2", name, checks[name])
+		}
+	}
+	if want := float64(2 * len(added)); total > want {
+		t.Errorf("reach tokens written = %v, want at most %v", total, want)
+	}
 }
 
 // pollBy checks cond every interval until it holds or deadline passes,

@@ -86,6 +86,24 @@
 //     more under its own issuance lock, so the fleet places exactly one
 //     order per name. A holder that dies leaves a lock the store treats as
 //     stale after its lifetime, and another edge takes the name over.
+//   - And checks each name once: only the lock holder runs the
+//     reachability check. When the name is not ready (propagating,
+//     unreachable, or its order failed) the holder leaves a verdict in
+//     the storage ("scafo-edge/reach-verdict/<name>": the result, its
+//     error, when the name is due again, the counts of failures and
+//     not-yet checks), and an edge whose turn finds one that still holds
+//     takes it over, state, error, counts and next turn (at most RetryMax
+//     away), instead of checking; it is read before the lock and again
+//     under it. Past its due time the next edge to take the lock checks
+//     and replaces it; an order that succeeds deletes it. A propagating
+//     verdict is due for its writer at once and for the others BusyRetry
+//     later, so the edge whose view reached the fleet checks again (one
+//     behind a NAT without hairpinning cannot reach its own public
+//     address); after a back-off the lock goes to whichever edge asks
+//     first. What depends on the edge itself (NoIPv6, its budget, its
+//     storage failing) leaves no verdict: each edge checks for itself.
+//     Three edges given three names while the checked edge's document
+//     lagged wrote 4 tokens a name before verdicts, 2 with them.
 //
 // A failed order (the name reached the fleet, yet validation failed) backs
 // the name off like an unreachable one; the certs package also counts it

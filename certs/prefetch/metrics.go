@@ -15,6 +15,9 @@ var results = []string{"obtained", "held", "removed", "elsewhere", "propagating"
 type metrics struct {
 	turns       *prometheus.CounterVec
 	budgetWaits prometheus.Counter
+	// checks counts the reachability checks this edge ran: each stored a
+	// token in the certificate storage (a write, and a delete after).
+	checks prometheus.Counter
 }
 
 // newMetrics builds the queue's collectors and registers them on reg; with
@@ -29,6 +32,10 @@ func newMetrics(reg prometheus.Registerer, q *Queue) (*metrics, error) {
 			Name: "scafo_edge_tls_prefetch_budget_waits_total",
 			Help: "Times a name due for prefetch was held back by the order budget.",
 		}),
+		checks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "scafo_edge_tls_prefetch_reach_checks_total",
+			Help: "Reachability checks this edge ran, each a token written to the certificate store (the fleet store when there is one) and deleted after.",
+		}),
 	}
 	for _, r := range results {
 		mt.turns.WithLabelValues(r)
@@ -39,6 +46,7 @@ func newMetrics(reg prometheus.Registerer, q *Queue) (*metrics, error) {
 	cs := []prometheus.Collector{
 		mt.turns,
 		mt.budgetWaits,
+		mt.checks,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "scafo_edge_tls_prefetch_queue_names",
 			Help: "Names waiting for a prefetched certificate, in any state.",

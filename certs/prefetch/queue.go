@@ -44,6 +44,8 @@ type Queue struct {
 	poll    time.Duration
 	log     zerolog.Logger
 	metrics *metrics
+	// id names this queue in the reach verdicts it writes.
+	id string
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -75,6 +77,7 @@ func New(c Certs, opts Options) (*Queue, error) {
 		busy:    orDur(opts.BusyRetry, DefaultBusyRetry),
 		poll:    orDur(opts.PollInterval, DefaultPollInterval),
 		log:     opts.Log,
+		id:      randomHex(16),
 		kick:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		present: map[string]bool{},
@@ -85,6 +88,7 @@ func New(c Certs, opts Options) (*Queue, error) {
 	if q.metrics, err = newMetrics(opts.Registerer, q); err != nil {
 		return nil, err
 	}
+	q.prober.stored = q.metrics.checks.Inc
 	q.ctx, q.cancel = context.WithCancel(context.Background())
 	go q.run()
 	return q, nil

@@ -82,6 +82,8 @@ type prober struct {
 	// timeout bounds the look-up, as the client's Timeout does each
 	// request.
 	timeout time.Duration
+	// stored is called for each token stored; nil: nothing.
+	stored func()
 }
 
 // addrKey carries, in a check request's context, the address its
@@ -148,6 +150,9 @@ func (p *prober) check(ctx context.Context, name string) error {
 	key := reachKeyPrefix + token
 	if err := p.storage.Store(ctx, key, b); err != nil {
 		return fmt.Errorf("reach %s: store token: %w", name, err)
+	}
+	if p.stored != nil {
+		p.stored()
 	}
 	// Deleted with a context of its own: the check's may have ended.
 	defer p.storage.Delete(context.WithoutCancel(ctx), key)

@@ -18,6 +18,9 @@ type outcome struct {
 	// ordered: the turn placed an order, which failed; the CA counted it,
 	// so the turn counts as failed whatever becomes of the name.
 	ordered bool
+	// adopted: the turn took another turn's verdict (verdict.go) rather
+	// than checking; that turn's edge logged what it found.
+	adopted bool
 }
 
 // work takes one turn of name and files its outcome.
@@ -87,6 +90,10 @@ func (q *Queue) logOutcome(name string, o outcome, during string) {
 		}
 		ev.Msg("certificate prefetch: the name left the document (or needs no prefetch now); dropped")
 	case "propagating", "unreachable", "no_ipv6", "failed":
+		if o.adopted {
+			q.log.Debug().Err(o.err).Str("name", name).Dur("retry_in", o.retry).Msg("certificate prefetch: " + o.result + " (reach verdict)")
+			return
+		}
 		q.log.Info().Err(o.err).Str("name", name).Dur("retry_in", o.retry).Msg("certificate prefetch: " + o.result)
 	}
 }
@@ -109,25 +116,51 @@ func (q *Queue) turn(ctx context.Context, name string) outcome {
 	if q.certs.Held(ctx, name) {
 		return outcome{result: "held"}
 	}
-	if q.locker != nil {
-		lock := "prefetch_" + name
-		ok, err := q.locker.TryLock(ctx, lock)
-		if err != nil {
-			return q.failed(name, "failed", fmt.Errorf("try lock: %w", err))
-		}
-		if !ok {
-			return outcome{result: "elsewhere", retry: q.busyRetry(name)}
-		}
-		defer func() {
-			if err := q.certs.Storage.Unlock(context.WithoutCancel(ctx), lock); err != nil {
-				q.log.Warn().Err(err).Str("name", name).Msg("certificate prefetch: unlock")
-			}
-		}()
-		// The holder before us may have stored it.
-		if q.certs.Held(ctx, name) {
-			return outcome{result: "held"}
+	if q.locker == nil {
+		return q.checkAndOrder(ctx, name, &spent)
+	}
+	// One check a name for the fleet: the edge holding the name's lock
+	// checks it and leaves its verdict; the others adopt the verdict until
+	// it is due instead of checking again.
+	if v, ok := q.readVerdict(ctx, name); ok {
+		if o, ok := q.adopt(name, v); ok {
+			return o
 		}
 	}
+	lock := "prefetch_" + name
+	ok, err := q.locker.TryLock(ctx, lock)
+	if err != nil {
+		return q.failed(name, "failed", fmt.Errorf("try lock: %w", err))
+	}
+	if !ok {
+		return outcome{result: "elsewhere", retry: q.busyRetry(name)}
+	}
+	defer func() {
+		if err := q.certs.Storage.Unlock(context.WithoutCancel(ctx), lock); err != nil {
+			q.log.Warn().Err(err).Str("name", name).Msg("certificate prefetch: unlock")
+		}
+	}()
+	// The holder before us may have stored it, or left a verdict since
+	// the look above.
+	if q.certs.Held(ctx, name) {
+		return outcome{result: "held"}
+	}
+	v, seen := q.readVerdict(ctx, name)
+	if seen {
+		if o, ok := q.adopt(name, v); ok {
+			return o
+		}
+	}
+	o := q.checkAndOrder(ctx, name, &spent)
+	q.recordVerdict(ctx, name, o, seen)
+	return o
+}
+
+// checkAndOrder checks that name reaches the fleet and, if it still needs
+// a certificate, orders it, setting *spent when the order spends the
+// name's share of the budget. In the fleet the caller holds the name's
+// lock.
+func (q *Queue) checkAndOrder(ctx context.Context, name string, spent *bool) outcome {
 	if err := q.prober.check(ctx, name); err != nil {
 		if ctx.Err() != nil {
 			return outcome{result: "removed"}
@@ -166,7 +199,7 @@ func (q *Queue) turn(ctx context.Context, name string) outcome {
 		return outcome{result: "budget", retry: d}
 	}
 	q.budget.spend(name, start)
-	spent = true
+	*spent = true
 	if err := recordOrder(ctx, q.certs.Storage, name, start); err != nil {
 		// The order is within this edge's budget; only the fleet's view
 		// and the next restart's miss it.
