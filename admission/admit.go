@@ -134,7 +134,7 @@ func (c *Controller) clientOfRequest(r *http.Request) (netip.Addr, bool) {
 	if err != nil {
 		return netip.Addr{}, false
 	}
-	ip := ap.Addr().Unmap()
+	ip := ap.Addr().Unmap().WithZone("") // a link-local peer's zone names no other client
 	if !contains(c.trusted, ip) {
 		if c.isProxy(ip) {
 			return netip.Addr{}, false

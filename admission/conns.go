@@ -119,7 +119,7 @@ func (c *Controller) clientOfPeer(a net.Addr) (netip.Addr, bool) {
 	default:
 		return netip.Addr{}, false
 	}
-	ip := ap.Addr().Unmap()
+	ip := ap.Addr().Unmap().WithZone("")
 	if !ip.IsValid() || c.isProxy(ip) {
 		return netip.Addr{}, false
 	}

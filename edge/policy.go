@@ -215,7 +215,7 @@ func (h *Handler) allowed(r *http.Request, nets []netip.Prefix) bool {
 	if err != nil {
 		return false
 	}
-	ip := ap.Addr().Unmap()
+	ip := ap.Addr().Unmap().WithZone("")
 	if forwarded.Contains(h.TrustedProxies, ip) {
 		client, vouched, err := forwarded.Client(r.Header["X-Forwarded-For"], h.TrustedProxies)
 		if err != nil || !vouched {
