@@ -116,7 +116,8 @@ func wildcardStart(key []byte) int {
 // still-encoded one. For the two unnormalised spellings the first non-empty
 // segment is taken, so a backend that collapses doubled slashes but keeps dot
 // segments ("//paulca/../x") cannot answer a flipped account from the route
-// it left. Taking a hit from any spelling errs toward the target route, the
+// it left; and the still-encoded one is also read with its dot segments
+// resolved before it is decoded, as a backend that does so reads it. Taking a hit from any spelling errs toward the target route, the
 // benign direction.
 func (r *Route) matchPath(rawPath, decodedPath string) (*Route, string) {
 	clean := decodedPath
@@ -147,6 +148,18 @@ func (r *Route) matchPath(rawPath, decodedPath string) (*Route, string) {
 		if seg := firstNonEmptySegment(rawPath); seg != "" {
 			if t := r.paths[seg]; t != nil {
 				return t, seg
+			}
+		}
+		if needsClean(rawPath) {
+			// A backend that resolves dot segments before it decodes:
+			// "/./b%65ta%2f.." is "/beta/.." to it.
+			for _, p := range [...]string{path.Clean("/" + rawPath), removeDotSegments(rawPath)} {
+				d, _ := percentDecode(p)
+				if seg := firstNonEmptySegment(d); seg != "" {
+					if t := r.paths[seg]; t != nil {
+						return t, seg
+					}
+				}
 			}
 		}
 	}
