@@ -318,11 +318,12 @@ func (a *basicAuth) check(r *http.Request, client netip.Addr) int {
 // design. A pair that passed is remembered, so a browser that sends its
 // credentials with every request pays once; only successes are kept
 // (failures are the guesser's to choose, and would crowd the cache). A
-// pair not remembered is checked only within its client address's rate
-// (checksPerClient a second, past it 429), within the box's rate
+// pair not remembered is checked within the box's rate
 // (checksPerCore a second for each core: a request waits up to wait for
-// its turn, then is answered 503), and one check at a time for every two
-// cores. One verifier serves every table an Updater compiles, so a swap
+// its turn, then is answered 503), one check at a time for every two
+// cores, and, while the box's rate is spent, within its client
+// address's rate (checksPerClient a second, past it 429), so that one
+// guesser cannot take every turn. One verifier serves every table an Updater compiles, so a swap
 // does not forget who passed.
 type verifier struct {
 	slots chan struct{}
@@ -395,7 +396,9 @@ func (v *verifier) verify(ctx context.Context, client netip.Addr, hash []byte, p
 	if ok {
 		return authPassed
 	}
-	if !v.clientAllows(client) {
+	// A client address's rate bites only while the box's is spent: on an
+	// idle box an office behind one NAT logs in as fast as it types.
+	if v.rate.Tokens() < 1 && !v.clientAllows(client) {
 		return authLimited
 	}
 	wctx, cancel := context.WithTimeout(ctx, v.wait)

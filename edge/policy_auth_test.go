@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/bcrypt"
 
@@ -39,17 +40,27 @@ func TestBasicAuthGivesNothingAwayAndCachesWhatBcryptReads(t *testing.T) {
 	}
 }
 
-// A guesser's address gets its few checks and then 429, whatever the
-// password; another address is still checked, and a pair that passed
-// before is still let in without a check.
+// While the box's rate of checks is spent, a guesser's address gets its
+// few checks and then 429, whatever the password; another address is
+// still checked, and a pair that passed before is still let in without a
+// check. On an idle box, an address past its own burst is still checked:
+// an office behind one NAT logs in as fast as it types.
 func TestBasicAuthChecksAreRatedByAddress(t *testing.T) {
 	hash, _ := bcrypt.GenerateFromPassword([]byte("right"), bcrypt.MinCost)
-	v := newVerifier()
 	ctx := context.Background()
+	office := netip.MustParseAddr("192.0.2.9")
+	idle := newVerifier()
+	for i := range checksPerClientBurst + 1 {
+		if got := idle.verify(ctx, office, hash, "wrong"); got != authRefused {
+			t.Fatalf("idle box, check %d from one address = %d, want refused (checked)", i+1, got)
+		}
+	}
+	v := newVerifier()
 	guesser, other := netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("2001:db8::1")
 	if got := v.verify(ctx, other, hash, "right"); got != authPassed {
 		t.Fatalf("first check from another address = %d, want passed", got)
 	}
+	v.rate.AllowN(time.Now(), int(v.rate.Tokens())) // the box's rate spent, as under a guesser
 	for i := range checksPerClientBurst {
 		if got := v.verify(ctx, guesser, hash, "wrong"); got != authRefused {
 			t.Fatalf("wrong password %d = %d, want refused", i+1, got)
