@@ -84,11 +84,11 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 			Log:        log.With().Str("component", "operator-routes").Logger(),
 			Registerer: p.reg,
 		}); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--operator-routes: %w", err)
 		}
 		var first node.OperatorUpdate
 		if first, err = p.operator.Load(); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--operator-routes: %w", err)
 		}
 		if err = p.updater.SetOperator(first, p.reg); err != nil {
 			return nil, err
