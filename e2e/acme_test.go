@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,10 +21,7 @@ import (
 func TestACMEThroughTheBinary(t *testing.T) {
 	httpPort, httpsPort := testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
-	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
-	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rootFile := pebbleRootFile(t, p)
 	a := app(t, "A")
 	n := nodetest.New(t, nodetest.Options{})
 	n.SetDocument(&node.Document{V: 1, Routes: []node.Route{
@@ -114,10 +109,7 @@ func TestACMEThroughTheBinary(t *testing.T) {
 func TestFleetStoreThroughTheBinary(t *testing.T) {
 	httpPort, httpsPort := testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
-	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
-	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rootFile := pebbleRootFile(t, p)
 	a := app(t, "A")
 	n := nodetest.New(t, nodetest.Options{Token: "fleet-token"})
 	n.SetDocument(&node.Document{V: 1, Routes: []node.Route{

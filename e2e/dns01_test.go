@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -38,10 +37,7 @@ func TestDNS01ThroughRFC2136(t *testing.T) {
 	}})
 	httpPort, httpsPort := testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort, DNSServer: bind.Addr, Validity: 5 * time.Minute})
-	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
-	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rootFile := pebbleRootFile(t, p)
 	a := app(t, "A")
 	n := nodetest.New(t, nodetest.Options{})
 	n.SetDocument(&node.Document{V: 1, Routes: []node.Route{

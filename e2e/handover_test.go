@@ -155,10 +155,7 @@ func wsEchoServer(t *testing.T) *httptest.Server {
 func TestUpgradeUnderLoad(t *testing.T) {
 	httpPort, httpsPort, adminPort := testsupport.FreePort(t), testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
-	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
-	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rootFile := pebbleRootFile(t, p)
 	a, ws := app(t, "A"), wsEchoServer(t)
 	n := nodetest.New(t, nodetest.Options{})
 	n.SetDocument(&node.Document{V: 1, Routes: []node.Route{

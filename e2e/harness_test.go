@@ -277,3 +277,14 @@ func runRoutes(t *testing.T, args ...string) (string, error) {
 	}
 	return stdout.String(), err
 }
+
+// pebbleRootFile writes p's root certificate to a file of its own, for
+// --acme-ca-root, and returns its path.
+func pebbleRootFile(t *testing.T, p *certstest.Pebble) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "pebble-root.pem")
+	if err := os.WriteFile(path, p.RootPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}

@@ -82,10 +82,7 @@ func plantCaddy(t *testing.T, dir, ca, name string, c pebbleCert, key []byte) {
 // the same directory URL.
 func TestImportCaddyThroughTheBinary(t *testing.T) {
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: testsupport.FreePort(t), TLSPort: testsupport.FreePort(t)})
-	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
-	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rootFile := pebbleRootFile(t, p)
 	caddyDir := filepath.Join(t.TempDir(), "caddy")
 	serials := caddyObtain(t, p, caddyDir, "single.example", "two.example", "*.tenant.example")
 	fleetDir := t.TempDir()

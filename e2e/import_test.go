@@ -187,10 +187,7 @@ func importDocument(a string) *node.Document {
 // serves the three (same serials) with no new order.
 func TestImportTraefikThroughTheBinary(t *testing.T) {
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: testsupport.FreePort(t), TLSPort: testsupport.FreePort(t)})
-	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
-	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rootFile := pebbleRootFile(t, p)
 	iss := newPebbleIssuer(t, p)
 	var zero time.Time
 	single := iss.obtain(t, zero, zero, "single.example")

@@ -3,8 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -29,10 +27,7 @@ func TestImportedWildcardRenewedByDNS01(t *testing.T) {
 	bind := certstest.StartBIND(t, certstest.BINDConfig{Zones: map[string][]string{"example.test": nil}})
 	httpPort, httpsPort := testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort, DNSServer: bind.Addr})
-	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
-	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rootFile := pebbleRootFile(t, p)
 	t.Setenv("RFC2136_NAMESERVER", bind.Addr)
 	t.Setenv("RFC2136_TSIG_KEY", bind.KeyName)
 	t.Setenv("RFC2136_TSIG_SECRET", bind.KeySecret)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -24,10 +23,7 @@ import (
 func TestOperatorHostGetsItsCertificateInOneOrder(t *testing.T) {
 	httpPort, httpsPort := testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
-	rootFile := filepath.Join(t.TempDir(), "pebble-root.pem")
-	if err := os.WriteFile(rootFile, p.RootPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rootFile := pebbleRootFile(t, p)
 	a, g := app(t, "A"), app(t, "GRAFANA")
 	n := nodetest.New(t, nodetest.Options{})
 	n.SetDocument(&node.Document{V: 1, Routes: []node.Route{

@@ -7,8 +7,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -91,10 +89,7 @@ func TestPrefetchThroughTheBinary(t *testing.T) {
 func acmeEdge(t *testing.T) (*certstest.Pebble, []string) {
 	httpPort, httpsPort := testsupport.FreePort(t), testsupport.FreePort(t)
 	p := certstest.StartPebble(t, certstest.PebbleConfig{HTTPPort: httpPort, TLSPort: httpsPort})
-	root := filepath.Join(t.TempDir(), "pebble-root.pem")
-	if err := os.WriteFile(root, p.RootPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	root := pebbleRootFile(t, p)
 	return p, []string{"--tls", "acme", "--acme-ca", p.DirectoryURL, "--acme-ca-root", root,
 		"--http-addr", fmt.Sprintf("127.0.0.1:%d", httpPort), "--https-addr", fmt.Sprintf("127.0.0.1:%d", httpsPort)}
 }
