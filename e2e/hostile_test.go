@@ -278,6 +278,17 @@ func TestHostileRequestsGetAClearAnswer(t *testing.T) {
 				}
 				return nil
 			}},
+		{name: "a target in scheme:opaque form is 400", req: "GET a:v1/storage HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{400}},
+		{name: "a target in scheme:opaque form with userinfo is 400", req: "GET a:@evil.example HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{400}},
+		{name: "an asterisk target is 400 but for OPTIONS", req: "GET * HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{400}},
+		{name: "an absolute-form target without a path goes to / whatever its query holds",
+			req: "GET http://a.example?x=/evil HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{200}, to: "A",
+			check: func(head, body string) error {
+				if line, _, _ := strings.Cut(head, "\r\n"); !strings.HasPrefix(line, "GET /?x=/evil ") {
+					return fmt.Errorf("A received %q", line)
+				}
+				return nil
+			}},
 		{name: "a bare CR in a field value is 400", req: "GET / HTTP/1.1\r\nHost: a.example\r\nX: a\rb\r\n\r\n", status: []int{400}},
 		{name: "a NUL in the request target is 400", req: "GET /a\x00b HTTP/1.1\r\nHost: a.example\r\n\r\n", status: []int{400}},
 		{name: "a header block over the limit is 431", req: "GET / HTTP/1.1\r\nHost: a.example\r\nX-Big: " + big + "\r\n\r\n", status: []int{431}},

@@ -272,7 +272,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 		h.answer(w, r, rec, ReasonMethod)
 		return
 	}
-	if !validTarget(r.RequestURI) {
+	if !validTarget(r.RequestURI) || !targetForm(r) {
 		h.answer(w, r, rec, ReasonBadTarget)
 		return
 	}
@@ -331,6 +331,12 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 	}
 	body, tooLarge := h.limitBody(r, res.Route)
 	if tooLarge {
+		if r.ProtoMajor == 1 {
+			// Or net/http reads up to 256 KiB of the body it will not
+			// forward before it writes the answer, and a client that
+			// waits for one before it sends its body waits for ever.
+			w.Header()["Connection"] = connClose
+		}
 		h.answer(w, r, rec, ReasonBodyTooLarge)
 		return
 	}
@@ -505,6 +511,23 @@ func validTarget(uri string) bool {
 	return true
 }
 
+// targetForm reports whether r's target has one of the forms RFC 9112 §3.2
+// gives a request: origin ("/path"), absolute ("scheme://authority..."),
+// or "*" for OPTIONS. Go's server also takes "scheme:opaque" ("a:v1/x"),
+// which no client sends: a backend that roots it would read a path the
+// edge never compared with the denied prefixes, and a redirect that keeps
+// the path would carry it into the authority of its Location.
+func targetForm(r *http.Request) bool {
+	u := r.RequestURI
+	switch {
+	case u == "" || u[0] == '/':
+		return true
+	case u == "*":
+		return r.Method == http.MethodOptions
+	}
+	return r.URL.Opaque == "" && strings.Contains(u, "://")
+}
+
 // requestPath returns the path of the request-URI exactly as it arrived,
 // before any decoding or cleaning: the "raw" spelling path matching and
 // denied prefixes consult.
@@ -520,8 +543,9 @@ func requestPath(r *http.Request) string {
 			return u // "*" (OPTIONS) and other oddities match nothing
 		}
 		u = u[i+3:]
-		j := strings.IndexByte(u, '/')
-		if j < 0 {
+		// The authority ends at the first '/', '?' or '#'.
+		j := strings.IndexAny(u, "/?#")
+		if j < 0 || u[j] != '/' {
 			return "/"
 		}
 		u = u[j:]

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -188,8 +189,10 @@ func (h *Handler) answeredByPolicy(w http.ResponseWriter, r *http.Request, rec *
 	}
 	if rd := p.redirect; rd != nil {
 		loc := rd.to
-		if rd.keepPath {
-			loc += requestPath(r)
+		// Only a path goes after the URL: the target's other forms are
+		// refused before, and nothing may reach the Location's authority.
+		if kept := requestPath(r); rd.keepPath && strings.HasPrefix(kept, "/") {
+			loc += kept
 			if r.URL.RawQuery != "" {
 				loc += "?" + r.URL.RawQuery
 			}
