@@ -218,6 +218,10 @@ func readPage(name string) ([]byte, os.FileInfo, error) {
 	if err != nil {
 		return nil, fi, err
 	}
+	if int64(len(body)) != fi.Size() {
+		// procfs and the like say 0 and read more: not a page.
+		return nil, fi, fmt.Errorf("read %d bytes of a file that says %d", len(body), fi.Size())
+	}
 	if len(body) > MaxErrorPageSize {
 		return nil, fi, fmt.Errorf("over the %d byte limit", MaxErrorPageSize)
 	}

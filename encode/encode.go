@@ -87,7 +87,9 @@ var writers = sync.Pool{New: func() any { return &writer{buf: make([]byte, 0, De
 // is not to be compressed whatever it turns out to be, and whether the
 // client takes gzip (for a stream: see writer.startStream).
 func (h *handler) coding(r *http.Request) (coding, bool) {
-	if r.Method == http.MethodHead || r.Header.Get("Range") != "" || r.Header.Get("Upgrade") != "" {
+	// HTTP/1.0 has no chunks: a compressed body without its length ends
+	// with the connection, and one the upstream cut short would look whole.
+	if r.Method == http.MethodHead || !r.ProtoAtLeast(1, 1) || r.Header.Get("Range") != "" || r.Header.Get("Upgrade") != "" {
 		return identity, false
 	}
 	if h.o.Skip != nil && h.o.Skip(r) {
