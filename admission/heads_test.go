@@ -97,7 +97,8 @@ func (ps *plainServer) waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // startHead opens a connection from from that sends the start of a head,
-// and waits until it waits for the rest.
+// and waits until it waits for the rest and is listed for shedding. The
+// gauge counts it a moment before it is listed, so both are waited for.
 func (ps *plainServer) startHead(t *testing.T, from, start string) net.Conn {
 	t.Helper()
 	before := ps.waiting(t)
@@ -105,7 +106,9 @@ func (ps *plainServer) startHead(t *testing.T, from, start string) net.Conn {
 	if _, err := io.WriteString(conn, start); err != nil {
 		t.Fatal(err)
 	}
-	ps.waitFor(t, "the head to wait", func() bool { return ps.waiting(t) == before+1 })
+	ps.waitFor(t, "the head to wait", func() bool {
+		return ps.waiting(t) == before+1 && ps.tc.arriving(conn)
+	})
 	return conn
 }
 
