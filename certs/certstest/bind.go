@@ -57,7 +57,7 @@ func StartBIND(t testing.TB, cfg BINDConfig) *BIND {
 	t.Helper()
 	named := RequireBIND(t)
 	dir := t.TempDir()
-	b := &BIND{Addr: freeUDPAndTCPAddr(t), KeyName: "scafo-edge-test", KeySecret: "c2NhZm8tZWRnZS10ZXN0LWtleS1ub3QtYS1zZWNyZXQ="}
+	b := &BIND{Addr: testsupport.FreeUDPAndTCPAddr(t), KeyName: "scafo-edge-test", KeySecret: "c2NhZm8tZWRnZS10ZXN0LWtleS1ub3QtYS1zZWNyZXQ="}
 	host, port, _ := strings.Cut(b.Addr, ":")
 
 	var conf strings.Builder

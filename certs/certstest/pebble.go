@@ -143,7 +143,7 @@ func StartPebble(t testing.TB, cfg PebbleConfig) *Pebble {
 		},
 	}
 
-	dnsAddr := freeUDPAndTCPAddr(t)
+	dnsAddr := testsupport.FreeUDPAndTCPAddr(t)
 	chMgmt := testsupport.FreeAddr(t)
 	p.ChallSrvURL = "http://" + chMgmt
 	p.start(t, "challtestsrv", exec.Command(filepath.Join(toolDir, "pebble-challtestsrv"),
@@ -358,26 +358,6 @@ func fqdn(name string) string {
 		return name
 	}
 	return name + "."
-}
-
-// freeUDPAndTCPAddr finds a port free for both, as the DNS server binds both.
-func freeUDPAndTCPAddr(t testing.TB) string {
-	t.Helper()
-	for range 20 {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("certstest: free udp port: %v", err)
-		}
-		addr := pc.LocalAddr().String()
-		ln, err := net.Listen("tcp", addr)
-		pc.Close()
-		if err == nil {
-			ln.Close()
-			return addr
-		}
-	}
-	t.Fatal("certstest: no port free for both udp and tcp")
-	return ""
 }
 
 // PortOf returns the port of a listener address such as "127.0.0.1:8080".

@@ -3,6 +3,7 @@ package testsupport
 import (
 	"net"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -33,14 +34,67 @@ func ClosedAddr(t testing.TB) string {
 // FreeAddr returns a loopback TCP address nothing listens on right now, to
 // hand a process that must know it before it starts. Another process may
 // take the port later; a test that needs it kept should hold a listener.
+// No port is returned twice in one test binary: the kernel may hand the
+// same free port to two binds in a row, and a process given one port for
+// two of its listeners fails to start.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("find a free loopback port: %v", err)
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("find a free loopback port: %v", err)
+		}
+		addr := l.Addr().(*net.TCPAddr)
+		l.Close()
+		if freeGiven.claim(addr.Port) {
+			return addr.String()
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatal("find a free loopback port: every one found was given before")
+	return ""
+}
+
+// freeGiven holds the ports FreeAddr has returned.
+var freeGiven = portSet{ports: make(map[int]bool)}
+
+type portSet struct {
+	mu    sync.Mutex
+	ports map[int]bool
+}
+
+// claim records port and reports whether it was not recorded before.
+func (s *portSet) claim(port int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ports[port] {
+		return false
+	}
+	s.ports[port] = true
+	return true
+}
+
+// FreeUDPAndTCPAddr is FreeAddr for a server that binds one port for
+// both, as a DNS server does.
+func FreeUDPAndTCPAddr(t testing.TB) string {
+	t.Helper()
+	for range 100 {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("find a free loopback UDP port: %v", err)
+		}
+		addr := pc.LocalAddr().(*net.UDPAddr)
+		ln, err := net.Listen("tcp", addr.String())
+		pc.Close()
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		if freeGiven.claim(addr.Port) {
+			return addr.String()
+		}
+	}
+	t.Fatal("find a loopback port free for both UDP and TCP: none in 100 tries")
+	return ""
 }
 
 // FreePort is FreeAddr's port, for a configuration that takes a port

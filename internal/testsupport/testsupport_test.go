@@ -88,3 +88,17 @@ func TestMust(t *testing.T) {
 	}()
 	Must(0, errors.New("boom"))
 }
+
+// A process handed two ports for two listeners must get two: the kernel
+// may give one free port to two binds in a row.
+func TestFreeAddrNeverReturnsAPortTwice(t *testing.T) {
+	seen := make(map[string]bool)
+	for range 300 {
+		for _, addr := range []string{FreeAddr(t), FreeUDPAndTCPAddr(t)} {
+			if seen[addr] {
+				t.Fatalf("%s returned twice", addr)
+			}
+			seen[addr] = true
+		}
+	}
+}
