@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/scafo/scafo-edge/internal/clock"
 )
 
 // Listener returns l counted against the budget: at the budget, Accept
@@ -83,7 +81,7 @@ func (l *listener) acceptTracked() (*trackedConn, error) {
 		}
 		l.c.clientConns.Add(1)
 		l.c.opened()
-		return &trackedConn{Conn: conn, c: l.c, client: client, shardIdx: uint8(l.c.connSeq.Add(1) % connShards), gone: make(chan struct{}), headWait: l.heads}, nil
+		return &trackedConn{Conn: conn, c: l.c, client: client, shardIdx: uint8(l.c.connSeq.Add(1) % connShards), headWait: l.heads}, nil
 	}
 }
 
@@ -185,30 +183,9 @@ type trackedConn struct {
 	// waited on before it turns active (see goAway).
 	goAwayMu sync.Mutex
 
-	// For pacing (pace.go). gone is closed when the connection is, so that
-	// a read waiting its turn ends with it; nil for an upstream
-	// connection, which is never paced. readDeadline is the server's, Unix
-	// ns (0: none). h2 is set, and protocolNoted, by the ConnState hook.
-	gone          chan struct{}
-	readDeadline  atomic.Int64
-	h2            atomic.Bool
-	protocolNoted atomic.Bool
-	// heads counts the connection's idle periods, each one's reads being
-	// those of a new request head. The head being read, touched by the
-	// connection's reader only: which (heads when counted), its short
-	// reads so far (up to trickleReads), whether the last found a
-	// backlog, and, once paced, the turns it has taken since it was paced
-	// or its last backlog (up to paceDoublings) and when the last returned
-	// bytes.
-	heads     atomic.Uint32
-	head      uint32
-	trickles  uint8
-	backlog   bool // the last read found trickleBytes or more
-	turns     uint8
-	readAt    time.Time
-	paceTimer clock.Timer
-	lastRead  uint16       // bytes the last read of the head got, up to trickleBytes
-	socket    *pacedSocket // found once paced; nil if none (a test's pipe)
+	// socket is found when its first head begins to wait (heads.go), for
+	// the calls made on it meanwhile; nil if it has none (a test's pipe).
+	socket *headSocket
 
 	// For a first head awaited outside the server (heads.go): the
 	// listener's, if it awaits them; and, guarded by its mu, the id the
@@ -238,7 +215,7 @@ func (h *headWait) isWaiting(t *trackedConn) bool {
 }
 
 // rawConn returns t's socket, for the calls made on it while its first
-// head is awaited: the paced socket found when it began to wait.
+// head is awaited: the socket found when it began to wait.
 func (t *trackedConn) rawConn() (syscall.RawConn, error) {
 	if t.socket == nil {
 		return nil, errors.New("no socket")
@@ -246,25 +223,38 @@ func (t *trackedConn) rawConn() (syscall.RawConn, error) {
 	return t.socket.rc, nil
 }
 
+// SetReadDeadline sets the read deadline, held to its first head's.
+func (t *trackedConn) SetReadDeadline(d time.Time) error {
+	return t.Conn.SetReadDeadline(t.heldToHeadDeadline(d))
+}
+
+// SetDeadline sets both deadlines, the read one held to its first head's.
+func (t *trackedConn) SetDeadline(d time.Time) error {
+	return t.Conn.SetDeadline(t.heldToHeadDeadline(d))
+}
+
+// heldToHeadDeadline returns d, or the deadline of t's first head if that
+// comes first (heads.go). No deadline (zero) is left as it is: the server
+// clears its header deadline once the head is in. (With a ReadTimeout,
+// which the edge does not set, the server would set the body's deadline
+// before it reports the connection active, and that would be held too.)
+func (t *trackedConn) heldToHeadDeadline(d time.Time) time.Time {
+	if by := t.headDeadline.Load(); by != 0 && !d.IsZero() && d.UnixNano() > by {
+		return time.Unix(0, by)
+	}
+	return d
+}
+
 // NetConn returns the connection underneath, as tls.Conn's does.
 func (t *trackedConn) NetConn() net.Conn { return t.Conn }
 
 // Read notes that bytes arrived: a connection listed as idle (or new) that
 // receives some has a TLS handshake or a request on its way, which its
-// server reports only once the request's headers are in. A request head
-// that trickles in is read at the edge's pace (pace.go).
+// server reports only once the request's headers are in.
 func (t *trackedConn) Read(p []byte) (int, error) {
-	if t.paced() {
-		t.awaitTurn()
-	}
 	n, err := t.Conn.Read(p)
-	if n > 0 {
-		if !t.arriving.Load() {
-			t.arriving.Store(true)
-		}
-		if t.gone != nil && t.onHead() {
-			t.noteHeadRead(n, len(p))
-		}
+	if n > 0 && !t.arriving.Load() {
+		t.arriving.Store(true)
 	}
 	return n, err
 }
@@ -279,9 +269,6 @@ func (t *trackedConn) Close() error {
 	}
 	if h := t.headWait; h != nil && h.isWaiting(t) {
 		drainUnread(t) // peeked at only: a FIN, not a reset
-	}
-	if t.gone != nil {
-		close(t.gone)
 	}
 	err := t.Conn.Close()
 	t.c.connClosed(t)

@@ -29,8 +29,6 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		c.conns.add(t, conn)
 	case http.StateIdle:
 		t.headDeadline.Store(0)
-		t.noteProtocol(conn)
-		t.heads.Add(1)
 		t.arriving.Store(false)
 		t.since.Store(c.clock.Now().UnixNano())
 		if !t.setState(stateIdle) {
@@ -44,7 +42,6 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		}
 	case http.StateActive:
 		t.headDeadline.Store(0)
-		t.noteProtocol(conn)
 		t.setState(stateActive)
 		if t.goingAway.Load() {
 			// A GOAWAY may be on its way out: the stream's first frame

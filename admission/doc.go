@@ -34,21 +34,17 @@
 //     requests of its own, unless it takes from an address that holds
 //     more: so that the attacker's reconnections cannot turn the edge's
 //     CPU into churn;
-//   - while the box is under pressure (and only then: a slow link costs a
-//     visitor nothing of the edge's otherwise), a request head (a
-//     connection's first with its TLS handshake, or the next on a
-//     keep-alive HTTP/1 connection) that trickles in, a few bytes a read,
-//     is read at the edge's pace after six such reads: at moments of the
-//     edge's choosing, not at each of its client's bytes, a second apart
-//     and then, while it keeps trickling, twice as far each time, up to 4
-//     to 6 s (pace.go);
 //   - on a plain HTTP listener (PlainListener), a connection's first
 //     request head that has not ended when it is accepted is awaited
 //     outside the server, in one epoll set, with no goroutine or buffer
 //     of its own, until it ends (or net/http would refuse what came, or
-//     1 KiB waits), its client goes, or the header timeout closes it; one
-//     that keeps trickling while the box is under pressure is looked at on
-//     the schedule of a paced read (heads.go);
+//     1 KiB waits), its client goes, or the header timeout closes it;
+//     while the box is under pressure (and only then: a slow link costs a
+//     visitor nothing of the edge's otherwise), one that keeps trickling
+//     is looked at on the edge's schedule, not at each of its client's
+//     bytes: a second apart and then twice as far each turn, up to 4 to
+//     6 s (heads.go). Every other head (over TLS, a keep-alive
+//     connection's next) is read by the server as net/http reads it;
 //   - on every request about to be forwarded (Admit): past the memory
 //     high-water mark, or with the budget and its overdraft spent, new
 //     requests are refused (503); past a client address's share of

@@ -31,7 +31,7 @@ import (
 // drawn per connection), as the server would have closed it; if it is
 // handed over with its head not ended (headPeek bytes), its server's
 // header deadline is held to that one. Keep-alive heads, and every head
-// over TLS, are read by the server (and paced: pace.go).
+// over TLS, are read by the server, as net/http reads them.
 const headPeek = 1024
 
 // PlainListener is Listener for a listener whose connections speak plain
@@ -103,18 +103,28 @@ type waitingHead struct {
 	nextTurn int64 // once paced: when it is looked at next (Unix ns)
 }
 
-// A head that keeps trickling is looked at on the edge's schedule, as a
-// server's read of it would be paced (pace.go), and for the same reason: a
-// look at each byte of many trickling connections takes the CPU its
-// clients choose. While the box is contended, once bytes have come
-// headPaceAfter times and it has waited slowAge, the kernel is asked not to
-// report its bytes until headPeek wait (SO_RCVLOWAT; its end still wakes
-// the poller), and it is looked at paceEvery after, then twice as far each
-// turn up to paceEvery<<paceDoublings, plus up to half that drawn each
-// time; a head that ends is handed over at its next turn. A visitor's head
-// comes in a segment or a few, and waits no turn. The mark is lowered
-// before its server gets it.
-const headPaceAfter = 4
+// A head that keeps trickling is looked at on the edge's schedule, not
+// its client's: a look at each byte of many trickling connections takes
+// the CPU their clients choose. Only while the box is contended (its
+// connections, or its memory, past their high-water marks, or Accept
+// waiting for room): until then a head on a slow link is looked at as its
+// bytes come, and handed over the moment it ends, and a slow visitor
+// waits for nothing of the edge's. Under contention, once bytes have come
+// headPaceAfter times and it has waited slowAge, the kernel is asked not
+// to report its bytes until headPeek wait (SO_RCVLOWAT; its end still
+// wakes the poller), and it is looked at paceEvery after, then twice as
+// far each turn up to paceEvery<<paceDoublings, plus up to half that
+// drawn each time; a head that ends is handed over at its next turn. A
+// visitor's head comes in a segment or a few, and waits no turn. The mark
+// is lowered before its server gets it.
+const (
+	headPaceAfter = 4
+	paceEvery     = time.Second
+	paceDoublings = 2
+	// paceDeadlineLead is how long before its deadline a head handed over
+	// at its last turn still has for its server to read it.
+	paceDeadlineLead = 50 * time.Millisecond
+)
 
 // accept returns the next connection for the server: one whose head was
 // awaited and is in, or one just accepted that need not wait.
@@ -249,7 +259,7 @@ func (h *headWait) finish(end error) {
 // mark lowered, and its head due by deadline, but not before the server
 // has had paceDeadlineLead to read what came: a head that ended in time
 // and is handed over at its deadline (at a paced head's expiry, say) is
-// read, as a paced read made that much before its deadline would be.
+// read.
 func (w *waitingHead) release(deadline int64, now time.Time) {
 	if w.paced.Load() {
 		w.t.socket.setRcvLowat(1)
@@ -276,7 +286,7 @@ func (h *headWait) signal() {
 func (h *headWait) await(t *trackedConn) bool {
 	// Found once, before the connection is shared: pacing's calls, and a
 	// paced server read later, use it.
-	if t.socket = newPacedSocket(t.Conn); t.socket == nil {
+	if t.socket = newHeadSocket(t.Conn); t.socket == nil {
 		return false
 	}
 	n, gone := peekHead(t, h.acceptBuf[:])
@@ -328,13 +338,14 @@ func (h *headWait) arrived(id uint64, ended bool) {
 		return
 	}
 	if w.events++; w.events < headPaceAfter || !h.c.contended.Load() {
-		return // paced only under contention, as a server's read is (pace.go)
+		return // paced only under contention
 	}
 	now := h.c.clock.Now()
 	if now.UnixNano()-w.since < int64(slowAge) {
 		return
 	}
 	w.paced.Store(true)
+	h.c.m.paced.Inc()
 	w.t.socket.setRcvLowat(headPeek)
 	w.nextTurn = nextHeadTurn(now, 0)
 }

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"syscall"
 )
@@ -143,3 +144,42 @@ func (h *headWait) poll() {
 }
 
 func (p *headPoller) close() { p.ep.Close() }
+
+// headSocket is a waiting connection's socket, for the calls made on it
+// while its head waits. Its callback is made once, so that a turn
+// allocates nothing.
+type headSocket struct {
+	rc           syscall.RawConn
+	lowat        int
+	setLowatFunc func(fd uintptr)
+}
+
+// newHeadSocket returns conn's socket, or nil if it has none (a test's
+// pipe).
+func newHeadSocket(conn net.Conn) *headSocket {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	s := &headSocket{rc: rc}
+	s.setLowatFunc = s.setLowat
+	return s
+}
+
+// setRcvLowat sets how many bytes must wait in the socket's receive queue
+// before the kernel reports it readable (SO_RCVLOWAT, Linux 4.18 or later
+// for TCP's wake-ups): the connection's end, and a receive window or
+// memory running short, report it whatever this says. An error only
+// leaves it reported as before.
+func (s *headSocket) setRcvLowat(bytes int) {
+	s.lowat = bytes
+	s.rc.Control(s.setLowatFunc)
+}
+
+func (s *headSocket) setLowat(fd uintptr) {
+	syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, s.lowat)
+}

@@ -2,7 +2,10 @@
 
 package admission
 
-import "errors"
+import (
+	"errors"
+	"net"
+)
 
 // headPoller needs epoll: elsewhere first heads are read by the server.
 type headPoller struct{}
@@ -19,3 +22,11 @@ func peekHead(*trackedConn, []byte) (int, bool) { return 0, true }
 func drainUnread(*trackedConn)                  {}
 
 func (h *headWait) poll() {}
+
+type headSocket struct{}
+
+// newHeadSocket returns nil: the edge ships on Linux, and is measured
+// there only.
+func newHeadSocket(net.Conn) *headSocket { return nil }
+
+func (s *headSocket) setRcvLowat(int) {}

@@ -56,7 +56,7 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		}),
 		paced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "scafo_edge_paced_heads_total",
-			Help: "Request heads (a connection's first, with its TLS handshake, or a keep-alive HTTP/1 connection's next) that came in six short reads and had been on their way a second: any further read of them waits its turn, a second after the one before and then, while they keep trickling, twice as long each time, up to 4 to 6 s.",
+			Help: "First request heads of plain HTTP connections that, while the box was contended, kept trickling (bytes came four times) and had waited a second: each is looked at on the edge's schedule from then on, a second after and then twice as far each turn, up to 4 to 6 s, until the contention is over.",
 		}),
 		pressure: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "scafo_edge_pressure",
