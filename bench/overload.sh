@@ -22,7 +22,7 @@ Usage: bench/overload.sh [flags]
   --window D           how long fast.test is measured under the load
                        (default 8s; longer than a proxy's header or idle
                        timeout shows what its timeouts firing cost)
-  --load-at-sink       aim each row's load (held, idle, nat and slow rows)
+  --load-at-sink       aim each row's load (held, idle, nat, natheld, slow)
                        at a bare net/http server (bench/overload sink)
                        instead of the proxy, fast.test still measured
                        through the proxy: what the load costs this box by
@@ -45,18 +45,25 @@ Usage: bench/overload.sh [flags]
                                     each asking once a second until the
                                     end: browsers behind one NAT, on an
                                     otherwise idle proxy
+                         natheld:N  held:N and, beside it, nat:4000 from
+                                    an address of its own (127.0.2.1), in
+                                    place before the held requests come:
+                                    an office NAT during an attack
                          slow:N     N connections trickling their request
                                     headers, a byte a second (slowloris),
                                     reopened when the proxy ends one
                        @A: from A client addresses, 127.0.0.2 onwards
-                       (default one, 127.0.0.1); /EVERY (nat and slow):
-                       a request or a header byte every EVERY instead of
-                       every second (slow:19000@16/100ms: a fast
-                       trickle, not in "all"). Default:
+                       (default one, 127.0.0.1; natheld: the held
+                       load's, not its NAT's); /EVERY (nat, natheld's
+                       NAT and slow): a request or a header byte every
+                       EVERY instead of every second
+                       (slow:19000@16/100ms: a fast trickle, not in
+                       "all"). Default:
                        held:2000,held:9900,held:12500,held:12500@8,
                        held:30000@8,idle:19000,idle:50000@8,nat:4000,
                        slow:19000@16
-                       "all" adds h2:2000,h2:12500,h2:30000,h3:30000
+                       "all" adds natheld:30000@8,h2:2000,h2:12500,
+                       h2:30000,h3:30000
   --edge-bin FILE      measure this scafo-edge binary instead of building one
   --edge-args "ARGS"   extra flags for scafo-edge serve (word-split), e.g.
                        "--max-conns 8000"; the table names them
@@ -138,7 +145,7 @@ while (($#)); do
 	esac
 	shift
 done
-[[ $ROWS == all ]] && ROWS=held:2000,held:9900,held:12500,held:12500@8,held:30000@8,idle:19000,idle:50000@8,nat:4000,slow:19000@16,$H2_ROWS
+[[ $ROWS == all ]] && ROWS=held:2000,held:9900,held:12500,held:12500@8,held:30000@8,idle:19000,idle:50000@8,nat:4000,natheld:30000@8,slow:19000@16,$H2_ROWS
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -424,8 +431,8 @@ for p in scafo-edge caddy traefik nginx haproxy haproxy-queue; do
 done
 IFS=, read -r -a row_list <<<"$ROWS"
 for spec in "${row_list[@]}"; do
-	[[ $spec =~ ^(held|idle|h2|h3|nat|slow):[0-9]+k?(@[0-9]+)?$ || $spec =~ ^(nat|slow):[0-9]+k?(@[0-9]+)?/[0-9]+(ms|s)$ ]] ||
-		die "row $spec: want held:N, idle:N, h2:N, h3:N, nat:N or slow:N, optionally @ADDRESSES, and for nat and slow /INTERVAL (100ms, 2s)"
+	[[ $spec =~ ^(held|idle|h2|h3|nat|natheld|slow):[0-9]+k?(@[0-9]+)?$ || $spec =~ ^(nat|natheld|slow):[0-9]+k?(@[0-9]+)?/[0-9]+(ms|s)$ ]] ||
+		die "row $spec: want held:N, idle:N, h2:N, h3:N, nat:N, natheld:N or slow:N, optionally @ADDRESSES, and for nat, natheld and slow /INTERVAL (100ms, 2s)"
 done
 
 for spec in "${row_list[@]}"; do

@@ -77,6 +77,55 @@ type ConnsReport struct {
 	ClosedEarly int `json:"closed_early"`
 	// OpenAtRelease: idle connections still open when the release came.
 	OpenAtRelease int `json:"open_at_release"`
+	// NAT: nat, how long its requests waited.
+	NAT NATTimes `json:"nat"`
+}
+
+// NATTimes is how long the requests of browsers behind a NAT waited: a
+// count of failures says nothing of a browser kept waiting, nor of a
+// connection the proxy closed and made it open again.
+type NATTimes struct {
+	// SlowestMs: the slowest answered request (on a new connection, from
+	// the connect); Slow: requests answered or failed after more than 1 s.
+	SlowestMs float64 `json:"slowest_ms"`
+	Slow      int     `json:"slow"`
+	// Reopened: connections opened after a browser's first (the proxy
+	// closed one, or a connect failed); ReopenMaxMs, the slowest of them
+	// from the connect to the answer; ReopenSlow, those over 1 s, answered
+	// or not.
+	Reopened    int     `json:"reopened"`
+	ReopenMaxMs float64 `json:"reopen_max_ms"`
+	ReopenSlow  int     `json:"reopen_slow"`
+}
+
+// Add counts one request that took took, answered or not, on a reopened
+// connection or not.
+func (t *NATTimes) Add(took time.Duration, answered, reopened bool) {
+	ms, slow := float64(took.Microseconds())/1000, took > time.Second
+	if answered {
+		t.SlowestMs = max(t.SlowestMs, ms)
+	}
+	if slow {
+		t.Slow++
+	}
+	if !reopened {
+		return
+	}
+	t.Reopened++
+	if answered {
+		t.ReopenMaxMs = max(t.ReopenMaxMs, ms)
+	}
+	if slow {
+		t.ReopenSlow++
+	}
+}
+
+// Merge adds another process's times into t.
+func (t *NATTimes) Merge(o NATTimes) {
+	t.SlowestMs, t.ReopenMaxMs = max(t.SlowestMs, o.SlowestMs), max(t.ReopenMaxMs, o.ReopenMaxMs)
+	t.Slow += o.Slow
+	t.Reopened += o.Reopened
+	t.ReopenSlow += o.ReopenSlow
 }
 
 // Merge adds another process's report into r.
@@ -93,6 +142,7 @@ func (r *ConnsReport) Merge(o ConnsReport) {
 	r.Early.Add(o.Early)
 	r.ClosedEarly += o.ClosedEarly
 	r.OpenAtRelease += o.OpenAtRelease
+	r.NAT.Merge(o.NAT)
 }
 
 type loadProc struct {
@@ -100,6 +150,7 @@ type loadProc struct {
 	mu        sync.Mutex
 	outcomes  Counts
 	early     Counts
+	natTimes  NATTimes
 	attempted atomic.Int64
 	open      atomic.Int64
 	closedEarly,
@@ -138,7 +189,7 @@ func (p *loadProc) report(event string) ConnsReport {
 	defer p.mu.Unlock()
 	r := ConnsReport{Event: event, Attempted: int(p.attempted.Load()), Open: int(p.open.Load()),
 		Outcomes: Counts{}, Early: Counts{}, ClosedEarly: int(p.closedEarly.Load()),
-		OpenAtRelease: int(p.openAtRelease.Load())}
+		OpenAtRelease: int(p.openAtRelease.Load()), NAT: p.natTimes}
 	r.Outcomes.Add(p.outcomes)
 	r.Early.Add(p.early)
 	return r

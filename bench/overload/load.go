@@ -23,32 +23,58 @@ type loadProcs struct {
 	exited  chan struct{}
 }
 
-// startLoad runs the row's load as `overload conns` processes, each at
-// most perProc connections, so that none nears the descriptor limit.
-func startLoad(c rowConfig, life time.Duration) (*loadProcs, error) {
-	mode, target, host, path := c.spec.Kind, c.loadAddr, c.slowHost, "/hold"
-	per := c.perProc
+// loadPart is one load of a row: what its `overload conns` processes do,
+// where, from which addresses, and at most how many connections each.
+type loadPart struct {
+	mode, target, host, path string
+	n, per                   int
+	srcs                     []string
+	every                    time.Duration // -interval; 0: the process's default
+}
+
+// load is the row's load: for a natheld row its held requests, whose NAT
+// is natLoad.
+func (c rowConfig) load() loadPart {
+	p := loadPart{mode: c.spec.Kind, target: c.loadAddr, host: c.slowHost, path: "/hold",
+		n: c.spec.N, per: c.perProc, srcs: c.spec.SourceAddrs(), every: c.spec.Every}
 	switch c.spec.Kind {
 	case "idle", "nat", "slow":
-		host, path = c.fastHost, "/"
+		p.host, p.path = c.fastHost, "/"
 	case "h2", "h3":
 		// One process opens every connection (the scenario: one client);
 		// its descriptors are the connections, N/100.
-		target, per = c.tlsAddr, 0
+		p.target, p.per = c.tlsAddr, 0
+	case "natheld":
+		// The attack: held:N@A as it is; the row's pace (/EVERY) is its
+		// NAT's.
+		p.mode, p.every = "held", 0
 	}
-	parts := Split(c.spec.N, per)
+	return p
+}
+
+// natLoad is a natheld row's NAT: nat:NATConns from NATAddr alone, at the
+// row's pace.
+func (c rowConfig) natLoad() loadPart {
+	return loadPart{mode: "nat", target: c.loadAddr, host: c.fastHost, path: "/",
+		n: NATConns, per: c.perProc, srcs: []string{NATAddr}, every: c.spec.Every}
+}
+
+// startLoad runs a load as `overload conns` processes, each at most
+// part.per connections, so that none nears the descriptor limit.
+func startLoad(c rowConfig, part loadPart, life time.Duration) (*loadProcs, error) {
+	parts := Split(part.n, part.per)
 	l := &loadProcs{ready: make(chan ConnsReport, len(parts)), results: make(chan ConnsReport, len(parts)),
 		exited: make(chan struct{})}
-	srcs := strings.Join(c.spec.SourceAddrs(), ",")
+	srcs := strings.Join(part.srcs, ",")
 	offset := 0
 	var waits sync.WaitGroup
 	for _, n := range parts {
-		cmd := exec.Command(c.self, "conns", "-mode", mode, "-target", target, "-host", host, "-path", path,
-			"-n", strconv.Itoa(n), "-src", srcs, "-offset", strconv.Itoa(offset),
+		cmd := exec.Command(c.self, "conns", "-mode", part.mode, "-target", part.target, "-host", part.host,
+			"-path", part.path, "-n", strconv.Itoa(n), "-src", srcs, "-offset", strconv.Itoa(offset),
 			"-dial-timeout", c.timeout.String(), "-timeout", life.String(),
 			"-concurrency", strconv.Itoa(c.concurrency))
-		if c.spec.Every > 0 {
-			cmd.Args = append(cmd.Args, "-interval", c.spec.Every.String())
+		if part.every > 0 {
+			cmd.Args = append(cmd.Args, "-interval", part.every.String())
 		}
 		offset += n
 		cmd.Stderr = os.Stderr

@@ -133,6 +133,16 @@ func TestNATConnections(t *testing.T) {
 		if res.Outcomes["200"] < 10 || res.Outcomes.Total() != res.Outcomes["200"] {
 			t.Errorf("%s: outcomes %v, want only 200s, at least two a connection", target, res.Outcomes)
 		}
+		// Timed: every request but each browser's first comes on a
+		// reopened connection when the server closes them, none when it
+		// keeps them.
+		reopened := 0
+		if target == closing {
+			reopened = res.Outcomes.Total() - 5
+		}
+		if n := res.NAT; n.SlowestMs <= 0 || n.Reopened != reopened || (reopened > 0) != (n.ReopenMaxMs > 0) {
+			t.Errorf("%s: times %+v, want %d reopened", target, n, reopened)
+		}
 	}
 }
 
@@ -193,6 +203,12 @@ func TestReportMarkdown(t *testing.T) {
 			Outcomes: Counts{"200": 8000, OutConnTimeout: 11000}, OpenAtRelease: 8000, RecoverySeconds: -1,
 			Notes: []string{"the ramp ended"}},
 		{Proxy: "traefik", Row: "idle:50000@8", Status: "skipped", Note: "did not build"},
+		{Proxy: "scafo-edge", Row: "natheld:30000@8", Kind: "natheld", N: 30000, Addrs: 8, AppHeld: 7125,
+			Outcomes: Counts{"200": 7125, "503": 22875}, Early: Counts{"503": 22875}, RecoverySeconds: 1,
+			NATOutcomes: Counts{"200": 39000, OutReset: 900, "429": 100},
+			NAT:         &NATTimes{SlowestMs: 1200, Slow: 3, Reopened: 1000, ReopenMaxMs: 1200, ReopenSlow: 3}},
+		{Proxy: "scafo-edge", Row: "nat:4000", Kind: "nat", N: 4000, Outcomes: Counts{"200": 36000},
+			NAT: &NATTimes{SlowestMs: 25.5}, RecoverySeconds: 0},
 	}
 	var buf bytes.Buffer
 	for _, r := range rows {
@@ -200,7 +216,7 @@ func TestReportMarkdown(t *testing.T) {
 		buf.Write(append(b, '\n'))
 	}
 	got, err := ReadRows(&buf)
-	if err != nil || len(got) != 3 {
+	if err != nil || len(got) != len(rows) {
 		t.Fatalf("ReadRows: %d rows, %v", len(got), err)
 	}
 	md := Markdown(Report{Versions: map[string]string{"nginx": "1.22.1"}, Settings: map[string]string{"window": "8s"}, Rows: got})
@@ -212,6 +228,8 @@ func TestReportMarkdown(t *testing.T) {
 		"| traefik | idle:50000@8 | skipped (2) |",
 		"1. nginx, idle:19000: the ramp ended",
 		"2. traefik, idle:50000@8: did not build",
+		"| 200 ×7,125 · 503 ×22,875 (22,875 before the release); NAT 127.0.2.1: 1,000 failed of 40,000: 200 ×39,000 · 429 ×100 · reset ×900; slowest 1200 ms, 3 over 1 s; reconnected 1,000, connect to answer max 1200 ms, 3 over 1 s | 7,125 | 1.0 |",
+		"| 0 failed of 36,000: 200 ×36,000; slowest 25.5 ms; none reconnected | — | 0.0 |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("table lacks %q:\n%s", want, md)

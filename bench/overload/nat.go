@@ -13,9 +13,9 @@ import (
 
 // natConn is one browser behind a NAT (mode nat): a keep-alive connection
 // that asks for the page once a second until the release, every request
-// counted. A connection the proxy closes or resets is opened again for the
-// next request, as a browser would; the request that found it closed is
-// counted as what it got.
+// counted, and timed (NATTimes). A connection the proxy closes or resets
+// is opened again for the next request, as a browser would; the request
+// that found it closed is counted as what it got.
 func (p *loadProc) natConn(ctx context.Context, i int, sem chan struct{}, attempted func()) {
 	cfg := p.cfg
 	// Spread over the first second, so that the requests are too.
@@ -27,7 +27,7 @@ func (p *loadProc) natConn(ctx context.Context, i int, sem chan struct{}, attemp
 			c.Close()
 		}
 	}()
-	ready := false
+	ready, dials := false, 0
 	tick := time.NewTimer(first)
 	defer tick.Stop()
 	for {
@@ -45,8 +45,13 @@ func (p *loadProc) natConn(ctx context.Context, i int, sem chan struct{}, attemp
 		case <-tick.C:
 		}
 		tick.Reset(cfg.Interval)
+		// A request on a new connection waits from its connect: what a
+		// browser whose connection the proxy closed waits for its page.
+		t0, reopened := time.Now(), false
 		if c == nil {
+			reopened, dials = dials > 0, dials+1
 			if c = p.dialNAT(ctx, i, sem); c == nil {
+				p.timed(time.Since(t0), false, reopened)
 				if !ready {
 					ready = true
 					attempted()
@@ -57,6 +62,7 @@ func (p *loadProc) natConn(ctx context.Context, i int, sem chan struct{}, attemp
 		}
 		outcome, keep := p.natRequest(c, br)
 		p.record(outcome)
+		p.timed(time.Since(t0), isStatus(outcome), reopened)
 		if !keep {
 			c.Close()
 			c = nil
@@ -66,6 +72,13 @@ func (p *loadProc) natConn(ctx context.Context, i int, sem chan struct{}, attemp
 			attempted()
 		}
 	}
+}
+
+// timed counts how long one of natConn's requests took.
+func (p *loadProc) timed(took time.Duration, answered, reopened bool) {
+	p.mu.Lock()
+	p.natTimes.Add(took, answered, reopened)
+	p.mu.Unlock()
 }
 
 // dialNAT opens a connection for natConn, counting a failed connect as

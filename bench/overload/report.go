@@ -156,16 +156,19 @@ func Markdown(rep Report) string {
 				got += fmt.Sprintf(", closed by the proxy %s", thousands(r.ClosedEarly))
 			}
 		case "nat":
-			got = fmt.Sprintf("%s failed of %s: %s", thousands(r.Outcomes.Total()-r.Outcomes["200"]), thousands(r.Outcomes.Total()), got)
+			got = natGot(r.Outcomes, r.NAT)
 		case "slow":
 			got = "connections ended: " + got
 		default:
 			if early := r.Early.Total(); early > 0 {
 				got += fmt.Sprintf(" (%s before the release)", thousands(early))
 			}
+			if r.Kind == "natheld" {
+				got += "; NAT " + NATAddr + ": " + natGot(r.NATOutcomes, r.NAT)
+			}
 		}
 		held := "—"
-		if r.Kind == "held" || r.Kind == "h2" || r.Kind == "h3" {
+		if (Spec{Kind: r.Kind}).Holds() {
 			held = thousands(int(r.AppHeld))
 		}
 		back := fmt.Sprintf("no (fds %s → %s)", thousands(r.FDBase), thousands(r.FDAfter))
@@ -208,4 +211,26 @@ func Markdown(rep Report) string {
 		b.WriteString("\n" + strings.Join(notes, "\n") + "\n")
 	}
 	return b.String()
+}
+
+// natGot is what browsers behind a NAT got: how many of their requests
+// failed, how each ended, and how long they waited, above all those whose
+// connection the proxy closed and who had to connect again.
+func natGot(out Counts, t *NATTimes) string {
+	got := fmt.Sprintf("%s failed of %s: %s", thousands(out.Total()-out["200"]), thousands(out.Total()), out.String())
+	if t == nil { // a results file from before the NAT was timed
+		return got
+	}
+	got += "; slowest " + ms(t.SlowestMs) + " ms"
+	if t.Slow > 0 {
+		got += fmt.Sprintf(", %s over 1 s", thousands(t.Slow))
+	}
+	if t.Reopened == 0 {
+		return got + "; none reconnected"
+	}
+	got += fmt.Sprintf("; reconnected %s, connect to answer max %s ms", thousands(t.Reopened), ms(t.ReopenMaxMs))
+	if t.ReopenSlow > 0 {
+		got += fmt.Sprintf(", %s over 1 s", thousands(t.ReopenSlow))
+	}
+	return got
 }

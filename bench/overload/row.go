@@ -92,6 +92,12 @@ type Row struct {
 	Early         Counts `json:"early"`
 	ClosedEarly   int    `json:"closed_early"`
 	OpenAtRelease int    `json:"open_at_release"`
+	// The browsers behind a NAT, of a nat row (Outcomes above) or beside
+	// a natheld row's held requests: what each of their requests got, from
+	// the NAT's first to the release (natheld: NATOutcomes; the NAT is in
+	// place before the held requests come), and how long they waited.
+	NATOutcomes Counts    `json:"nat_outcomes,omitempty"`
+	NAT         *NATTimes `json:"nat,omitempty"`
 
 	// After the release: seconds until the proxy's descriptors (and for
 	// scafo-edge its go_goroutines and process_open_fds) are back to
@@ -130,10 +136,10 @@ func rowCmd(args []string) error {
 	var spec, control string
 	fs.StringVar(&c.results, "results", "", "results file (JSON lines), appended to")
 	fs.StringVar(&c.proxy, "proxy", "", "proxy name, for the table")
-	fs.StringVar(&spec, "spec", "", "the row: KIND:N[@A], KIND one of held, idle, h2, h3, nat, slow")
+	fs.StringVar(&spec, "spec", "", "the row: KIND:N[@A], KIND one of held, idle, h2, h3, nat, natheld, slow")
 	fs.IntVar(&c.pid, "pid", 0, "the proxy's process (its whole tree is measured)")
 	fs.StringVar(&c.addr, "addr", "", "the proxy's HTTP address, 127.0.0.1:PORT")
-	fs.StringVar(&c.loadAddr, "load-addr", "", "where the load of the held, idle, nat and slow rows goes (default: -addr, the proxy); an overload sink here measures the box's floor")
+	fs.StringVar(&c.loadAddr, "load-addr", "", "where the load of the held, idle, nat, natheld and slow rows goes (default: -addr, the proxy); an overload sink here measures the box's floor")
 	fs.StringVar(&c.tlsAddr, "tls-addr", "", "the proxy's HTTPS address (h2 rows; h3 rows: its UDP port too)")
 	fs.StringVar(&c.fastHost, "fast-host", "fast.test", "the fast application's host")
 	fs.StringVar(&c.slowHost, "slow-host", "slow.test", "the slow application's host")
@@ -274,6 +280,24 @@ func measureRow(c rowConfig) Row {
 	// Every load connection lives at most this long: the ramp, the window
 	// and a margin for the answers after the release.
 	connLife := c.ramp + c.window + 20*time.Second
+	// A natheld row's NAT comes first, each browser having asked once, as
+	// an office is at work before an attack begins: what the row asks is
+	// whether the active keep their place, and their connects are not the
+	// attack's (the kernel's counters start after them).
+	var nat *loadProcs
+	if c.spec.Kind == "natheld" {
+		var err error
+		if nat, err = startLoad(c, c.natLoad(), connLife); err != nil {
+			stopSampling()
+			sampling.Wait()
+			r.Status, r.Note = "failed", "starting the NAT's load process: "+err.Error()
+			return r
+		}
+		defer nat.kill()
+		if ready := nat.waitReady(time.Now().Add(c.ramp)); ready.Attempted < NATConns {
+			note("the NAT's ramp ended (%s) with %s of %s browsers attempted", c.ramp, thousands(ready.Attempted), thousands(NATConns))
+		}
+	}
 	overflows0, drops0, nerr := proc.ListenDrops()
 	if nerr != nil {
 		note("kernel listen counters: %v", nerr)
@@ -285,7 +309,7 @@ func measureRow(c rowConfig) Row {
 		}
 	}
 	rampStart := time.Now()
-	load, err := startLoad(c, connLife)
+	load, err := startLoad(c, c.load(), connLife)
 	if err != nil {
 		stopSampling()
 		sampling.Wait()
@@ -293,6 +317,13 @@ func measureRow(c rowConfig) Row {
 		return r
 	}
 	defer load.kill()
+	// Every load process's CPU is the load's, the NAT's included.
+	loadPIDs := func() []int {
+		if nat == nil {
+			return load.pids()
+		}
+		return append(load.pids(), nat.pids()...)
+	}
 	rampEnd := rampStart.Add(c.ramp)
 	ready := load.waitReady(rampEnd)
 	r.Attempted = ready.Attempted
@@ -324,7 +355,7 @@ func measureRow(c rowConfig) Row {
 
 	// 3. The window: fast.test's keep-alive clients, new visitors, admin.
 	windowStart, proxyTree := time.Now(), tree()
-	loadTicks0, proxyTicks0 := proc.CPUTicks(load.pids()), proc.CPUTicks(proxyTree)
+	loadTicks0, proxyTicks0 := proc.CPUTicks(loadPIDs()), proc.CPUTicks(proxyTree)
 	var wg sync.WaitGroup
 	var fast fastResult
 	wg.Add(1)
@@ -388,7 +419,7 @@ func measureRow(c rowConfig) Row {
 	}
 	wg.Wait()
 	if secs := time.Since(windowStart).Seconds(); secs > 0 {
-		r.LoadCPU = float64(proc.CPUTicks(load.pids())-loadTicks0) / 100 / secs
+		r.LoadCPU = float64(proc.CPUTicks(loadPIDs())-loadTicks0) / 100 / secs
 		r.ProxyCPU = float64(proc.CPUTicks(proxyTree)-proxyTicks0) / 100 / secs
 	}
 	r.FastServed, r.FastFailed, r.FastFailures = fast.served, fast.failed, fast.failures
@@ -418,6 +449,9 @@ func measureRow(c rowConfig) Row {
 	// The load processes first (an answer after this is not "early"),
 	// then, once they have read it, the application.
 	load.release()
+	if nat != nil {
+		nat.release()
+	}
 	time.Sleep(200 * time.Millisecond)
 	releaseAt := time.Now()
 	if err := appRelease(c.control); err != nil {
@@ -456,6 +490,16 @@ func measureRow(c rowConfig) Row {
 	r.ClosedEarly, r.OpenAtRelease = res.ClosedEarly, res.OpenAtRelease
 	if n := res.Outcomes.Total(); n < c.spec.N {
 		note("%s of %s load connections reported no end (a load process did not finish)", thousands(c.spec.N-n), thousands(c.spec.N))
+	}
+	switch {
+	case c.spec.Kind == "nat":
+		r.NAT = &res.NAT
+	case nat != nil:
+		nres := nat.waitResults(resDeadline)
+		r.NATOutcomes, r.NAT = nres.Outcomes, &nres.NAT
+		if nres.Attempted < NATConns {
+			note("the NAT reported %s of its %s browsers (its load process did not finish, or the ramp ended first)", thousands(nres.Attempted), thousands(NATConns))
+		}
 	}
 	<-recDone
 	time.Sleep(time.Second)

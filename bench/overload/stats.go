@@ -22,15 +22,28 @@ import (
 // requests, each on its own HTTP/1.1 connection, or HTTP/2 or HTTP/3
 // streams, 100 to a connection) or on fast.test (idle keep-alive
 // connections, browsers behind a NAT asking once a second, connections
-// trickling their headers), from how many client addresses.
+// trickling their headers), from how many client addresses. A natheld row
+// is both at once: the held requests of held:N@A and, beside them, the
+// browsers of nat:NATConns from NATAddr.
 type Spec struct {
-	Kind  string // "held", "idle", "h2", "h3", "nat" or "slow"
+	Kind  string // "held", "idle", "h2", "h3", "nat", "natheld" or "slow"
 	N     int    // held requests, idle, NAT or slow connections, h2 or h3 streams
 	Addrs int    // client source addresses: 1 is 127.0.0.1, 8 is 127.0.0.2..9
-	// Every is, for nat and slow, the time between a connection's
-	// requests or header bytes; 0: the load's default, a second.
+	// Every is, for nat, natheld (its NAT) and slow, the time between a
+	// connection's requests or header bytes; 0: the load's default, a
+	// second.
 	Every time.Duration
 }
+
+// The NAT of a natheld row: as many browsers as the nat:4000 row, behind
+// one address of their own, which no held load (127.0.0.1 .. 127.0.0.251),
+// keep-alive client of fast.test (127.0.0.200) or new visitor (127.0.1.x)
+// uses, so that a limit per client address sees the NAT apart from the
+// attack.
+const (
+	NATConns = 4000
+	NATAddr  = "127.0.2.1"
+)
 
 // String is the spec as written on the command line: held:9900,
 // idle:50000@8, slow:19000@16/100ms.
@@ -47,10 +60,18 @@ func (s Spec) String() string {
 
 // Holds reports whether the spec's load is requests held by slow.test
 // (rather than connections to fast.test).
-func (s Spec) Holds() bool { return s.Kind == "held" || s.Kind == "h2" || s.Kind == "h3" }
+func (s Spec) Holds() bool {
+	return s.Kind == "held" || s.Kind == "h2" || s.Kind == "h3" || s.Kind == "natheld"
+}
+
+// Paced reports whether the spec's kind takes an interval (/EVERY): the
+// browsers of nat and natheld, the trickle of slow.
+func (s Spec) Paced() bool { return s.Kind == "nat" || s.Kind == "natheld" || s.Kind == "slow" }
 
 // ParseSpec reads KIND:N[@ADDRS][/EVERY]; N may be written 30000 or 30k,
-// and EVERY (nat and slow only) is a duration: slow:19000@16/100ms.
+// and EVERY (nat, natheld and slow only) is a duration:
+// slow:19000@16/100ms. In natheld:N@A, N and A are the held load's: the
+// NAT beside it is always NATConns browsers from NATAddr.
 func ParseSpec(s string) (Spec, error) {
 	s, everyText, hasEvery := strings.Cut(s, "/")
 	var every time.Duration
@@ -65,9 +86,9 @@ func ParseSpec(s string) (Spec, error) {
 		return Spec{}, fmt.Errorf("row %q: want KIND:N[@ADDRS] (held:9900, idle:50000@8, h2:12500)", s)
 	}
 	switch kind {
-	case "held", "idle", "h2", "h3", "nat", "slow":
+	case "held", "idle", "h2", "h3", "nat", "natheld", "slow":
 	default:
-		return Spec{}, fmt.Errorf("row %q: kind %q is not held, idle, h2, h3, nat or slow", s, kind)
+		return Spec{}, fmt.Errorf("row %q: kind %q is not held, idle, h2, h3, nat, natheld or slow", s, kind)
 	}
 	num, addrs, hasAddrs := strings.Cut(rest, "@")
 	n, err := parseCount(num)
@@ -82,10 +103,11 @@ func ParseSpec(s string) (Spec, error) {
 			return Spec{}, fmt.Errorf("row %q: addresses %q is not 1..250", s, addrs)
 		}
 	}
-	if hasEvery && kind != "nat" && kind != "slow" {
-		return Spec{}, fmt.Errorf("row %q: only nat and slow rows take an interval", s)
+	spec := Spec{Kind: kind, N: n, Addrs: a, Every: every}
+	if hasEvery && !spec.Paced() {
+		return Spec{}, fmt.Errorf("row %q: only nat, natheld and slow rows take an interval", s)
 	}
-	return Spec{Kind: kind, N: n, Addrs: a, Every: every}, nil
+	return spec, nil
 }
 
 func parseCount(s string) (int, error) {
@@ -174,6 +196,13 @@ const (
 	OutOpen        = "open"         // slow: still open when the load was released
 )
 
+// isStatus reports whether an outcome is an answer's status code (rather
+// than a failure below HTTP).
+func isStatus(outcome string) bool {
+	_, err := strconv.Atoi(outcome)
+	return err == nil
+}
+
 // Classify names what a failed connection attempt or read saw.
 func Classify(err error) string {
 	if err == nil {
@@ -249,7 +278,7 @@ func (c Counts) String() string {
 		if v == 0 {
 			continue
 		}
-		if _, err := strconv.Atoi(k); err == nil {
+		if isStatus(k) {
 			status = append(status, k)
 		}
 	}

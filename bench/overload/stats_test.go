@@ -28,6 +28,8 @@ func TestParseSpec(t *testing.T) {
 		{"slow:19000@16", Spec{"slow", 19000, 16, 0}},
 		{"slow:19000@16/100ms", Spec{"slow", 19000, 16, 100 * time.Millisecond}},
 		{"nat:4000/2s", Spec{"nat", 4000, 1, 2 * time.Second}},
+		{"natheld:30000@8", Spec{"natheld", 30000, 8, 0}},
+		{"natheld:30k@8/2s", Spec{"natheld", 30000, 8, 2 * time.Second}},
 	} {
 		got, err := ParseSpec(tc.in)
 		if err != nil || got != tc.want {
@@ -38,16 +40,87 @@ func TestParseSpec(t *testing.T) {
 		{"idle", 50000, 8, 0}:                       "idle:50000@8",
 		{"slow", 19000, 16, 100 * time.Millisecond}: "slow:19000@16/100ms",
 		{"nat", 4000, 1, time.Second}:               "nat:4000/1s",
+		{"natheld", 30000, 8, 0}:                    "natheld:30000@8",
 	} {
 		if s := spec.String(); s != want {
 			t.Errorf("String = %q, want %q", s, want)
 		}
 	}
 	for _, bad := range []string{"", "held", "held:", "held:-3", "held:0", "fast:10", "held:10@0", "held:10@x", "held:10@300",
-		"held:10/1s", "slow:10/", "slow:10/0s", "slow:10/-1s", "slow:10@2/x"} {
+		"held:10/1s", "slow:10/", "slow:10/0s", "slow:10/-1s", "slow:10@2/x",
+		"natheld", "natheld:0@8", "natheld:10@x", "natheld:10@8/0s", "nat+held:10", "heldnat:10"} {
 		if _, err := ParseSpec(bad); err == nil {
 			t.Errorf("ParseSpec(%q): no error", bad)
 		}
+	}
+}
+
+func TestSpecKinds(t *testing.T) {
+	for kind, want := range map[string][2]bool{ // holds, paced
+		"held": {true, false}, "h2": {true, false}, "h3": {true, false}, "idle": {false, false},
+		"nat": {false, true}, "slow": {false, true}, "natheld": {true, true},
+	} {
+		s := Spec{Kind: kind}
+		if s.Holds() != want[0] || s.Paced() != want[1] {
+			t.Errorf("%s: Holds %v, Paced %v; want %v", kind, s.Holds(), s.Paced(), want)
+		}
+	}
+}
+
+// A natheld row's two loads: the held requests as held:N@A's, and a NAT
+// from an address no other client of the row uses.
+func TestNATHeldLoads(t *testing.T) {
+	spec, err := ParseSpec("natheld:30000@8/2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, _ := ParseSpec("held:30000@8")
+	c := rowConfig{spec: spec, loadAddr: "127.0.0.1:1", fastHost: "fast.test", slowHost: "slow.test",
+		fastSrc: "127.0.0.200", perProc: 4000}
+	want := rowConfig{spec: held, loadAddr: c.loadAddr, fastHost: c.fastHost, slowHost: c.slowHost, perProc: 4000}.load()
+	if got := c.load(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("held load %+v, want held:30000@8's %+v", got, want)
+	}
+	nat := c.natLoad()
+	if nat.mode != "nat" || nat.host != "fast.test" || nat.path != "/" || nat.n != NATConns ||
+		nat.every != 2*time.Second || fmt.Sprint(nat.srcs) != "["+NATAddr+"]" || nat.target != c.loadAddr {
+		t.Errorf("NAT load %+v", nat)
+	}
+	// Not the held load's, the keep-alive clients' or a new visitor's
+	// (127.0.1.x), nor 127.0.0.1, the held load's with one address.
+	for _, a := range append(c.load().srcs, c.fastSrc, "127.0.0.1") {
+		if a == NATAddr {
+			t.Errorf("the NAT shares %s", a)
+		}
+	}
+	if strings.HasPrefix(NATAddr, "127.0.1.") || Split(NATConns, c.perProc)[0] != NATConns {
+		t.Errorf("the NAT: %s, %v processes", NATAddr, Split(NATConns, c.perProc))
+	}
+	// The other kinds' loads are as they were.
+	for spec, want := range map[string]string{
+		"nat:4000":  "{nat 127.0.0.1:1 fast.test / 4000 4000 [] 0}",
+		"held:9900": "{held 127.0.0.1:1 slow.test /hold 9900 4000 [] 0}",
+		"h2:2000":   "{h2 127.0.0.1:2 slow.test /hold 2000 0 [] 0}",
+	} {
+		c.spec, _ = ParseSpec(spec)
+		c.tlsAddr = "127.0.0.1:2"
+		if got := fmt.Sprint(c.load()); got != want {
+			t.Errorf("%s: load %s, want %s", spec, got, want)
+		}
+	}
+}
+
+func TestNATTimes(t *testing.T) {
+	var a, b NATTimes
+	a.Add(20*time.Millisecond, true, false)
+	a.Add(1500*time.Millisecond, true, true) // a reconnect answered late
+	a.Add(3*time.Millisecond, false, true)   // a reconnect refused at once
+	b.Add(2*time.Second, false, false)       // a timeout: slow, no answer
+	b.Add(40*time.Millisecond, true, true)
+	a.Merge(b)
+	want := NATTimes{SlowestMs: 1500, Slow: 2, Reopened: 3, ReopenMaxMs: 1500, ReopenSlow: 1}
+	if a != want {
+		t.Errorf("NATTimes = %+v, want %+v", a, want)
 	}
 }
 
@@ -202,9 +275,11 @@ func TestSettled(t *testing.T) {
 func TestMergeReports(t *testing.T) {
 	var sum ConnsReport
 	sum.Merge(ConnsReport{Attempted: 4000, Outcomes: Counts{"200": 3990, OutReset: 10}, Early: Counts{OutReset: 10}})
-	sum.Merge(ConnsReport{Attempted: 1000, Open: 2, Outcomes: Counts{"200": 1000}, OpenAtRelease: 998, ClosedEarly: 2})
+	sum.Merge(ConnsReport{Attempted: 1000, Open: 2, Outcomes: Counts{"200": 1000}, OpenAtRelease: 998, ClosedEarly: 2,
+		NAT: NATTimes{SlowestMs: 7, Reopened: 3}})
 	if sum.Attempted != 5000 || sum.Outcomes["200"] != 4990 || sum.Early.Total() != 10 ||
-		sum.OpenAtRelease != 998 || sum.ClosedEarly != 2 || sum.Open != 2 {
+		sum.OpenAtRelease != 998 || sum.ClosedEarly != 2 || sum.Open != 2 ||
+		sum.NAT != (NATTimes{SlowestMs: 7, Reopened: 3}) {
 		t.Errorf("Merge = %+v", sum)
 	}
 }
