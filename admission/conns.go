@@ -2,6 +2,7 @@ package admission
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -293,22 +294,41 @@ func (c *Controller) connClosed(t *trackedConn) {
 	c.released()
 }
 
-// TrackUpstream counts conn, a connection to an upstream, against the
-// budget until it is closed. It never refuses one: a request admitted to its
-// upstream is never cut for pressure.
-func (c *Controller) TrackUpstream(conn net.Conn) net.Conn {
+// ErrNoDescriptor is DialUpstream's refusal: the budget and its overdraft
+// are spent. It wraps syscall.EMFILE, which the kernel would have returned
+// past the descriptor limit, so that the upstream is not blamed.
+var ErrNoDescriptor = fmt.Errorf("admission: the connection budget and its overdraft are spent: %w", syscall.EMFILE)
+
+// DialUpstream makes, with dial, a connection to an upstream, and counts it
+// against the budget until it is closed. Its descriptor is claimed before
+// the dial: Admit looks at the count, but the requests it admits together
+// dial together, and counted only once connected, enough of them took the
+// edge to the process's descriptor limit, where accept and the admin
+// listener fail for everyone. Past MaxConns and its overdraft the dial is
+// not made (ErrNoDescriptor). A connection made is never cut for pressure.
+func (c *Controller) DialUpstream(dial func() (net.Conn, error)) (net.Conn, error) {
 	if c == nil {
-		return conn
+		return dial()
 	}
-	c.upstreamConns.Add(1)
+	limit := int64(c.limits.MaxConns + c.limits.Overdraft)
+	if c.upstreamConns.Add(1)+c.clientConns.Load() > limit {
+		c.upstreamConns.Add(-1)
+		c.refusedRequest(RefusedBudget)
+		return nil, ErrNoDescriptor
+	}
+	conn, err := dial()
+	if err != nil {
+		c.upstreamConns.Add(-1)
+		return nil, err
+	}
 	c.opened()
 	t := &trackedConn{Conn: conn, c: c, upstream: true}
 	if sc, ok := conn.(syscall.Conn); ok {
 		// The upstream pool peeks at idle connections through the
 		// descriptor.
-		return &trackedSyscallConn{trackedConn: t, sc: sc}
+		return &trackedSyscallConn{trackedConn: t, sc: sc}, nil
 	}
-	return t
+	return t, nil
 }
 
 type trackedSyscallConn struct {

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -89,7 +90,7 @@ func holdUpstreams(t testing.TB, c *Controller, n int) (release func()) {
 	var held []net.Conn
 	for range n {
 		a, b := net.Pipe()
-		held = append(held, c.TrackUpstream(a), b)
+		held = append(held, trackUpstream(t, c, a), b)
 	}
 	var once sync.Once
 	release = func() {
@@ -137,7 +138,7 @@ func TestAtTheConnectionBudgetTheListenerStopsAcceptingUntilAConnectionCloses(t 
 			name: "an upstream connection closing",
 			hold: func(t *testing.T, c *testController, _ string, _ <-chan net.Conn) io.Closer {
 				up := listen(t)
-				return c.TrackUpstream(dialFrom(t, "127.0.0.1", up.Addr().String()))
+				return trackUpstream(t, c.Controller, dialFrom(t, "127.0.0.1", up.Addr().String()))
 			},
 		},
 	}
@@ -301,11 +302,14 @@ func TestAnUpstreamConnectionIsCountedUntilItCloses(t *testing.T) {
 	}
 	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
-			// A budget of 1: an upstream connection is never refused.
-			c := newController(t, Options{Limits: testLimits(1)})
+			// A budget of 1: upstream connections go past it, into the
+			// overdraft.
+			l := testLimits(1)
+			l.Overdraft = 2
+			c := newController(t, Options{Limits: l})
 			var tracked []net.Conn
 			for range 3 {
-				tracked = append(tracked, c.TrackUpstream(tt.dial(t)))
+				tracked = append(tracked, trackUpstream(t, c.Controller, tt.dial(t)))
 			}
 			if s := c.Snapshot(); s.UpstreamConns != 3 || s.ClientConns != 0 {
 				t.Errorf("Snapshot = %d upstream, %d client connections; want 3 and 0", s.UpstreamConns, s.ClientConns)
@@ -402,4 +406,45 @@ func TestTheCloseThatClosesAConnectionGivesItsDescriptorBack(t *testing.T) {
 	if inServersClose != 1 {
 		t.Errorf("client connections counted when the server's own Close returned, the shedder's still running = %d, want 1: the shedder's Close gives it back", inServersClose)
 	}
+}
+
+// Requests admitted together dial together: past the budget and its
+// overdraft a dial is not made, whatever Admit saw, and the refusal names
+// EMFILE so that the upstream is not blamed; a dial that fails gives its
+// descriptor back.
+func TestAnUpstreamDialPastTheOverdraftIsNotMade(t *testing.T) {
+	l := testLimits(2)
+	l.Overdraft = 1
+	c := newController(t, Options{Limits: l})
+	for range 3 {
+		trackUpstream(t, c.Controller, pipeEnd(t))
+	}
+	dialled := false
+	_, err := c.DialUpstream(func() (net.Conn, error) { dialled = true; return pipeEnd(t), nil })
+	if !errors.Is(err, ErrNoDescriptor) || !errors.Is(err, syscall.EMFILE) || dialled {
+		t.Fatalf("a fourth dial past a budget of 2 and an overdraft of 1: err %v, dialled %v; want ErrNoDescriptor (EMFILE), not dialled", err, dialled)
+	}
+	if got := c.Snapshot().UpstreamConns; got != 3 {
+		t.Errorf("upstream connections counted after the refusal = %d, want 3", got)
+	}
+	if got := c.shed(t, "budget"); got != 1 {
+		t.Errorf("scafo_edge_shed_total{reason=budget} = %v, want 1", got)
+	}
+
+	c2 := newController(t, Options{Limits: l})
+	refused := errors.New("connection refused")
+	if _, err := c2.DialUpstream(func() (net.Conn, error) { return nil, refused }); !errors.Is(err, refused) {
+		t.Fatalf("a failed dial: err %v, want the dial's", err)
+	}
+	if got := c2.Snapshot().UpstreamConns; got != 0 {
+		t.Errorf("upstream connections counted after a failed dial = %d, want 0", got)
+	}
+}
+
+// pipeEnd is one end of a pipe whose other end reads and discards.
+func pipeEnd(t *testing.T) net.Conn {
+	a, b := net.Pipe()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	go io.Copy(io.Discard, b)
+	return a
 }

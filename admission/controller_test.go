@@ -34,8 +34,8 @@ func TestANilControllerAdmitsEverythingAndCountsNothing(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	if got := c.TrackUpstream(a); got != a {
-		t.Errorf("nil TrackUpstream wrapped the connection")
+	if got := trackUpstream(t, c, a); got != a {
+		t.Errorf("a nil controller's DialUpstream wrapped the connection")
 	}
 	c.ConnState(a, http.StateIdle)
 	c.Run(context.Background()) // returns at once
@@ -334,7 +334,7 @@ func TestPastTheBudgetARequestIsRefusedOnlyBeyondTheOverdraft(t *testing.T) {
 	// upstream counts a connection to an upstream until the test ends.
 	upstream := func() {
 		a, b := net.Pipe()
-		tracked := c.TrackUpstream(a)
+		tracked := trackUpstream(t, c.Controller, a)
 		t.Cleanup(func() { tracked.Close(); b.Close() })
 	}
 	// Four upstream connections spend the budget, and no client
@@ -355,5 +355,17 @@ func TestPastTheBudgetARequestIsRefusedOnlyBeyondTheOverdraft(t *testing.T) {
 	}
 	if v := c.shed(t, "budget"); v != 1 {
 		t.Errorf("scafo_edge_shed_total{reason=budget} = %v, want 1", v)
+	}
+}
+
+// Each refusal logged says what happens, not only its reason.
+func TestEveryRefusalLoggedHasAMessage(t *testing.T) {
+	for r := RefusedMemory; r <= RefusedBudget; r++ {
+		if r == RefusedCanceled {
+			continue // the client went: nothing refused, nothing logged
+		}
+		if refusalMessages[r.String()] == "" {
+			t.Errorf("refusal %q has no log message", r)
+		}
 	}
 }

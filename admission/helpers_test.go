@@ -364,3 +364,13 @@ func serve(t testing.TB, c *Controller, ln net.Listener, h http.Handler, cert *t
 		<-done
 	})
 }
+
+// trackUpstream counts conn as a connection c dialled to an upstream.
+func trackUpstream(t testing.TB, c *Controller, conn net.Conn) net.Conn {
+	t.Helper()
+	tracked, err := c.DialUpstream(func() (net.Conn, error) { return conn, nil })
+	if err != nil {
+		t.Fatalf("DialUpstream: %v", err)
+	}
+	return tracked
+}

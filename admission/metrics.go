@@ -128,6 +128,7 @@ var refusalMessages = map[string]string{
 	refusedClientSlow:               "at the connection budget, refusing new connections from a client address whose connections are mostly slow first requests (each held a second, then closed); more are counted in scafo_edge_shed_total, logged again in a minute",
 	refusedAdminConns:               "refusing new connections to the admin listener past a share of its own small pool of connections (per address; for all the addresses not allowed /metrics; in all), which keeps it from spending the descriptors reserved for the edge's own work (each held a second, then closed); more are counted in scafo_edge_shed_total, logged again in a minute",
 	RefusedMemory.String():          "refusing new requests (503) while memory is past its high-water mark",
+	RefusedBudget.String():          "the connection budget and its overdraft are spent: refusing new requests (503), and not dialling upstreams for admitted ones (502); more are counted, logged again in a minute",
 	RefusedClientRequests.String():  "refusing requests (429) from a client address that has its share in flight; more are counted, logged again in a minute",
 	RefusedClientRate.String():      "refusing requests (429) from a client address past its request rate; more are counted, logged again in a minute",
 	RefusedAppQueueFull.String():    "an application holds its share of requests in flight and its queue is full: refusing its new requests (503)",

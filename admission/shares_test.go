@@ -57,6 +57,7 @@ func TestUnderPressureTheAddressesFurthestPastTheirShareLoseTheirIdleConnections
 			clk := newFakeClock()
 			l := testLimits(shedMaxConns)
 			l.ConnsPerClient = 2
+			l.Overdraft = 10 // the upstreams held below pass the budget, as requests' may
 			c := newController(t, Options{Limits: l, Clock: clk})
 			c.run(t)
 			ln := listen(t)

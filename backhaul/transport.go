@@ -125,10 +125,12 @@ type Options struct {
 	// Log receives ejections and recoveries, each once per episode. The zero
 	// value logs nothing.
 	Log zerolog.Logger
-	// TrackConn, if non-nil, wraps every connection dialed to an upstream
-	// and sees it closed: the edge counts them against its connection
-	// budget. The connection it returns must close the one it was given.
-	TrackConn func(net.Conn) net.Conn
+	// CountDial, if non-nil, makes every connection to an upstream with
+	// the dial it is given, or refuses to (an error wrapping EMFILE: the
+	// edge's budget is spent, and the upstream is not blamed), and sees
+	// it closed: the edge counts them against its connection budget. The
+	// connection it returns must close the one dial made.
+	CountDial func(dial func() (net.Conn, error)) (net.Conn, error)
 	// Registerer receives the package's metrics. Nil means no metrics. One
 	// Proxy per registry: New fails for a second.
 	Registerer prometheus.Registerer
@@ -188,7 +190,7 @@ func New(opts Options) (*Proxy, error) {
 	}
 	p := &Proxy{
 		transport:             newTransport(opts),
-		pool:                  h1.NewPool(opts.DialTimeout, opts.IdleConnTimeout, opts.SendTimeout, opts.MaxIdleConnsPerHost, opts.TrackConn),
+		pool:                  h1.NewPool(opts.DialTimeout, opts.IdleConnTimeout, opts.SendTimeout, opts.MaxIdleConnsPerHost, opts.CountDial),
 		trusted:               opts.TrustedProxies,
 		clock:                 clock.OrReal(opts.Clock),
 		log:                   opts.Log,
@@ -223,7 +225,7 @@ func newTransport(opts Options) *http.Transport {
 		// Upstreams are named by address in the routing document; a proxy
 		// from the environment would silently reroute the fleet's traffic.
 		Proxy:       nil,
-		DialContext: dialProgress(d, opts.SendTimeout, opts.TrackConn),
+		DialContext: dialProgress(d, opts.SendTimeout, opts.CountDial),
 		// One connection per request: the transport hands an idle
 		// connection to the next request before its read loop has seen
 		// bytes an upstream sent after the previous response (golang/go

@@ -127,7 +127,7 @@ func buildParts(c *config, s settings, handed *node.Update, log zerolog.Logger) 
 		return nil, err
 	}
 	if p.proxy, err = backhaul.New(backhaul.Options{
-		TrackConn:             p.admission.TrackUpstream,
+		CountDial:             p.admission.DialUpstream,
 		DialTimeout:           c.dialTimeout,
 		ResponseHeaderTimeout: c.responseTimeout,
 		SendTimeout:           upstreamSendTimeout(c.sendTimeout),

@@ -18,7 +18,7 @@ type Pool struct {
 	maxIdle     int
 	idleTimeout time.Duration
 	sendTimeout time.Duration // each Conn's ProgressConn bound; <= 0: none
-	track       func(net.Conn) net.Conn
+	count       func(dial func() (net.Conn, error)) (net.Conn, error)
 
 	mu    sync.Mutex
 	hosts map[string]*idleConns
@@ -39,11 +39,12 @@ const (
 
 // NewPool returns a pool that dials with dialTimeout, closes a connection
 // idle for idleTimeout, keeps at most maxIdle idle connections per address,
-// and bounds each write by sendTimeout (<= 0: no bound). track, if non-nil,
-// wraps every connection dialed (the edge counts them against its budget).
-func NewPool(dialTimeout, idleTimeout, sendTimeout time.Duration, maxIdle int, track func(net.Conn) net.Conn) *Pool {
+// and bounds each write by sendTimeout (<= 0: no bound). count, if non-nil,
+// makes every connection with the dial it is given, or refuses to (the
+// edge counts them against its budget).
+func NewPool(dialTimeout, idleTimeout, sendTimeout time.Duration, maxIdle int, count func(dial func() (net.Conn, error)) (net.Conn, error)) *Pool {
 	return &Pool{
-		track:       track,
+		count:       count,
 		dialer:      net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second},
 		maxIdle:     maxIdle,
 		idleTimeout: idleTimeout,
@@ -84,12 +85,16 @@ func (cp *Pool) Get(ctx context.Context, addr string, now time.Time) (pc *Conn, 
 // Dial opens a new connection to addr, for a request that must not take
 // an idle one (a resend after a pooled connection failed).
 func (cp *Pool) Dial(ctx context.Context, addr string) (*Conn, error) {
-	nc, err := cp.dialer.DialContext(ctx, "tcp", addr)
+	dial := func() (net.Conn, error) { return cp.dialer.DialContext(ctx, "tcp", addr) }
+	var nc net.Conn
+	var err error
+	if cp.count != nil {
+		nc, err = cp.count(dial)
+	} else {
+		nc, err = dial()
+	}
 	if err != nil {
 		return nil, err
-	}
-	if cp.track != nil {
-		nc = cp.track(nc)
 	}
 	return NewConn(nc, addr, cp.sendTimeout), nil
 }
