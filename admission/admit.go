@@ -59,7 +59,6 @@ type Ticket struct {
 	t      *Controller
 	app    *appState
 	client *clientEntry
-	began  int64 // Unix s, with client: when it was admitted
 }
 
 // Release gives the request's shares back; call it once the request is
@@ -69,7 +68,7 @@ func (k Ticket) Release() {
 		k.t.apps.release(k.app)
 	}
 	if k.client != nil {
-		k.t.clients.finishRequest(k.client, k.began)
+		k.t.clients.releaseRequest(k.client)
 	}
 }
 
@@ -103,9 +102,7 @@ func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal
 		// box is under pressure, or its application's slots are contended.
 		contended := c.contended.Load() || c.apps.busy(app)
 		var why Refusal
-		now := c.clock.Now()
-		k.began = now.Unix()
-		if k.client, why = c.clients.addRequest(key, now, contended); why != Admitted {
+		if k.client, why = c.clients.addRequest(key, c.clock.Now(), contended); why != Admitted {
 			c.refusedRequest(why)
 			return Ticket{}, why
 		}

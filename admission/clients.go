@@ -52,10 +52,9 @@ const (
 )
 
 type clientEntry struct {
-	key      netip.Addr
-	word     atomic.Uint64
-	limiter  *rate.Limiter // nil without a rate
-	finished finishedRate  // its requests that ended, for its claim (claim.go)
+	key     netip.Addr
+	word    atomic.Uint64
+	limiter *rate.Limiter // nil without a rate
 }
 
 func (e *clientEntry) conns() int { return int(e.word.Load() >> 32) }
@@ -176,9 +175,8 @@ func (t *clientTable) dropIfUnused(e *clientEntry, now time.Time) {
 }
 
 // take counts one unit (connUnit or requestUnit) on key's entry, or
-// reports false when the box is contended and key already holds its share
-// of them: limit, and what it finished lately (claim.go). A full table
-// counts nothing and refuses nothing (ok, nil entry).
+// reports false when the box is contended and key already holds limit of
+// them. A full table counts nothing and refuses nothing (ok, nil entry).
 func (t *clientTable) take(key netip.Addr, unit uint64, limit uint32, contended bool) (*clientEntry, bool) {
 	for {
 		e := t.entry(key)
@@ -194,7 +192,7 @@ func (t *clientTable) take(key netip.Addr, unit uint64, limit uint32, contended 
 			if unit == requestUnit {
 				n = uint32(w & requestMask)
 			}
-			if contended && n >= limit && int(n) >= t.claimed(e, unit) {
+			if contended && n >= limit {
 				return nil, false
 			}
 			if e.word.CompareAndSwap(w, w+unit) {
@@ -202,16 +200,6 @@ func (t *clientTable) take(key netip.Addr, unit uint64, limit uint32, contended 
 			}
 		}
 	}
-}
-
-// claimed is how many connections (unit connUnit) or requests in flight
-// e may hold past its share for the requests it finished lately.
-func (t *clientTable) claimed(e *clientEntry, unit uint64) int {
-	done := e.finished.perSecond(t.now().Unix())
-	if unit == connUnit {
-		return claimSeconds * done
-	}
-	return done
 }
 
 // addConn counts a connection of key's, or reports false when the box is
@@ -226,18 +214,14 @@ func (t *clientTable) releaseConn(e *clientEntry) {
 	}
 }
 
-// overShare is how many connections e holds past its share, or past what
-// it claims for the requests it finished lately if that is more; 0 when
-// it holds that or less.
+// overShare is how many connections e holds past its share; 0 when it
+// holds its share or less.
 func (t *clientTable) overShare(e *clientEntry) int {
-	return max(0, e.conns()-t.connShare(e))
+	return max(0, e.conns()-int(t.conns))
 }
 
-// connShare is e's share of connections: the share every address has, or
-// what it claims for the requests it finished lately if that is more.
-func (t *clientTable) connShare(e *clientEntry) int {
-	return max(int(t.conns), t.claimed(e, connUnit))
-}
+// share is an address's share of connections.
+func (t *clientTable) share() int { return int(t.conns) }
 
 // addRequest counts a request of key's in flight, or names the limit it
 // would pass: its share of requests in flight while the box is contended,
@@ -262,16 +246,6 @@ func (t *clientTable) releaseRequest(e *clientEntry) {
 	if e.word.Add(^uint64(requestUnit-1)) == 0 && t.entries.Load() > t.maxEntries/2 {
 		t.dropIfUnused(e, t.now())
 	}
-}
-
-// finishRequest gives back a request admitted in second began (Unix s),
-// and counts it finished then: a request that ends within its second,
-// as a visitor's does, adds to its address's claim; a long one (a held
-// request) adds nothing, as it moved nothing lately. No clock is read on
-// its path.
-func (t *clientTable) finishRequest(e *clientEntry, began int64) {
-	e.finished.add(began)
-	t.releaseRequest(e)
 }
 
 // sweep drops the entries that hold nothing and whose buckets are full.

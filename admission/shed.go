@@ -196,7 +196,7 @@ func (c *Controller) makePlan(now time.Time) {
 				p.slowBy[e]++
 				n, seen := left[e]
 				if !seen {
-					n = max(0, e.conns()-c.clients.connShare(e)+1)
+					n = max(0, e.conns()-c.clients.share()+1)
 				}
 				left[e] = max(0, n-1)
 				if n > 0 {
