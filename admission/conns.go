@@ -310,17 +310,22 @@ func (c *Controller) DialUpstream(dial func() (net.Conn, error)) (net.Conn, erro
 	if c == nil {
 		return dial()
 	}
-	limit := int64(c.limits.MaxConns + c.limits.Overdraft)
-	if c.upstreamConns.Add(1)+c.clientConns.Load() > limit {
-		c.upstreamConns.Add(-1)
+	if !c.reserveUpstream() {
 		c.refusedRequest(RefusedBudget)
 		return nil, ErrNoDescriptor
 	}
+	made := false
+	defer func() {
+		if !made { // the dial failed, or panicked
+			c.upstreamConns.Add(-1)
+			c.released()
+		}
+	}()
 	conn, err := dial()
 	if err != nil {
-		c.upstreamConns.Add(-1)
 		return nil, err
 	}
+	made = true
 	c.opened()
 	t := &trackedConn{Conn: conn, c: c, upstream: true}
 	if sc, ok := conn.(syscall.Conn); ok {
@@ -329,6 +334,24 @@ func (c *Controller) DialUpstream(dial func() (net.Conn, error)) (net.Conn, erro
 		return &trackedSyscallConn{trackedConn: t, sc: sc}, nil
 	}
 	return t, nil
+}
+
+// reserveUpstream counts a descriptor for an upstream connection about to
+// be dialled, within MaxConns and the overdraft, first freeing one as
+// Admit does (an idle client connection of the plan, or idle upstream
+// ones) if there is none; false: none could be had.
+func (c *Controller) reserveUpstream() bool {
+	limit := int64(c.limits.MaxConns + c.limits.Overdraft)
+	for range 2 {
+		if c.upstreamConns.Add(1)+c.clientConns.Load() <= limit {
+			return true
+		}
+		c.upstreamConns.Add(-1)
+		if !c.roomForRequest() {
+			return false
+		}
+	}
+	return false
 }
 
 type trackedSyscallConn struct {

@@ -448,3 +448,26 @@ func pipeEnd(t *testing.T) net.Conn {
 	go io.Copy(io.Discard, b)
 	return a
 }
+
+// At the limit a dial first frees a descriptor as Admit would, closing
+// the idle pooled upstream connections, and is made if that freed one.
+func TestAnUpstreamDialAtTheLimitClosesIdleUpstreamsFirst(t *testing.T) {
+	l := testLimits(2)
+	l.Overdraft = 1
+	var idle []net.Conn
+	c := newController(t, Options{Limits: l, CloseIdleUpstreams: func(time.Duration) {
+		for _, conn := range idle {
+			conn.Close()
+		}
+		idle = nil
+	}})
+	for range 3 {
+		idle = append(idle, trackUpstream(t, c.Controller, pipeEnd(t)))
+	}
+	if _, err := c.DialUpstream(func() (net.Conn, error) { return pipeEnd(t), nil }); err != nil {
+		t.Fatalf("a dial at the limit with idle upstream connections to close: %v", err)
+	}
+	if got := c.Snapshot().UpstreamConns; got != 1 {
+		t.Errorf("upstream connections counted = %d, want the new one only", got)
+	}
+}

@@ -95,6 +95,7 @@ type waitingHead struct {
 	since    int64 // Unix ns of c.clock: when it began to wait
 	deadline int64 // the same: closed then
 	paced    atomic.Bool
+	counted  bool // in scafo_edge_paced_heads_total; under judgeMu
 
 	// Guarded by headWait's judgeMu.
 	judged   int   // judgeHead's
@@ -284,8 +285,8 @@ func (h *headWait) signal() {
 // await looks at t's first bytes and puts it in the epoll set to wait for
 // the rest, unless they need not wait: false then.
 func (h *headWait) await(t *trackedConn) bool {
-	// Found once, before the connection is shared: pacing's calls, and a
-	// paced server read later, use it.
+	// Found once, before the connection is shared: the poller's and
+	// pacing's calls use it.
 	if t.socket = newHeadSocket(t.Conn); t.socket == nil {
 		return false
 	}
@@ -345,7 +346,10 @@ func (h *headWait) arrived(id uint64, ended bool) {
 		return
 	}
 	w.paced.Store(true)
-	h.c.m.paced.Inc()
+	if !w.counted { // once a head, however many contentions pace it
+		w.counted = true
+		h.c.m.paced.Inc()
+	}
 	w.t.socket.setRcvLowat(headPeek)
 	w.nextTurn = nextHeadTurn(now, 0)
 }

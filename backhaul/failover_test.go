@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -439,5 +440,37 @@ func TestADialThatFindsTheEdgeOutOfDescriptorsEjectsNoUpstream(t *testing.T) {
 		if got := s.ejected(p.clock.Now()); got != tc.eject {
 			t.Errorf("%v: ejected = %v, want %v", tc.errno, got, tc.eject)
 		}
+	}
+}
+
+// Every connection to an upstream is made through CountDial, which the
+// edge uses to count it against its budget; one it refuses (EMFILE: the
+// budget is spent) is not made, and the upstream is not blamed.
+func TestCountDialMakesEveryUpstreamConnectionAndMayRefuseOne(t *testing.T) {
+	var dials, refuse atomic.Int32
+	count := func(dial func() (net.Conn, error)) (net.Conn, error) {
+		if refuse.Load() > 0 {
+			return nil, fmt.Errorf("budget spent: %w", syscall.EMFILE)
+		}
+		dials.Add(1)
+		return dial()
+	}
+	p := newProxy(t, Options{CountDial: count})
+	up := named(t, "a")
+	e := startEdge(t, p, up)
+	c := client(t)
+	if status, body := get(t, c, e.srv.URL+"/"); status != 200 || body != "a" {
+		t.Fatalf("got %d %q, want 200 \"a\"", status, body)
+	}
+	if got := dials.Load(); got != 1 {
+		t.Errorf("CountDial made %d connections for one request, want 1", got)
+	}
+	refuse.Store(1)
+	p.CloseIdle(0)
+	if status, _ := get(t, c, e.srv.URL+"/"); status != http.StatusBadGateway {
+		t.Errorf("a request whose dial was refused got %d, want 502", status)
+	}
+	if h := healthOf(p, up.Address); h.Failures != 0 {
+		t.Errorf("the upstream was blamed for the edge's budget: %+v", h)
 	}
 }

@@ -50,7 +50,7 @@ func (p *loadProc) natConn(ctx context.Context, i int, sem chan struct{}, attemp
 		t0, reopened := time.Now(), false
 		if c == nil {
 			reopened, dials = dials > 0, dials+1
-			if c = p.dialNAT(ctx, i, sem); c == nil {
+			if c, t0 = p.dialNAT(ctx, i, sem); c == nil {
 				p.timed(time.Since(t0), false, reopened)
 				if !ready {
 					ready = true
@@ -82,16 +82,18 @@ func (p *loadProc) timed(took time.Duration, answered, reopened bool) {
 }
 
 // dialNAT opens a connection for natConn, counting a failed connect as
-// its request's outcome.
-func (p *loadProc) dialNAT(ctx context.Context, i int, sem chan struct{}) net.Conn {
+// its request's outcome, and returns when the connect began: after the
+// tool's own wait for a turn to connect, which is not the proxy's.
+func (p *loadProc) dialNAT(ctx context.Context, i int, sem chan struct{}) (net.Conn, time.Time) {
 	sem <- struct{}{}
 	defer func() { <-sem }()
+	began := time.Now()
 	c, err := p.cfg.dialer(i).DialContext(ctx, "tcp", p.cfg.Target)
 	if err != nil {
 		p.record(ClassifyDial(err))
-		return nil
+		return nil, began
 	}
-	return c
+	return c, began
 }
 
 // natRequest sends one request on c and reads its answer: what it got, and

@@ -34,9 +34,9 @@ func ClosedAddr(t testing.TB) string {
 // FreeAddr returns a loopback TCP address nothing listens on right now, to
 // hand a process that must know it before it starts. Another process may
 // take the port later; a test that needs it kept should hold a listener.
-// No port is returned twice in one test binary: the kernel may hand the
-// same free port to two binds in a row, and a process given one port for
-// two of its listeners fails to start.
+// No port is returned twice while the test that asked for it runs: the
+// kernel may hand the same free port to two binds in a row, and a process
+// given one port for two of its listeners fails to start.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	for range 100 {
@@ -46,7 +46,7 @@ func FreeAddr(t testing.TB) string {
 		}
 		addr := l.Addr().(*net.TCPAddr)
 		l.Close()
-		if freeGiven.claim(addr.Port) {
+		if freeGiven.claim(t, addr.Port) {
 			return addr.String()
 		}
 	}
@@ -62,14 +62,21 @@ type portSet struct {
 	ports map[int]bool
 }
 
-// claim records port and reports whether it was not recorded before.
-func (s *portSet) claim(port int) bool {
+// claim records port until t ends, and reports whether it was not
+// recorded already. Given back when t ends: the ports bind(0) hands out
+// are a few thousand, and a long test binary would run out.
+func (s *portSet) claim(t testing.TB, port int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ports[port] {
 		return false
 	}
 	s.ports[port] = true
+	t.Cleanup(func() {
+		s.mu.Lock()
+		delete(s.ports, port)
+		s.mu.Unlock()
+	})
 	return true
 }
 
@@ -89,7 +96,7 @@ func FreeUDPAndTCPAddr(t testing.TB) string {
 			continue
 		}
 		ln.Close()
-		if freeGiven.claim(addr.Port) {
+		if freeGiven.claim(t, addr.Port) {
 			return addr.String()
 		}
 	}

@@ -90,10 +90,11 @@ func TestMust(t *testing.T) {
 }
 
 // A process handed two ports for two listeners must get two: the kernel
-// may give one free port to two binds in a row.
+// may give one free port to two binds in a row. (A few dozen, as a test
+// asks for: bind(0) hands out a few thousand ports in all.)
 func TestFreeAddrNeverReturnsAPortTwice(t *testing.T) {
 	seen := make(map[string]bool)
-	for range 300 {
+	for range 25 {
 		for _, addr := range []string{FreeAddr(t), FreeUDPAndTCPAddr(t)} {
 			if seen[addr] {
 				t.Fatalf("%s returned twice", addr)
