@@ -189,11 +189,8 @@ type trackedConn struct {
 	socket *headSocket
 
 	// For a first head awaited outside the server (heads.go): the
-	// listener's, if it awaits them; and, guarded by its mu, the id the
-	// connection waits as and whether it still does.
-	headWait    *headWait
-	headID      uint64
-	headWaiting bool
+	// listener's, if it awaits them.
+	headWait *headWait
 	// headDeadline, once handed over, is when its first head must be in
 	// (Unix ns): its server's header deadline is held to it, so that a
 	// head handed over unfinished gets no second timeout. 0: none.
@@ -212,7 +209,8 @@ func (t *trackedConn) closeUnread() {
 func (h *headWait) isWaiting(t *trackedConn) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return t.headWaiting
+	_, ok := h.byConn[t]
+	return ok
 }
 
 // rawConn returns t's socket, for the calls made on it while its first

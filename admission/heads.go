@@ -53,7 +53,7 @@ func (c *Controller) PlainListener(l net.Listener, headTimeout time.Duration, pr
 		return ln
 	}
 	ln.heads = &headWait{c: c, poller: p, timeout: headTimeout, proxied: proxied,
-		waiting: map[uint64]*waitingHead{}, notify: make(chan struct{}, 1), ended: make(chan struct{})}
+		waiting: map[uint64]*waitingHead{}, byConn: map[*trackedConn]uint64{}, notify: make(chan struct{}, 1), ended: make(chan struct{})}
 	return ln
 }
 
@@ -83,6 +83,7 @@ type headWait struct {
 	ended   chan struct{} // closed with end set
 	mu      sync.Mutex
 	waiting map[uint64]*waitingHead // by id, which epoll events carry
+	byConn  map[*trackedConn]uint64 // the same, by connection
 	nextID  uint64
 	ready   []net.Conn // for Accept to return, in order
 	end     error      // the listener's, once ready is empty
@@ -222,9 +223,8 @@ func (h *headWait) finish(end error) {
 	h.mu.Lock()
 	h.shut = true
 	ws := make([]*waitingHead, 0, len(h.waiting))
-	for id, w := range h.waiting {
-		delete(h.waiting, id)
-		w.t.headWaiting = false
+	for _, w := range h.waiting {
+		h.forget(w)
 		ws = append(ws, w)
 	}
 	h.mu.Unlock()
@@ -317,7 +317,7 @@ func (h *headWait) await(t *trackedConn) bool {
 	h.nextID++
 	id := h.nextID
 	h.waiting[id] = &waitingHead{t: t, id: id, since: now.UnixNano(), deadline: now.Add(stretch).UnixNano(), judged: judged}
-	t.headID, t.headWaiting = id, true
+	h.byConn[t] = id
 	h.mu.Unlock()
 	h.c.conns.add(t, t)
 	if err := h.poller.add(t, id); err != nil {
@@ -416,13 +416,18 @@ func (h *headWait) waitingWhere(match func(*waitingHead) bool) []*waitingHead {
 	return ws
 }
 
+// forget takes w out of the waits; h.mu is held.
+func (h *headWait) forget(w *waitingHead) {
+	delete(h.waiting, w.id)
+	delete(h.byConn, w.t)
+}
+
 // handOver moves the connection waiting as id to ready, for Accept.
 func (h *headWait) handOver(id uint64) {
 	h.mu.Lock()
 	w, ok := h.waiting[id]
 	if ok {
-		delete(h.waiting, id)
-		w.t.headWaiting = false
+		h.forget(w)
 	}
 	h.mu.Unlock()
 	if ok {
@@ -450,9 +455,8 @@ func (h *headWait) shutDown() {
 // drop forgets t, closed while it waited.
 func (h *headWait) drop(t *trackedConn) {
 	h.mu.Lock()
-	if t.headWaiting {
-		delete(h.waiting, t.headID)
-		t.headWaiting = false
+	if id, ok := h.byConn[t]; ok {
+		h.forget(h.waiting[id])
 	}
 	h.mu.Unlock()
 }
@@ -472,8 +476,7 @@ func (h *headWait) expire(now time.Time) {
 		h.mu.Lock()
 		_, still := h.waiting[w.id]
 		if still {
-			delete(h.waiting, w.id)
-			w.t.headWaiting = false
+			h.forget(w)
 		}
 		h.mu.Unlock()
 		if still {
