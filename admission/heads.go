@@ -53,7 +53,7 @@ func (c *Controller) PlainListener(l net.Listener, headTimeout time.Duration, pr
 		return ln
 	}
 	ln.heads = &headWait{c: c, poller: p, timeout: headTimeout, proxied: proxied,
-		waiting: map[uint64]*waitingHead{}, byConn: map[*trackedConn]uint64{}, notify: make(chan struct{}, 1), ended: make(chan struct{})}
+		waiting: map[uint64]*waitingHead{}, byConn: map[*trackedConn]*waitingHead{}, notify: make(chan struct{}, 1), ended: make(chan struct{})}
 	return ln
 }
 
@@ -82,8 +82,8 @@ type headWait struct {
 	notify  chan struct{} // a result is ready: one signal waits at most
 	ended   chan struct{} // closed with end set
 	mu      sync.Mutex
-	waiting map[uint64]*waitingHead // by id, which epoll events carry
-	byConn  map[*trackedConn]uint64 // the same, by connection
+	waiting map[uint64]*waitingHead       // by id, which epoll events carry
+	byConn  map[*trackedConn]*waitingHead // the same, by connection
 	nextID  uint64
 	ready   []net.Conn // for Accept to return, in order
 	end     error      // the listener's, once ready is empty
@@ -316,8 +316,8 @@ func (h *headWait) await(t *trackedConn) bool {
 	}
 	h.nextID++
 	id := h.nextID
-	h.waiting[id] = &waitingHead{t: t, id: id, since: now.UnixNano(), deadline: now.Add(stretch).UnixNano(), judged: judged}
-	h.byConn[t] = id
+	w := &waitingHead{t: t, id: id, since: now.UnixNano(), deadline: now.Add(stretch).UnixNano(), judged: judged}
+	h.waiting[id], h.byConn[t] = w, w
 	h.mu.Unlock()
 	h.c.conns.add(t, t)
 	if err := h.poller.add(t, id); err != nil {
@@ -455,8 +455,8 @@ func (h *headWait) shutDown() {
 // drop forgets t, closed while it waited.
 func (h *headWait) drop(t *trackedConn) {
 	h.mu.Lock()
-	if id, ok := h.byConn[t]; ok {
-		h.forget(h.waiting[id])
+	if w, ok := h.byConn[t]; ok {
+		h.forget(w)
 	}
 	h.mu.Unlock()
 }
