@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/scafo/scafo-edge/backhaul"
 )
@@ -86,11 +87,7 @@ func (b *cutBody) Close() error { return b.rc.Close() }
 // so that it cannot take the response for the answer to a complete upload.
 func (h *Handler) bodyCut(w http.ResponseWriter, r *http.Request, rec *Record) {
 	if rec.Status == 0 {
-		if r.ProtoMajor == 1 {
-			// The rest of the upload is not read: the connection cannot
-			// carry another request.
-			w.Header()["Connection"] = connClose
-		}
+		closeUnread(w, r)
 		h.answer(w, r, rec, ReasonBodyTooLarge)
 		return
 	}
@@ -103,3 +100,19 @@ func (h *Handler) bodyCut(w http.ResponseWriter, r *http.Request, rec *Record) {
 }
 
 var connClose = []string{"close"}
+
+// closeUnread has r's HTTP/1 connection closed once the answer is out,
+// the rest of its body unread: the connection cannot carry another
+// request. Connection: close alone is not enough: after the handler
+// returns, net/http reads up to 256 KiB of an unread body, with no
+// deadline, so a client that waits for 100 Continue, or a body that
+// never comes, would hold the connection for ever. A read deadline
+// already passed ends that read at once; the answer, written before it,
+// is not affected.
+func closeUnread(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor != 1 {
+		return
+	}
+	w.Header()["Connection"] = connClose
+	http.NewResponseController(w).SetReadDeadline(time.Now())
+}

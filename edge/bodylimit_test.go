@@ -136,6 +136,29 @@ func TestBodyLimit(t *testing.T) {
 			t.Fatalf("response = %v, %v; want 413 with no 100 Continue first", resp, err)
 		}
 	})
+	// net/http reads up to 256 KiB of an unread body after the handler
+	// returns, with no deadline: a small body that never comes would
+	// hold the connection for ever despite Connection: close.
+	for _, expect := range []string{"", "Expect: 100-continue\r\n"} {
+		t.Run("the connection closes after a 413 whose body never comes, "+strings.TrimSpace(expect), func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			io.WriteString(c, "POST / HTTP/1.1\r\nHost: node.example\r\n"+expect+"Content-Length: 101\r\n\r\n")
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != 413 {
+				t.Fatalf("response = %v, %v; want 413", resp, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if n, err := br.Read(make([]byte, 1)); err != io.EOF {
+				t.Errorf("after the 413: read %d bytes, %v; want the connection closed (EOF)", n, err)
+			}
+		})
+	}
 	t.Run("the route's limit shows in its features", func(t *testing.T) {
 		r := tbl.ResolveHost("small.example")
 		if f := r.Features(); len(f) != 1 || f[0] != "max body 10 bytes" {

@@ -331,12 +331,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, rec *Record) {
 	}
 	body, tooLarge := h.limitBody(r, res.Route)
 	if tooLarge {
-		if r.ProtoMajor == 1 {
-			// Or net/http reads up to 256 KiB of the body it will not
-			// forward before it writes the answer, and a client that
-			// waits for one before it sends its body waits for ever.
-			w.Header()["Connection"] = connClose
-		}
+		closeUnread(w, r)
 		h.answer(w, r, rec, ReasonBodyTooLarge)
 		return
 	}
