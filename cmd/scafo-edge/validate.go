@@ -58,6 +58,10 @@ func validate(c *config, getenv func(string) string) (settings, error) {
 	if s.limits, err = admissionLimits(c); err != nil {
 		return s, err
 	}
+	if c.maxHeaderBytes <= 0 {
+		// net/http would take it as "its default", 1 MiB: not what was asked.
+		return s, fmt.Errorf("--max-header-bytes: %d: want a positive number of bytes", c.maxHeaderBytes)
+	}
 	switch c.tlsMode {
 	case "off":
 		return s, nil

@@ -23,6 +23,8 @@ func TestValidateNamesTheFlagAtFault(t *testing.T) {
 		{"an admin allow list with a zone", []string{"--admin-allow", "fe80::1%eth0"}, nil, "--admin-allow: "},
 		{"an admin allow list of networks and words", []string{"--admin-allow", "10.83.0.0/16, 203.0.113.9, private"}, nil, ""},
 		{"an unknown TLS mode", []string{"--tls", "maybe"}, nil, "--tls: "},
+		{"a header limit of zero", []string{"--max-header-bytes", "0"}, nil, "--max-header-bytes: "},
+		{"a negative header limit", []string{"--max-header-bytes", "-1"}, nil, "--max-header-bytes: "},
 		{"wildcards without a DNS provider", []string{"--wildcard-domains", "example.com"}, nil, "--wildcard-domains: "},
 		{"an unknown DNS provider", []string{"--dns-provider", "route53"}, nil, "--dns-provider: "},
 		{"cloudflare without its token", []string{"--dns-provider", "cloudflare"}, nil, "--dns-provider: "},
