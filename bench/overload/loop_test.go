@@ -195,7 +195,7 @@ func TestReportMarkdown(t *testing.T) {
 	rows := []Row{
 		{Proxy: "scafo-edge", Row: "held:12500", Kind: "held", N: 12500, FDPeak: 20000,
 			RSSPeakKiB: 306 * 1024, RSSAfterKiB: 412 * 1024, FastFailed: 4, FastFailures: Counts{OutTimeout: 4},
-			BaseP99Ms: 2.34, NewTotal: 20, AdminTotal: 4, Outcomes: Counts{"200": 11594, "502": 906},
+			BaseP99Ms: 2.34, FastAttackServed: 150000, FastAttackFailed: 4, FastAttackP99Ms: 11.7, NewTotal: 20, AdminTotal: 4, Outcomes: Counts{"200": 11594, "502": 906},
 			Early: Counts{"502": 906}, AppHeld: 9992, RecoverySeconds: 1.5,
 			GoroutinesBase: 11, GoroutinesPeak: 19981, GoroutinesAfter: 11},
 		{Proxy: "nginx", Row: "idle:19000", Kind: "idle", N: 19000, FDPeak: 8200, FastServed: 40000,
@@ -223,8 +223,8 @@ func TestReportMarkdown(t *testing.T) {
 	for _, want := range []string{
 		"Versions: nginx 1.22.1.",
 		"Settings: window 8s.",
-		"| scafo-edge | held:12500 | 20,000 | 306 → 412 | 0 / 4 (timeout ×4) | 0.00 / 0.00 / 0.00 | 2.34 | 0/20 | 0/4 | 200 ×11,594 · 502 ×906 (906 before the release) | 9,992 | 1.5 (goroutines 11 → 19,981 → 11) |",
-		"| nginx | idle:19000 (1) | 8,200 | 0 → 0 | 40,000 / 0 | 0.30 / 3.10 / 120 | 0.00 | 0/20 | — | 200 ×8,000 · conn-timeout ×11,000; open at release 8,000 | — | no (fds 0 → 0) |",
+		"| scafo-edge | held:12500 | 20,000 | 306 → 412 | 0 / 4 (timeout ×4) | 0.00 / 0.00 / 0.00 | 2.34 | 11.7 (5.0×); 4 of 150,004 failed | 0/20 | 0/4 | 200 ×11,594 · 502 ×906 (906 before the release) | 9,992 | 1.5 (goroutines 11 → 19,981 → 11) |",
+		"| nginx | idle:19000 (1) | 8,200 | 0 → 0 | 40,000 / 0 | 0.30 / 3.10 / 120 | 0.00 | — | 0/20 | — | 200 ×8,000 · conn-timeout ×11,000; open at release 8,000 | — | no (fds 0 → 0) |",
 		"| traefik | idle:50000@8 | skipped (2) |",
 		"1. nginx, idle:19000: the ramp ended",
 		"2. traefik, idle:50000@8: did not build",

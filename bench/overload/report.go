@@ -126,8 +126,8 @@ func Markdown(rep Report) string {
 		}
 		b.WriteString("Settings: " + strings.Join(ss, "; ") + ".\n")
 	}
-	b.WriteString("\n| proxy | load | fds peak | RSS MiB peak → after | fast.test served / failed | p50 / p99 / max ms | base p99 ms | new visitors ≤1 s | admin /healthz | the load's requests got | held at app | back to base s |\n")
-	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|\n")
+	b.WriteString("\n| proxy | load | fds peak | RSS MiB peak → after | fast.test served / failed | p50 / p99 / max ms | base p99 ms | p99 attack ms (× base) | new visitors ≤1 s | admin /healthz | the load's requests got | held at app | back to base s |\n")
+	b.WriteString("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|\n")
 	var notes []string
 	for _, r := range rep.Rows {
 		ref := ""
@@ -141,7 +141,7 @@ func Markdown(rep Report) string {
 			ref = fmt.Sprintf(" (%d)", len(notes))
 		}
 		if r.Status != "" {
-			fmt.Fprintf(&b, "| %s | %s | %s%s | | | | | | | | | | |\n", r.Proxy, r.Row, r.Status, ref)
+			fmt.Fprintf(&b, "| %s | %s | %s%s | | | | | | | | | | | |\n", r.Proxy, r.Row, r.Status, ref)
 			continue
 		}
 		admin := "—"
@@ -202,15 +202,36 @@ func Markdown(rep Report) string {
 		if r.ProxyExited {
 			ref += " exited"
 		}
-		fmt.Fprintf(&b, "| %s | %s%s | %s | %s → %s | %s / %s | %s / %s / %s | %s | %s | %s | %s | %s | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s%s | %s | %s → %s | %s / %s | %s / %s / %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			r.Proxy, r.Row, ref, thousands(r.FDPeak), mib(r.RSSPeakKiB), mib(r.RSSAfterKiB),
 			thousands(r.FastServed), failed, ms(r.FastP50Ms), ms(r.FastP99Ms), ms(r.FastMaxMs),
-			ms(r.BaseP99Ms), newv, admin, got, held, back)
+			ms(r.BaseP99Ms), attackP99(r), newv, admin, got, held, back)
 	}
 	if len(notes) > 0 {
 		b.WriteString("\n" + strings.Join(notes, "\n") + "\n")
 	}
 	return b.String()
+}
+
+// attackP99 is the keep-alive clients' p99 over the whole attack, against
+// their base, and how many of their requests then failed: a p99 of the
+// served alone would hide those.
+func attackP99(r Row) string {
+	total := r.FastAttackServed + r.FastAttackFailed
+	switch {
+	case total == 0: // a results file from before the attack was timed
+		return "—"
+	case r.FastAttackServed == 0:
+		return fmt.Sprintf("none served, %s failed", thousands(total))
+	}
+	out := ms(r.FastAttackP99Ms)
+	if r.BaseP99Ms > 0 {
+		out += fmt.Sprintf(" (%.1f×)", r.FastAttackP99Ms/r.BaseP99Ms)
+	}
+	if r.FastAttackFailed > 0 {
+		out += fmt.Sprintf("; %s of %s failed", thousands(r.FastAttackFailed), thousands(total))
+	}
+	return out
 }
 
 // natGot is what browsers behind a NAT got: how many of their requests

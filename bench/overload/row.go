@@ -54,13 +54,24 @@ type Row struct {
 	AppPeak        int64   `json:"app_peak"`
 
 	// fast.test during the window: 4 keep-alive clients (fresh connections
-	// at the window's start, reopened after a failure).
+	// at the window's start, reopened after a failure), the requests they
+	// started in the window.
 	FastServed   int     `json:"fast_served"`
 	FastFailed   int     `json:"fast_failed"`
 	FastFailures Counts  `json:"fast_failures,omitempty"`
 	FastP50Ms    float64 `json:"fast_p50_ms"`
 	FastP99Ms    float64 `json:"fast_p99_ms"`
 	FastMaxMs    float64 `json:"fast_max_ms"`
+	// The same clients over the whole attack, as a visitor meets it: from
+	// the load's start (a natheld row: its NAT's) to the window's end,
+	// FastAttackSeconds long, the ramp and the window's requests included.
+	FastAttackServed   int     `json:"fast_attack_served"`
+	FastAttackFailed   int     `json:"fast_attack_failed"`
+	FastAttackFailures Counts  `json:"fast_attack_failures,omitempty"`
+	FastAttackP50Ms    float64 `json:"fast_attack_p50_ms"`
+	FastAttackP99Ms    float64 `json:"fast_attack_p99_ms"`
+	FastAttackMaxMs    float64 `json:"fast_attack_max_ms"`
+	FastAttackSeconds  float64 `json:"fast_attack_s"`
 	// New visitors: a new connection to fast.test every 250 ms of the
 	// window, served 200 within 1 s or not.
 	NewOK       int    `json:"new_ok"`
@@ -280,14 +291,25 @@ func measureRow(c rowConfig) Row {
 	// Every load connection lives at most this long: the ramp, the window
 	// and a margin for the answers after the release.
 	connLife := c.ramp + c.window + 20*time.Second
+	// fast.test's keep-alive clients ask from the attack's start to the
+	// window's end, one set of clients throughout: a visitor meets the
+	// ramp as much as the window.
+	var fast *fastClients
+	var attackStart time.Time
+	startFastClients := func() {
+		attackStart = time.Now()
+		fast = startFast(c.fastURL(), c.fastHost, c.fastSrc, c.fastClients, c.timeout)
+	}
 	// A natheld row's NAT comes first, each browser having asked once, as
 	// an office is at work before an attack begins: what the row asks is
 	// whether the active keep their place, and their connects are not the
 	// attack's (the kernel's counters start after them).
 	var nat *loadProcs
 	if c.spec.Kind == "natheld" {
+		startFastClients()
 		var err error
 		if nat, err = startLoad(c, c.natLoad(), connLife); err != nil {
+			fast.stopAt(time.Now())
 			stopSampling()
 			sampling.Wait()
 			r.Status, r.Note = "failed", "starting the NAT's load process: "+err.Error()
@@ -308,9 +330,13 @@ func measureRow(c rowConfig) Row {
 			pauses0 = m["scafo_edge_accept_pauses_total"]
 		}
 	}
+	if fast == nil {
+		startFastClients()
+	}
 	rampStart := time.Now()
 	load, err := startLoad(c, c.load(), connLife)
 	if err != nil {
+		fast.stopAt(time.Now())
 		stopSampling()
 		sampling.Wait()
 		r.Status, r.Note = "failed", "starting the load processes: "+err.Error()
@@ -354,14 +380,20 @@ func measureRow(c rowConfig) Row {
 		c.proxy, r.Row, r.RampSeconds, thousands(r.Attempted), thousands(int(r.AppHeldAtStart)), c.window)
 
 	// 3. The window: fast.test's keep-alive clients, new visitors, admin.
+	// The clients reconnect before the window's clock is read, so that each
+	// of its requests is on a connection opened under the load, as a
+	// client arriving now would be.
+	fast.reconnect()
 	windowStart, proxyTree := time.Now(), tree()
+	windowEnd := windowStart.Add(c.window)
+	fast.stopAt(windowEnd)
 	loadTicks0, proxyTicks0 := proc.CPUTicks(loadPIDs()), proc.CPUTicks(proxyTree)
 	var wg sync.WaitGroup
-	var fast fastResult
+	var fastSamples []fastSample
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		fast = fastLoad(c.fastURL(), c.fastHost, c.fastSrc, c.fastClients, c.window, c.timeout)
+		fastSamples = fast.wait()
 	}()
 	var newOK, newTotal, newSlow atomic.Int64
 	newFail := Counts{}
@@ -422,9 +454,15 @@ func measureRow(c rowConfig) Row {
 		r.LoadCPU = float64(proc.CPUTicks(loadPIDs())-loadTicks0) / 100 / secs
 		r.ProxyCPU = float64(proc.CPUTicks(proxyTree)-proxyTicks0) / 100 / secs
 	}
-	r.FastServed, r.FastFailed, r.FastFailures = fast.served, fast.failed, fast.failures
-	fl := Summarise(fast.ms)
+	fw := fastBetween(fastSamples, windowStart, windowEnd)
+	r.FastServed, r.FastFailed, r.FastFailures = fw.served, fw.failed, fw.failures
+	fl := Summarise(fw.ms)
 	r.FastP50Ms, r.FastP99Ms, r.FastMaxMs = fl.P50, fl.P99, fl.Max
+	fa := fastBetween(fastSamples, attackStart, windowEnd)
+	r.FastAttackServed, r.FastAttackFailed, r.FastAttackFailures = fa.served, fa.failed, fa.failures
+	al := Summarise(fa.ms)
+	r.FastAttackP50Ms, r.FastAttackP99Ms, r.FastAttackMaxMs = al.P50, al.P99, al.Max
+	r.FastAttackSeconds = windowEnd.Sub(attackStart).Seconds()
 	r.NewOK, r.NewTotal, r.NewFailures, r.NewSlow = int(newOK.Load()), int(newTotal.Load()), newFail, int(newSlow.Load())
 	nl := Summarise(newMs)
 	r.NewP99Ms, r.NewMaxMs = nl.P99, nl.Max
