@@ -59,11 +59,15 @@ type Ticket struct {
 	t      *Controller
 	app    *appState
 	client *clientEntry
+	conn   *trackedConn // the HTTP/1 connection it came on, if known
 }
 
 // Release gives the request's shares back; call it once the request is
 // over (a WebSocket's once its tunnel closes).
 func (k Ticket) Release() {
+	if k.conn != nil && !k.conn.request.CompareAndSwap(k.app, nil) {
+		k.app.shedding.Add(-1) // shedHeld took it
+	}
 	if k.app != nil {
 		k.t.apps.release(k.app)
 	}
@@ -116,6 +120,12 @@ func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal
 			c.refusedRequest(why)
 		}
 		return Ticket{}, why
+	}
+	// Only an HTTP/1 connection carries one request at a time: closing it
+	// sheds that request alone (shedHeld).
+	if t, ok := r.Context().Value(connKey{}).(*trackedConn); ok && r.ProtoMajor == 1 {
+		k.conn = t
+		t.request.Store(k.app)
 	}
 	return k, Admitted
 }

@@ -19,8 +19,13 @@ import (
 // an upstream descriptor), and an application may hold in flight share × what
 // the other applications leave of it. Alone on the box it gets share of the
 // whole budget; beside others it gets share of the rest, so some always
-// remains for an application that has none in flight. Past its limit a
-// request waits in a FIFO queue of at most queueMax for queueTimeout.
+// remains for an application that has none in flight. While the box is
+// contended, no application may hold more than an equal part of the
+// budget among those with requests in flight (fairShare): what an
+// application's requests hold past it, when descriptors are short, is
+// taken from everyone else's visitors, and the longest held of those
+// requests are the first thing shed (Controller.shedHeld). Past its limit
+// a request waits in a FIFO queue of at most queueMax for queueTimeout.
 type appTable struct {
 	apps     atomic.Pointer[map[string]*appState]
 	mu       sync.Mutex // serialises inserts and pruning
@@ -29,8 +34,11 @@ type appTable struct {
 	queueMax int
 	timeout  time.Duration
 	total    atomic.Int64 // in flight across applications
-	queued   atomic.Int64
-	m        *metrics
+	active   atomic.Int64 // applications with requests in flight
+	// contended is the Controller's: the box is short of something.
+	contended *atomic.Bool
+	queued    atomic.Int64
+	m         *metrics
 }
 
 // appState is one application's load. A request within its share takes
@@ -43,6 +51,7 @@ type appState struct {
 	waiting  atomic.Int64 // len(queue), read without the lock
 	idleAt   atomic.Int64 // when it last went to zero in flight, Unix ns
 	retired  atomic.Bool  // pruned: a request that took a slot here takes it again on its successor
+	shedding atomic.Int64 // requests shedHeld closed that are not released yet
 
 	mu    sync.Mutex
 	queue []*waiter // guarded by mu
@@ -90,7 +99,21 @@ func (t *appTable) get(name string) *appState {
 // limitAt is the share of an application holding inFlight while total
 // are in flight across applications.
 func (t *appTable) limitAt(inFlight, total int64) int64 {
-	return max(1, int64(t.share*float64(t.budget-(total-inFlight))))
+	limit := max(1, int64(t.share*float64(t.budget-(total-inFlight))))
+	if t.contended != nil && t.contended.Load() {
+		limit = min(limit, t.fairShare(inFlight == 0))
+	}
+	return limit
+}
+
+// fairShare is an equal part of the request budget among the applications
+// with requests in flight, and one more if joining.
+func (t *appTable) fairShare(joining bool) int64 {
+	n := max(1, t.active.Load())
+	if joining {
+		n++
+	}
+	return max(1, t.budget/n)
 }
 
 func (t *appTable) limit(a *appState) int {
@@ -115,6 +138,9 @@ func (t *appTable) tryTake(a *appState) bool {
 		}
 		if a.inFlight.CompareAndSwap(n, n+1) {
 			t.total.Add(1)
+			if n == 0 {
+				t.active.Add(1)
+			}
 			if a.inFlightGauge != nil {
 				a.inFlightGauge.Inc()
 			}
@@ -127,6 +153,7 @@ func (t *appTable) tryTake(a *appState) bool {
 func (t *appTable) giveBack(a *appState) {
 	if a.inFlight.Add(-1) == 0 {
 		a.idleAt.Store(time.Now().UnixNano())
+		t.active.Add(-1)
 	}
 	t.total.Add(-1)
 	if a.inFlightGauge != nil {

@@ -169,10 +169,13 @@ type trackedConn struct {
 	// requests only, so that a request takes no lock another connection
 	// takes. Shedding reads them when it looks for idle connections.
 	state     atomic.Uint32 // a connState
-	since     atomic.Int64  // when it became idle (or was accepted), Unix ns of c.clock
+	since     atomic.Int64  // when it became idle or active (or was accepted), Unix ns of c.clock
 	goingAway atomic.Bool   // sent a GOAWAY: close once idle
 	draining  atomic.Bool   // sent a GOAWAY, not closed yet
 	arriving  atomic.Bool   // received bytes since it was last idle
+	// request is the application of the HTTP/1 request in flight on it,
+	// admitted at since (Admit); nil: none, or not HTTP/1.
+	request atomic.Pointer[appState]
 
 	// Guarded by its registry shard's lock; shardIdx is set at accept.
 	shardIdx   uint8

@@ -1,9 +1,27 @@
 package admission
 
 import (
+	"context"
 	"net"
 	"net/http"
 )
+
+// connKey is the context key under which ConnContext puts a connection's
+// *trackedConn, for Admit to note its request on it.
+type connKey struct{}
+
+// ConnContext is the hook for http.Server.ConnContext: it lets Admit find
+// the connection a request came on. A connection not from c's listeners
+// gets ctx as it is.
+func (c *Controller) ConnContext(ctx context.Context, conn net.Conn) context.Context {
+	if c == nil {
+		return ctx
+	}
+	if t := trackedOf(conn); t != nil {
+		return context.WithValue(ctx, connKey{}, t)
+	}
+	return ctx
+}
 
 // ConnState is the hook for http.Server.ConnState: it notes where each
 // connection stands, for shedding to find the idle ones. A connection not
@@ -42,6 +60,7 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		}
 	case http.StateActive:
 		t.headDeadline.Store(0)
+		t.since.Store(c.clock.Now().UnixNano())
 		t.setState(stateActive)
 		if t.goingAway.Load() {
 			// A GOAWAY may be on its way out: the stream's first frame

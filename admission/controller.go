@@ -198,6 +198,7 @@ func New(opts Options) (*Controller, error) {
 	c.slowShed = rate.NewLimiter(rate.Limit(slowRate), max(slowRate/4, 1))
 	c.clients.init(opts.Limits, c.clock.Now)
 	c.apps.init(opts.Limits)
+	c.apps.contended = &c.contended
 	if c.limits.AdminConns == 0 {
 		c.limits.AdminConns = minAdminConns
 	}

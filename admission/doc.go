@@ -59,7 +59,13 @@
 // share for each address, smaller for the peers that may not read /metrics
 // (admin.go).
 //
-// A request already in flight is never cut for pressure.
+// A request already in flight is cut for pressure only while the box is
+// contended, when it is an HTTP/1 request held two seconds or more by an
+// application holding more than an equal part of the request budget among
+// those with requests in flight: the longest held go first, before any
+// idle connection, down to that part, and the application's limit is
+// that part meanwhile (shedHeld). Requests that never end hold what a
+// NAT's browsers, which finish theirs, are short of.
 //
 // It does not know about routing or how bytes reach an upstream: the edge's
 // handler names the application, and backhaul hands over the connections it

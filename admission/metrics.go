@@ -20,13 +20,14 @@ import (
 const (
 	shedIdle           = "idle_closed"
 	shedSlow           = "slow_headers"
+	shedHeld           = "held_past_share"
 	refusedClientConns = "client_conns"
 	refusedClientSlow  = "client_slow_headers"
 	refusedAdminConns  = "admin_conns"
 )
 
 // ShedReasons lists every reason of scafo_edge_shed_total.
-var ShedReasons = []string{shedIdle, shedSlow, refusedClientConns, refusedClientSlow, refusedAdminConns, RefusedMemory.String(), RefusedBudget.String(), RefusedClientRequests.String(),
+var ShedReasons = []string{shedIdle, shedSlow, shedHeld, refusedClientConns, refusedClientSlow, refusedAdminConns, RefusedMemory.String(), RefusedBudget.String(), RefusedClientRequests.String(),
 	RefusedClientRate.String(), RefusedAppQueueFull.String(), RefusedAppQueueTimeout.String()}
 
 type metrics struct {

@@ -117,6 +117,9 @@ func (c *Controller) step() {
 			c.makePlan(now)
 		}
 	}
+	// Requests held past their application's fair share go first: they
+	// hold what the others are short of without moving.
+	c.shedHeld(now)
 	for float64(c.inUse()-c.draining.Load()) >= lowWater*max {
 		if !c.shedNext(now, minIdleAge) {
 			break

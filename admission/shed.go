@@ -134,6 +134,7 @@ type shedPlan struct {
 	took     time.Duration        // how long making it took
 	walked   int                  // how many connections it walked
 	slowRest []candidate          // scratch space for ordering slow
+	held     []candidate          // HTTP/1 requests in flight heldAge or more, oldest first
 }
 
 // planEvery is how soon a spent plan may be made again: at least this, and
@@ -158,13 +159,22 @@ func (c *Controller) makePlan(now time.Time) {
 	clear(p.slow)
 	p.list, p.next, p.over, p.built = p.list[:0], 0, 0, time.Now()
 	p.slow, p.slowNext = p.slow[:0], 0
+	clear(p.held)
+	p.held = p.held[:0]
 	clear(p.slowBy)
 	p.walked = 0
 	defer func() { p.took = time.Since(p.built) }()
 	cutoff := now.Add(-minIdleAge).UnixNano()
 	slowCutoff := now.Add(-slowAge).UnixNano()
+	heldCutoff := now.Add(-heldAge).UnixNano()
 	c.conns.each(func(t *trackedConn, outer net.Conn) {
 		p.walked++
+		if t.request.Load() != nil {
+			if since := t.since.Load(); since <= heldCutoff {
+				p.held = append(p.held, candidate{t: t, outer: outer, since: since})
+			}
+			return
+		}
 		cd, ok := idleCandidate(t, outer, cutoff)
 		switch {
 		case !ok:
@@ -177,6 +187,7 @@ func (c *Controller) makePlan(now time.Time) {
 		}
 	})
 	slices.SortFunc(p.list, func(a, b candidate) int { return cmp.Compare(a.since, b.since) })
+	slices.SortFunc(p.held, func(a, b candidate) int { return cmp.Compare(a.since, b.since) })
 	// Slow ones: those of the addresses at or past their share first
 	// (a visitor's address seldom is), each address's oldest first, as
 	// many as take it under its share; then the rest, oldest first.
@@ -474,4 +485,42 @@ func (c *Controller) tryShed(cd candidate, now time.Time, age time.Duration) boo
 	}
 	c.shed(t, cd.outer, false)
 	return true
+}
+
+// heldAge is how long a request must have been in flight before it may be
+// shed as held: longer than a page's requests take, even on a slow
+// upstream.
+const heldAge = 2 * time.Second
+
+// shedHeld closes the connections of the HTTP/1 requests held longest by
+// each application past its fair share (appTable.fairShare), down to it,
+// and reports how many it closed. It runs only while the box is
+// contended: then those requests hold what the other applications'
+// visitors are short of, and they are what moves least, a request that
+// never ends against a NAT's browsers that finish one a second. The
+// application's limit is its fair share meanwhile, so its queue does not
+// take the room back. c.shedMu is held.
+func (c *Controller) shedHeld(now time.Time) int {
+	p := &c.plan
+	if len(p.held) == 0 || !c.contended.Load() {
+		return 0
+	}
+	fair := c.apps.fairShare(false)
+	cutoff := now.Add(-heldAge).UnixNano()
+	closed := 0
+	for _, cd := range p.held {
+		t := cd.t
+		a := t.request.Load()
+		if a == nil || t.since.Load() != cd.since || cd.since > cutoff || a.inFlight.Load()-a.shedding.Load() <= fair {
+			continue
+		}
+		if !t.request.CompareAndSwap(a, nil) {
+			continue // released meanwhile
+		}
+		a.shedding.Add(1)
+		c.m.shed.WithLabelValues(shedHeld).Inc()
+		t.closeRaw()
+		closed++
+	}
+	return closed
 }

@@ -1,6 +1,7 @@
 package serving
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"net/netip"
@@ -103,5 +104,22 @@ func ConnStates(hooks ...func(net.Conn, http.ConnState)) func(net.Conn, http.Con
 		for _, h := range on {
 			h(c, st)
 		}
+	}
+}
+
+// ConnContexts chains http.Server.ConnContext hooks, in order; nil ones
+// are skipped.
+func ConnContexts(hooks ...func(context.Context, net.Conn) context.Context) func(context.Context, net.Conn) context.Context {
+	var on []func(context.Context, net.Conn) context.Context
+	for _, h := range hooks {
+		if h != nil {
+			on = append(on, h)
+		}
+	}
+	return func(ctx context.Context, c net.Conn) context.Context {
+		for _, h := range on {
+			ctx = h(ctx, c)
+		}
+		return ctx
 	}
 }

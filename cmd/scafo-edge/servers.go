@@ -158,6 +158,7 @@ func (sv *servers) newServer(c *config, p *parts, h http.Handler, tlsConf *tls.C
 		srv.ReadHeaderTimeout = min(c.readHeaderTimeout, adminHeaderTimeout)
 	} else {
 		srv.ConnState = serving.ConnStates(sv.gate.ConnState, p.admission.ConnState)
+		srv.ConnContext = serving.ConnContexts(sv.gate.ConnContext, p.admission.ConnContext)
 	}
 	sv.all = append(sv.all, srv)
 	return srv
