@@ -13,104 +13,84 @@ import (
 // Limits are the numbers a Controller enforces. Derive fills every zero
 // field from the process's limits; a flag that sets one wins.
 type Limits struct {
-	// MaxConns is the descriptors the edge spends on traffic: client
-	// connections and upstream connections together. At it, the edge
-	// stops accepting.
+	// MaxConns is the descriptors the edge spends on traffic: client and
+	// upstream connections together.
 	MaxConns int
 	// ConnsPerClient is how many connections one client address (an IPv4
-	// address, an IPv6 /64) may hold while the box is under pressure; past
-	// it a new one is refused (held a second, then closed).
+	// address, an IPv6 /64) may hold while the box is under pressure.
 	ConnsPerClient int
 	// RequestsPerClient is how many requests one client address may have
-	// in flight; past it, 429.
+	// in flight while the box or its application is contended; past it, 429.
 	RequestsPerClient int
 	// AppShare is the share of what other applications leave of the request
 	// budget that one application may hold in flight to its upstreams
-	// (0 < AppShare ≤ 1). On an otherwise idle box that is AppShare of the
-	// whole budget.
-	AppShare float64
-	// QueueTimeout is how long a request past its application's share
-	// waits for a slot before it is answered 503.
+	// (0 < AppShare ≤ 1); QueueTimeout is how long a request past it waits
+	// for a slot before it is answered 503.
+	AppShare     float64
 	QueueTimeout time.Duration
 	// ClientRate, if positive, is the requests a second one client address
-	// may start, with bursts of ClientBurst; past it, 429. Zero: no rate.
+	// may start, with bursts of ClientBurst; past it, 429.
 	ClientRate  float64
 	ClientBurst int
 	// Overdraft is how far past MaxConns the upstream connections of
-	// admitted requests may go: the clients were accepted while there was
-	// room, and a request of theirs past it is refused (503) only beyond
-	// this. Derive sets it to half the reserve; the other half stays the
-	// edge's own.
+	// admitted requests may go before a request is refused (503): its
+	// client was accepted while there was room. Derive sets it to half the
+	// reserve; the other half stays the edge's own.
 	Overdraft int
-	// MemoryLimit is the memory the process may use, in bytes; 0 when none
-	// is known. Once the live heap and stacks pass 75 % of it new requests
-	// are refused (503) until they are back under 65 %.
-	MemoryLimit int64
-	// MemoryFrom says where MemoryLimit came from (MemoryFromFlag,
-	// MemoryFromCgroupV2, …; "" with none), and MemoryFile the file it was
-	// read from (the cgroup's limit file, /proc/meminfo; "" for a flag or
-	// GOMEMLIMIT): the status page and scafo_edge_memory_limit_bytes say
-	// both. Derive sets them.
+	// MemoryLimit is the memory the process may use, in bytes (0: none
+	// known); MemoryFrom says where it came from (MemoryFromFlag, …; ""
+	// with none), MemoryFile the file it was read from ("" for a flag or
+	// GOMEMLIMIT). Derive sets them.
+	MemoryLimit            int64
 	MemoryFrom, MemoryFile string
 	// AdminConns is how many connections the admin listener holds at most
-	// (AdminListener). They are the edge's own work, not traffic: not part
-	// of MaxConns, but of the reserve, of which Derive gives them an
-	// eighth. Zero in New: the smallest pool, 8.
+	// (admin.go): out of the reserve, not MaxConns. Zero in New: 8.
 	AdminConns int
 }
 
 // Facts are what Derive read off the process, for the start-up log and the
 // status page.
 type Facts struct {
-	// Descriptors is the descriptor limit (RLIMIT_NOFILE's soft limit, after
-	// raising it to the hard one); RaisedFrom is the soft limit before,
-	// 0 when it was not raised here (Go's runtime raises it at start).
+	// Descriptors is RLIMIT_NOFILE's soft limit, raised to the hard one;
+	// RaisedFrom is the soft limit before (0: not raised here).
 	Descriptors, RaisedFrom uint64
 	// Reserved is the descriptors kept out of MaxConns for the edge's own
-	// work: the node poll or routes file, certificate storage, edge.db,
-	// the admin listener and its scrapes (Limits.AdminConns of them at
-	// most), the handover socket.
+	// work (reserveFor).
 	Reserved int
-	// MemTotal is the box's memory (/proc/meminfo), 0 when unknown.
-	// Cgroup is the tightest limit of the edge's cgroup and its ancestors
-	// (0: none), CgroupFile the file that set it; CgroupErr reports a
-	// cgroup limit file that could not be read.
+	// MemTotal is the box's memory (0: unknown). Cgroup is the tightest
+	// limit of the edge's cgroup and its ancestors (0: none), CgroupFile
+	// the file that set it; CgroupErr reports one that could not be read.
 	MemTotal, Cgroup int64
 	CgroupFile       string
 	CgroupErr        error
-	// GoLimit is the Go memory limit Derive set (0: it left the runtime's
-	// alone, as GOMEMLIMIT asks).
+	// GoLimit is the Go memory limit Derive set (0: left alone, as
+	// GOMEMLIMIT asks).
 	GoLimit int64
 }
 
 // System is what Derive reads the limits off.
 type System struct {
-	// Getenv reads GOMEMLIMIT.
-	Getenv func(string) string
-	// Files is the root file system: /proc/self/cgroup,
-	// /proc/self/mountinfo, /proc/meminfo and the cgroup mounts are read
-	// from it (os.DirFS("/") on a real box).
+	Getenv func(string) string // reads GOMEMLIMIT
+	// Files is the root file system, os.DirFS("/") on a real box: /proc and
+	// the cgroup mounts are read from it.
 	Files fs.FS
 	// Descriptors returns the descriptor limit and the soft limit it was
 	// raised from (0: not raised). Nil: raise RLIMIT_NOFILE's soft limit to
-	// the hard one, as Go's runtime does at start.
+	// the hard one.
 	Descriptors func() (limit, raisedFrom uint64, err error)
 }
 
 const (
-	// connMemory is what one descriptor of traffic costs the edge in
-	// memory, from measurement: an idle keep-alive client connection costs
-	// about 20 KiB (goroutine stack, read and write buffers); a proxied
-	// request in flight costs two descriptors and about 60 KiB.
+	// connMemory is what one descriptor of traffic costs, measured: an idle
+	// keep-alive client connection about 20 KiB (goroutine stack, read and
+	// write buffers); a proxied request two descriptors and about 60 KiB.
 	connMemory = 32 << 10
-	// heapPerConn and baseHeap size the Go memory limit the edge sets when
-	// the descriptors bind its budget before memory does, or it knows no
-	// memory limit: what one connection of the budget holds in
-	// heap and stack at most, from measurement (about 21 KiB a descriptor
-	// with 7,000 long polls in flight, their upstream connections beside
-	// them), and what the edge holds with no traffic, with room. Without
-	// it the collector lets garbage grow as large as the live heap, and a
-	// box at its budget would hold twice what it uses.
+	// heapPerConn and baseHeap size the Go memory limit when the
+	// descriptors bind the budget before memory does, or no memory limit is
+	// known: what a connection of the budget holds in heap and stack at
+	// most, measured (about 21 KiB a descriptor with 7,000 long polls in
+	// flight), and what the edge holds with no traffic, with room. Without
+	// it the collector lets garbage grow as large as the live heap.
 	heapPerConn = 24 << 10
 	baseHeap    = 64 << 20
 	minGoLimit  = 256 << 20
@@ -118,10 +98,9 @@ const (
 	// may take; the rest is the routing table, certificates, the heap's
 	// growth between collections.
 	memoryForConns = 0.5
-	// perClientDivisor: one client address may hold 1/16 of the connection
-	// budget. On a 20,000-descriptor box that is about 1,200: a NAT in
-	// front of hundreds of browsers (six HTTP/1.1 connections each, one
-	// for HTTP/2) fits; sixteen addresses at their share leave the rest.
+	// perClientDivisor: on a 20,000-descriptor box a client address may
+	// hold about 1,200: a NAT in front of hundreds of browsers (six
+	// HTTP/1.1 connections each, one for HTTP/2) fits.
 	perClientDivisor = 16
 	minPerClient     = 64
 	// DefaultAppShare lets one application hold three quarters of what the
@@ -136,12 +115,11 @@ const (
 // It errors only for limits that cannot work.
 //
 // The memory limit is, first that says one: want.MemoryLimit (a flag),
-// GOMEMLIMIT, the tightest limit of the edge's own cgroup and its ancestors
-// (if under the box's memory: a cgroup limit past it limits nothing), a
-// quarter of the box's memory (/proc/meminfo). The connection budget and the
-// memory guard follow it, and, unless GOMEMLIMIT is set, the Go memory
-// limit: 90 % of it, as automemlimit does, or, when the descriptors bind the
-// budget before memory does, what the budget can hold if that is less.
+// GOMEMLIMIT, the tightest limit of the edge's cgroup and its ancestors
+// (if under the box's memory: past it, it limits nothing), a quarter of
+// the box's memory. Unless GOMEMLIMIT is set, the Go memory limit is set
+// to 90 % of it, as automemlimit does, or, when the descriptors bind the
+// budget before memory does, to what the budget can hold if that is less.
 func Derive(want Limits, sys System) (Limits, Facts, error) {
 	var f Facts
 	var err error
@@ -213,21 +191,17 @@ func Derive(want Limits, sys System) (Limits, Facts, error) {
 	budgetGo := max(int64(l.MaxConns)*heapPerConn+baseHeap, minGoLimit)
 	switch {
 	case goMemLimit != "":
-		// GOMEMLIMIT (or GOMEMLIMIT=off) is the operator's word on the Go
-		// memory limit: the runtime has set it.
+		// GOMEMLIMIT (or =off) is the operator's word: the runtime set it.
 	case l.MemoryLimit > 0 && memoryBinds:
-		// Let the collector work harder before the limit's OOM killer ends
-		// the process, and leave a tenth for what Go does not count
-		// (the binary, thread stacks, the kernel's socket buffers).
+		// The collector works harder before the OOM killer ends the
+		// process; a tenth is left for what Go does not count (the binary,
+		// thread stacks, the kernel's socket buffers).
 		f.GoLimit = l.MemoryLimit / 10 * 9
 	case l.MemoryLimit > 0:
-		// The descriptors (or --max-conns) bind first: what the budget
-		// holds is far under the memory limit, and a Go limit near it
-		// would let garbage grow as large as the live heap. Keep it to
-		// what the budget can hold.
+		// The descriptors (or --max-conns) bind first: a Go limit near the
+		// memory limit would let garbage grow as large as the live heap.
 		f.GoLimit = min(l.MemoryLimit/10*9, budgetGo)
 	default:
-		// No memory limit known at all.
 		f.GoLimit = budgetGo
 	}
 	if f.GoLimit > 0 {
@@ -261,16 +235,16 @@ func (l Limits) validate() error {
 	return nil
 }
 
-// reserveFor keeps a twentieth of the descriptors for the edge's own work,
-// at least 64 and at most 1,024: its own needs are a few dozen at most
-// (listeners, edge.db, the poll, certificate storage, the admin scrapes),
-// and the rest is slack for bursts of them.
+// reserveFor keeps a twentieth of the descriptors for the edge's own work
+// (listeners, edge.db, the poll, certificate storage, the admin pool, the
+// handover socket), at least 64 and at most 1,024: a few dozen at most,
+// and slack for bursts of them.
 func reserveFor(descriptors uint64) int {
 	return int(min(max(descriptors/20, 64), 1024))
 }
 
-// raiseDescriptorLimit raises RLIMIT_NOFILE's soft limit to the hard one,
-// as Go's runtime does at start (so usually there is nothing left to raise).
+// raiseDescriptorLimit raises RLIMIT_NOFILE's soft limit to the hard one.
+// Go's runtime does at start, so there is usually nothing left to raise.
 func raiseDescriptorLimit() (limit, raisedFrom uint64, err error) {
 	var r syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"time"
 )
 
 // connKey is the context key under which ConnContext puts a connection's
@@ -49,12 +50,9 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		t.headDeadline.Store(0)
 		t.arriving.Store(false)
 		t.since.Store(c.clock.Now().UnixNano())
-		if !t.setState(stateIdle) {
-			return
-		}
-		if t.goingAway.Load() {
-			// Told to go away, the client opens no stream on it again.
-			// Its last stream's final frames may still be on their way
+		if t.setState(stateIdle) && t.goingAway.Load() {
+			// Told to go away, the client opens no stream on it again, but
+			// its last stream's final frames may still be on their way
 			// out of the server's buffer: close it a little later.
 			c.closeIfIdleAfter(t, goAwayGrace)
 		}
@@ -64,21 +62,15 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		t.setState(stateActive)
 		if t.goingAway.Load() {
 			// A GOAWAY may be on its way out: the stream's first frame
-			// waits for it.
-			t.awaitGoAway()
+			// waits for it (a barrier: the lock guards nothing).
+			t.goAwayMu.Lock()
+			//lint:ignore SA2001 a barrier: locked only to wait for goAway's write
+			t.goAwayMu.Unlock()
 		}
 	case http.StateHijacked, http.StateClosed:
 		t.state.Store(uint32(stateGone))
 		c.conns.remove(t)
 	}
-}
-
-// awaitGoAway waits until a GOAWAY being written to t is out: goAway holds
-// goAwayMu while it writes. A barrier: the lock guards nothing.
-func (t *trackedConn) awaitGoAway() {
-	t.goAwayMu.Lock()
-	//lint:ignore SA2001 a barrier: locked only to wait for goAway's write
-	t.goAwayMu.Unlock()
 }
 
 // setState moves t to st unless it is gone, and reports whether it did.
@@ -94,5 +86,89 @@ func (t *trackedConn) setState(st connState) bool {
 	}
 }
 
-// isIdle reports whether t is idle now.
 func (t *trackedConn) isIdle() bool { return connState(t.state.Load()) == stateIdle }
+
+// trackedOf finds the tracked connection under conn (a *tls.Conn's, or one
+// wrapped by the PROXY protocol or a gate); nil when there is none.
+func trackedOf(conn net.Conn) *trackedConn {
+	for range 8 { // wrappers do not nest deeper than this
+		switch v := conn.(type) {
+		case *trackedConn:
+			return v
+		case interface{ NetConn() net.Conn }:
+			conn = v.NetConn()
+		case interface{ Raw() net.Conn }: // go-proxyproto's Conn
+			conn = v.Raw()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// shed closes t, an idle connection shedding chose; one that speaks
+// HTTP/2 (h2) is sent a GOAWAY instead and closed after goAwayGrace if
+// still idle, counted in c.draining until then.
+func (c *Controller) shed(t *trackedConn, outer net.Conn, h2 bool) {
+	c.m.shed.WithLabelValues(shedIdle).Inc()
+	c.shedIdle.Add(1)
+	if !h2 {
+		t.closeRaw()
+		return
+	}
+	t.draining.Store(true)
+	c.draining.Add(1)
+	go c.goAway(t, outer)
+}
+
+// goAway writes a GOAWAY to an idle HTTP/2 connection, then closes it
+// after goAwayGrace if it is idle again. It runs on its own goroutine: the
+// write could wait on a client that stopped reading, as long as the send
+// timeout lets it. The GOAWAY goes in only while the connection has no
+// stream: ConnState waits on t.goAwayMu before a stream makes it active,
+// so no response frame of a stream opened meanwhile is split around it.
+func (c *Controller) goAway(t *trackedConn, outer net.Conn) {
+	t.goAwayMu.Lock()
+	idle := t.isIdle()
+	var err error
+	if idle {
+		_, err = outer.Write(goAwayFrame[:])
+	}
+	t.goAwayMu.Unlock()
+	switch {
+	case !idle:
+		// A stream started first: the connection is listed again when idle.
+		t.goingAway.Store(false)
+		c.undrain(t)
+	case err != nil:
+		t.closeRaw()
+	default:
+		c.closeIfIdleAfter(t, goAwayGrace)
+	}
+}
+
+func (c *Controller) closeIfIdleAfter(t *trackedConn, d time.Duration) {
+	time.AfterFunc(d, func() {
+		if t.isIdle() {
+			t.closeRaw()
+		}
+	})
+}
+
+// undrain takes t out of c.draining, once.
+func (c *Controller) undrain(t *trackedConn) {
+	if t.draining.CompareAndSwap(true, false) {
+		c.draining.Add(-1)
+	}
+}
+
+// goAwayFrame is an HTTP/2 GOAWAY with the last stream identifier 2^31-1
+// and NO_ERROR: RFC 9113 §6.8's first step of a graceful shutdown.
+var goAwayFrame = [17]byte{
+	0, 0, 8, // length
+	0x7,        // type GOAWAY
+	0,          // flags
+	0, 0, 0, 0, // stream 0
+	0x7f, 0xff, 0xff, 0xff, // last stream identifier
+	0, 0, 0, 0, // NO_ERROR
+}

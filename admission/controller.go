@@ -14,56 +14,52 @@ import (
 	"github.com/scafo/scafo-edge/internal/clock"
 )
 
-// Water marks of the connection budget: pressure starts when the
-// connections in use reach highWater of MaxConns and ends below lowWater;
-// the gap keeps a box near its limit from starting an episode a second.
+// The rules these bound, and why, are docs/design.md's table.
 const (
+	// Connections in use past highWater of MaxConns start pressure, which
+	// ends below lowWater: the gap keeps a box near its limit from starting
+	// an episode a second.
 	highWater = 0.90
 	lowWater  = 0.80
-	// memHighWater and memLowWater are the same for memory in use (live
-	// heap and stacks), as shares of Limits.MemoryLimit. Past three
-	// quarters live, the collector has too little room left to keep up
-	// (Go's own limit is set at 90 % of a cgroup's).
+	// The same for memory in use (live heap and stacks), as shares of
+	// Limits.MemoryLimit: past three quarters live, the collector has too
+	// little room left to keep up.
 	memHighWater = 0.75
 	memLowWater  = 0.65
-	// minIdleAge spares a connection idle for less than this from shedding:
-	// a keep-alive connection between two requests of a page, or a new one
-	// whose first request is on its way.
+	// minIdleAge spares from shedding a keep-alive connection between two
+	// requests of a page, or a new one whose first request is on its way.
 	minIdleAge = 250 * time.Millisecond
-	// pressureIdleTimeout is the idle timeout under pressure: every
-	// connection idle longer is closed, whatever the water marks say.
+	// pressureIdleTimeout: under pressure, every connection idle longer is
+	// closed, whatever the water marks say.
 	pressureIdleTimeout = 5 * time.Second
 	// slowAge is how long a connection may take over its first request's
-	// headers (its TLS handshake included) before, at the budget, it may
-	// be closed to make room for a new connection: a visitor's take a
-	// round trip or two, a slowloris's the whole --read-header-timeout.
+	// headers (its TLS handshake included) before it is a slow first
+	// request: a visitor's take a round trip or two, a slowloris's the
+	// whole --read-header-timeout.
 	slowAge = time.Second
-	// slowShedDivisor: at the budget, slow first requests are closed for
-	// room at most MaxConns/slowShedDivisor a second (at least
-	// minSlowShedRate). A slowloris reconnects as soon as one of its
-	// connections is closed and takes the room back: without a bound,
-	// each of its connections past the budget would cycle through accept
-	// and close as fast as the box can, and the edge's CPU would go to
-	// that churn instead of to its visitors.
+	// At the budget, slow first requests are closed for room at most
+	// MaxConns/slowShedDivisor a second (at least minSlowShedRate): a
+	// slowloris takes the room back at once, and unbounded, each of its
+	// connections past the budget would cycle through accept and close as
+	// fast as the box can, its CPU going to that churn.
 	slowShedDivisor = 16
 	minSlowShedRate = 64
 	// goAwayGrace is how long an HTTP/2 connection sent a GOAWAY has to
-	// finish a stream its client started before it read the GOAWAY; past
-	// it, an idle one is closed.
+	// finish a stream its client started before it read it.
 	goAwayGrace = time.Second
-	// upstreamIdleUnderPressure: under pressure, the monitor closes the
-	// pooled upstream connections idle at least this long, once a tick,
-	// and so does Accept at the budget with no client connection to close.
+	// Under pressure, pooled upstream connections idle this long are
+	// closed by the monitor once a tick, and by Accept at the budget with
+	// no client connection to close.
 	upstreamIdleUnderPressure = time.Second
 	// monitorPlanEvery is how often, at most, the monitor remakes the
 	// shedding plan under pressure.
 	monitorPlanEvery = time.Second
-	// tick is how often the controller samples memory and, under
-	// pressure, looks for idle connections to close.
+	// tick is how often the monitor samples memory and, under pressure,
+	// sheds.
 	tick = 250 * time.Millisecond
 	// calmFor is how long connections and memory must stay under their
 	// low-water marks before an episode ends: a flood that comes in waves
-	// is one episode, logged once, not one a second.
+	// is one episode, logged once.
 	calmFor = 5 * time.Second
 )
 
@@ -72,19 +68,17 @@ type Options struct {
 	// Limits are the derived limits (Derive); every field but the rate and
 	// MemoryLimit must be set.
 	Limits Limits
-	// Proxies are the peers whose connections carry many clients: PROXY
-	// protocol senders and trusted proxies. Their connections count against
-	// the budget but not as one client address's.
+	// Proxies are the peers whose connections carry many clients (PROXY
+	// protocol senders and trusted proxies): counted against the budget,
+	// but not as one client address's.
 	Proxies []netip.Prefix
 	// TrustedProxies are the proxies whose X-Forwarded-For is believed (as
 	// backhaul believes it): for their requests the client is the address
 	// it names after the last trusted proxy. A request straight from
-	// another of Proxies (a PROXY protocol sender that sent no header) is
-	// not counted per address.
+	// another of Proxies is not counted per address.
 	TrustedProxies []netip.Prefix
-	// Log receives one line when an episode of pressure starts and one when
-	// it ends, and one per refusal kind per minute. The zero value logs
-	// nothing.
+	// Log receives a line when an episode of pressure starts and when it
+	// ends, and one per refusal kind a minute. The zero value logs nothing.
 	Log zerolog.Logger
 	// Registerer receives the package's metrics. Nil: no metrics.
 	Registerer prometheus.Registerer
@@ -96,7 +90,7 @@ type Options struct {
 	// are given up before any client's.
 	CloseIdleUpstreams func(idleFor time.Duration)
 	// MemoryInUse reports the memory the edge's work holds, in bytes. Nil:
-	// the live heap and the goroutine stacks, from the Go runtime.
+	// the live heap and the goroutine stacks.
 	MemoryInUse func() int64
 }
 
@@ -125,10 +119,8 @@ type Controller struct {
 	waiting atomic.Int32
 	paused  atomic.Bool // an Accept waits for room now
 
-	// heads are the listeners' connections whose first request head is
-	// awaited outside the server (heads.go).
 	headsMu sync.Mutex
-	heads   []*headWait
+	heads   []*headWait // the listeners' first heads awaited (heads.go)
 
 	conns   connRegistry
 	connSeq atomic.Uint32 // spreads connections over the registry's shards
@@ -139,25 +131,21 @@ type Controller struct {
 
 	memHigh atomic.Bool
 	// contended is set when connections pass the high-water mark, memory
-	// its own, or Accept waits for room, and cleared once the connections
-	// are back under the low-water mark, memory under its own and Accept
-	// not waiting: while it is set, a client address past its share is
-	// refused new connections and requests.
+	// its own, or Accept waits for room, and cleared once all are back
+	// under the low-water marks: while it is set, the client addresses'
+	// shares bind.
 	contended atomic.Bool
 	wake      chan struct{}
 
-	// shedMu serialises shedding and guards plan; closeIdleUpstreams is
-	// Options.CloseIdleUpstreams. slowShed bounds how fast slow first
-	// requests are closed for room (slowShedDivisor).
+	// shedMu serialises shedding and guards plan and upstreamsClosed.
 	shedMu             sync.Mutex
 	plan               shedPlan
 	closeIdleUpstreams func(idleFor time.Duration)
-	upstreamsClosed    time.Time // wall clock, when step last closed them
-	slowShed           *rate.Limiter
+	upstreamsClosed    time.Time     // wall clock
+	slowShed           *rate.Limiter // slowShedDivisor
 
-	// episode is the monitor's; Snapshot reads it under episodeMu.
 	episodeMu sync.Mutex
-	episode   episode
+	episode   episode // the monitor's
 }
 
 // episode is one stretch of pressure, from its start to its end.
@@ -216,6 +204,13 @@ func New(opts Options) (*Controller, error) {
 // connections.
 func (c *Controller) inUse() int64 { return c.clientConns.Load() + c.upstreamConns.Load() }
 
+// MemoryShort reports whether the edge's memory is past its high-water
+// mark, for work that may wait or be skipped until it is not (compressing
+// a response holds an encoder's window). A nil Controller is never short.
+func (c *Controller) MemoryShort() bool {
+	return c != nil && c.memHigh.Load()
+}
+
 // poke wakes the monitor without waiting for its tick.
 func (c *Controller) poke() {
 	select {
@@ -225,7 +220,7 @@ func (c *Controller) poke() {
 }
 
 // opened notes a new connection; past the high-water mark the box is
-// contended, and it wakes the monitor to shed idle ones.
+// contended, and the monitor is woken to shed idle ones.
 func (c *Controller) opened() {
 	if float64(c.inUse()+c.quicConns.Load()) >= highWater*float64(c.limits.MaxConns) {
 		if !c.contended.Load() {
@@ -250,25 +245,23 @@ func (c *Controller) released() {
 
 // awaitRoom returns true once one more connection, of newcomer's address
 // (nil: counted by no address), fits in MaxConns, or once done is closed;
-// false when it is to be refused: a slowloris's connection at the budget
-// with no room its to take (shedRoom). While it waits, with this one
-// connection accepted, the listener accepts no other: new connections stay
-// in the kernel's backlog rather than being accepted and reset.
+// false when it is to be refused rather than wait (shedRoom).
 func (c *Controller) awaitRoom(done <-chan struct{}, newcomer *clientEntry) bool {
+	defer func() {
+		if c.waiting.Load() == 0 {
+			c.paused.Store(false)
+		}
+	}()
 	max := int64(c.limits.MaxConns)
 	for c.inUse() >= max && !isDone(done) {
-		// Make room at once where an idle connection or a slow first
-		// request can give it: a listener that waits lets its backlog
-		// fill, and a visitor's connection waits behind every one queued
-		// there, or is dropped with it.
+		// Room is made at once where it can be: a listener that waits lets
+		// its backlog fill, and a visitor's connection waits behind every
+		// one queued there, or is dropped with it.
 		ok, retry, refuse := c.makeRoom(newcomer)
 		if ok {
 			break
 		}
 		if refuse {
-			if c.waiting.Load() == 0 {
-				c.paused.Store(false)
-			}
 			return false
 		}
 		c.roomMu.Lock()
@@ -278,7 +271,7 @@ func (c *Controller) awaitRoom(done <-chan struct{}, newcomer *clientEntry) bool
 		room := c.room
 		c.waiting.Add(1)
 		c.roomMu.Unlock()
-		// Checked again after registering: a connection that closed in
+		// Checked again once registered: a connection that closed in
 		// between saw no waiter and woke nobody.
 		if c.inUse() < max {
 			c.waiting.Add(-1)
@@ -289,10 +282,10 @@ func (c *Controller) awaitRoom(done <-chan struct{}, newcomer *clientEntry) bool
 		}
 		c.contended.Store(true)
 		c.poke()
-		// Room comes from a connection that closes, from the rate of
-		// slow first requests closed allowing the next (retry, on the
-		// controller's clock), or from a connection becoming old enough
-		// to close: look again after a tick, as the monitor does.
+		// Room comes from a connection that closes, from the rate of slow
+		// first requests closed allowing the next (retry, on the
+		// controller's clock), or from a connection becoming old enough to
+		// close: look again after a tick, as the monitor does.
 		var rateC <-chan time.Time
 		var rateT clock.Timer
 		if retry > 0 {
@@ -310,26 +303,17 @@ func (c *Controller) awaitRoom(done <-chan struct{}, newcomer *clientEntry) bool
 		if rateT != nil {
 			rateT.Stop()
 		}
-		if n := c.waiting.Add(-1); isDone(done) {
-			if n == 0 {
-				c.paused.Store(false)
-			}
-			return true
-		}
-	}
-	if c.waiting.Load() == 0 {
-		c.paused.Store(false)
+		c.waiting.Add(-1)
 	}
 	return true
 }
 
 // makeRoom reports whether a descriptor is free, closing a connection to
-// free one if the budget is spent (shedRoom says which, for a connection
-// of newcomer's address), or, with none to close, the upstream ones idle
-// for upstreamIdleUnderPressure (those the traffic reuses would only be
-// dialled again). If it is not, retry is when the rate of slow first
-// requests closed allows the next (0: none waits for it), and refuse says
-// that the newcomer is to be refused rather than wait (shedRoom).
+// free one if the budget is spent (shedRoom), or, with none to close, the
+// upstream ones idle for upstreamIdleUnderPressure (those the traffic
+// reuses would only be dialled again). If not, retry is when the rate of
+// slow first requests closed allows the next (0: none waits for it), and
+// refuse says whether the newcomer is to be refused rather than wait.
 func (c *Controller) makeRoom(newcomer *clientEntry) (ok bool, retry time.Duration, refuse bool) {
 	max := int64(c.limits.MaxConns)
 	c.shedMu.Lock()
@@ -337,8 +321,7 @@ func (c *Controller) makeRoom(newcomer *clientEntry) (ok bool, retry time.Durati
 	if c.inUse() < max {
 		return true, 0, false
 	}
-	now := c.clock.Now()
-	shed, wait, refuse := c.shedRoom(now, false, newcomer)
+	shed, wait, refuse := c.shedRoom(c.clock.Now(), false, newcomer)
 	if !shed && !refuse && c.closeIdleUpstreams != nil {
 		c.closeIdleUpstreams(upstreamIdleUnderPressure)
 	}
@@ -348,7 +331,6 @@ func (c *Controller) makeRoom(newcomer *clientEntry) (ok bool, retry time.Durati
 	return false, wait, refuse
 }
 
-// isDone reports whether done is closed.
 func isDone(done <-chan struct{}) bool {
 	select {
 	case <-done:
@@ -360,13 +342,12 @@ func isDone(done <-chan struct{}) bool {
 
 // roomForRequest reports whether a descriptor is free for a request's
 // upstream within MaxConns and the overdraft, closing an idle connection of
-// the plan to free one if the budget is spent, as makeRoom does but without
-// waiting: not for another shedder, nor to make a new plan, which walks
-// every connection. A request is on its client's time; the overdraft
-// covers it meanwhile. The idle upstream connections are closed only past
-// the overdraft, the last thing before the request is refused: at the
-// budget the request most likely reuses one of them, and closing them
-// would have it, and every request after it, dial its upstream again.
+// the plan if the budget is spent, as makeRoom does but without waiting
+// for another shedder or making a plan, which walks every connection: a
+// request is on its client's time, and the overdraft covers it meanwhile.
+// The idle upstream connections are closed only past the overdraft, the
+// last thing before the request is refused: at the budget the request
+// most likely reuses one of them.
 func (c *Controller) roomForRequest() bool {
 	max := int64(c.limits.MaxConns)
 	limit := max + int64(c.limits.Overdraft)

@@ -97,11 +97,8 @@ func proxyHeaderLen(b []byte) (int, bool) {
 }
 
 var (
-	lflf   = []byte("\n\n")
-	lfcrlf = []byte("\n\r\n")
-)
-
-var (
+	lflf     = []byte("\n\n")
+	lfcrlf   = []byte("\n\r\n")
 	proxyV1  = []byte("PROXY ")
 	proxyV2  = []byte("\r\n\r\n\x00\r\nQUIT\n")
 	proxyMax = 107 // a v1 line's longest

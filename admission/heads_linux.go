@@ -9,14 +9,14 @@ import (
 
 // headPoller is a listener's epoll set of the connections whose first head
 // is awaited, edge-triggered: each is looked at when bytes come (each
-// segment is an edge) or its client goes. Level-triggered, a connection
-// would be ready as long as its bytes wait, and a peek leaves them there. Its own descriptor waits in Go's netpoller, as a
-// socket would, so no thread blocks in epoll_wait. Events carry the
-// connection's id in headWait, never its descriptor, which a closed
-// connection gives back for reuse (and the kernel drops a closed socket
-// from the set by itself).
+// segment is an edge) or its client goes; level-triggered, it would be
+// ready as long as its bytes wait, and a peek leaves them there. The set
+// waits in Go's netpoller, as a socket would, so no thread blocks in
+// epoll_wait. Events carry the connection's id in headWait, never its
+// descriptor, which a closed connection gives back for reuse (and the
+// kernel drops a closed socket from the set by itself).
 type headPoller struct {
-	ep    *os.File // the set, waited on in the netpoller; closed by close
+	ep    *os.File
 	epRaw syscall.RawConn
 }
 
@@ -47,20 +47,14 @@ func (p *headPoller) add(t *trackedConn, id uint64) error {
 	return p.ctl(t, syscall.EPOLL_CTL_ADD, id)
 }
 
-// remove takes t out of the set, for its server to read it. An error
-// means it is closed, and out already.
-func (p *headPoller) remove(t *trackedConn) {
-	p.ctl(t, syscall.EPOLL_CTL_DEL, 0)
-}
+// remove takes t out of the set; an error means it is closed, and out
+// already.
+func (p *headPoller) remove(t *trackedConn) { p.ctl(t, syscall.EPOLL_CTL_DEL, 0) }
 
 func (p *headPoller) ctl(t *trackedConn, op int, id uint64) error {
-	rc, err := t.rawConn()
-	if err != nil {
-		return err
-	}
 	ev := syscall.EpollEvent{Events: headEvents, Fd: int32(uint32(id)), Pad: int32(uint32(id >> 32))}
 	var cerr error
-	if err := rc.Control(func(fd uintptr) {
+	if err := t.socket.rc.Control(func(fd uintptr) {
 		// Through the set's own file, so that a set closed meanwhile is
 		// an error, not a descriptor number reused.
 		if err := p.epRaw.Control(func(epfd uintptr) {
@@ -74,16 +68,14 @@ func (p *headPoller) ctl(t *trackedConn, op int, id uint64) error {
 	return cerr
 }
 
-// peekHead looks at t's queued bytes without taking them, into buf (which
-// only the caller's goroutine uses), and reports how many there are, or
-// that its client has closed or reset (or its socket failed).
+func (p *headPoller) close() { p.ep.Close() }
+
+// peekHead looks at t's queued bytes without taking them, into buf, and
+// reports how many there are, or that its client has closed or reset (or
+// its socket failed).
 func peekHead(t *trackedConn, buf []byte) (n int, gone bool) {
-	rc, err := t.rawConn()
-	if err != nil {
-		return 0, true
-	}
 	var perr error
-	if err := rc.Control(func(fd uintptr) {
+	if err := t.socket.rc.Control(func(fd uintptr) {
 		// MSG_DONTWAIT never sleeps, so no EINTR.
 		n, _, perr = syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 	}); err != nil {
@@ -101,25 +93,19 @@ func peekHead(t *trackedConn, buf []byte) (n int, gone bool) {
 // drainUnread reads and drops what t's client sent that was only peeked
 // at, so that closing it sends a FIN, not a reset.
 func drainUnread(t *trackedConn) {
-	rc, err := t.rawConn()
-	if err != nil {
-		return
-	}
 	var buf [headPeek]byte
-	rc.Control(func(fd uintptr) {
+	t.socket.rc.Control(func(fd uintptr) {
 		syscall.Recvfrom(int(fd), buf[:], syscall.MSG_DONTWAIT)
 	})
 }
 
 // poll hands each event to h until the set is closed.
 func (h *headWait) poll() {
-	p := h.poller
-	rc := p.epRaw
 	var evs [128]syscall.EpollEvent
 	for {
 		var n int
 		var werr error
-		err := rc.Read(func(fd uintptr) bool {
+		err := h.poller.epRaw.Read(func(fd uintptr) bool {
 			for {
 				n, werr = syscall.EpollWait(int(fd), evs[:], 0)
 				if werr != syscall.EINTR {
@@ -128,26 +114,23 @@ func (h *headWait) poll() {
 			}
 			return n != 0 || werr != nil // none: wait for the set to be readable
 		})
-		if err != nil || werr != nil {
-			if err == nil {
-				h.c.log.Error().Err(werr).Msg("epoll_wait for first request heads failed; the connections awaiting theirs go to the server")
-				h.shutDown()
-			}
-			return // closed by close
+		if err != nil { // closed by close
+			return
+		}
+		if werr != nil {
+			h.c.log.Error().Err(werr).Msg("epoll_wait for first request heads failed; the connections awaiting theirs go to the server")
+			h.shutDown()
+			return
 		}
 		for _, ev := range evs[:n] {
 			id := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
-			ended := ev.Events&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0
-			h.arrived(id, ended)
+			h.arrived(id, ev.Events&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0)
 		}
 	}
 }
 
-func (p *headPoller) close() { p.ep.Close() }
-
-// headSocket is a waiting connection's socket, for the calls made on it
-// while its head waits. Its callback is made once, so that a turn
-// allocates nothing.
+// headSocket is a waiting connection's socket. Its callback is made once,
+// so that a turn allocates nothing.
 type headSocket struct {
 	rc           syscall.RawConn
 	lowat        int
@@ -166,20 +149,17 @@ func newHeadSocket(conn net.Conn) *headSocket {
 		return nil
 	}
 	s := &headSocket{rc: rc}
-	s.setLowatFunc = s.setLowat
+	s.setLowatFunc = func(fd uintptr) {
+		syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, s.lowat)
+	}
 	return s
 }
 
-// setRcvLowat sets how many bytes must wait in the socket's receive queue
-// before the kernel reports it readable (SO_RCVLOWAT, Linux 4.18 or later
-// for TCP's wake-ups): the connection's end, and a receive window or
-// memory running short, report it whatever this says. An error only
-// leaves it reported as before.
+// setRcvLowat sets how many bytes must wait before the kernel reports the
+// socket readable (SO_RCVLOWAT; Linux 4.18 or later for TCP's wake-ups):
+// its end, and a receive window or memory running short, report it
+// whatever this says. An error leaves it reported as before.
 func (s *headSocket) setRcvLowat(bytes int) {
 	s.lowat = bytes
 	s.rc.Control(s.setLowatFunc)
-}
-
-func (s *headSocket) setLowat(fd uintptr) {
-	syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, s.lowat)
 }

@@ -7,7 +7,8 @@ import (
 	"net"
 )
 
-// headPoller needs epoll: elsewhere first heads are read by the server.
+// Awaiting first heads needs epoll: elsewhere the server reads them. The
+// edge ships on Linux, and is measured there only.
 type headPoller struct{}
 
 func newHeadPoller() (*headPoller, error) {
@@ -17,16 +18,11 @@ func newHeadPoller() (*headPoller, error) {
 func (p *headPoller) add(*trackedConn, uint64) error { return errors.ErrUnsupported }
 func (p *headPoller) remove(*trackedConn)            {}
 func (p *headPoller) close()                         {}
-
-func peekHead(*trackedConn, []byte) (int, bool) { return 0, true }
-func drainUnread(*trackedConn)                  {}
-
-func (h *headWait) poll() {}
+func (h *headWait) poll()                            {}
 
 type headSocket struct{}
 
-// newHeadSocket returns nil: the edge ships on Linux, and is measured
-// there only.
-func newHeadSocket(net.Conn) *headSocket { return nil }
-
-func (s *headSocket) setRcvLowat(int) {}
+func newHeadSocket(net.Conn) *headSocket        { return nil }
+func (s *headSocket) setRcvLowat(int)           {}
+func peekHead(*trackedConn, []byte) (int, bool) { return 0, true }
+func drainUnread(*trackedConn)                  {}

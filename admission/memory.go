@@ -14,10 +14,10 @@ import (
 	rtmetrics "runtime/metrics"
 )
 
-// goMemoryInUse is the memory the edge's work holds: the heap the last
-// collection found live, and goroutine stacks. Garbage waiting for the next
-// collection is left out: with a memory limit set, the collector lets it grow
-// to near the limit by design, which is no reason to refuse requests.
+// goMemoryInUse is the heap the last collection found live, and goroutine
+// stacks. Garbage is left out: with a memory limit set, the collector lets
+// it grow to near the limit by design, which is no reason to refuse
+// requests.
 func goMemoryInUse() int64 {
 	s := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/heap/stacks:bytes"}}
 	rtmetrics.Read(s)
@@ -51,15 +51,14 @@ type cgroupLimit struct {
 	file    string // absolute path
 }
 
-// cgroupMemoryLimit finds the process's own memory cgroup from
-// /proc/self/cgroup, where its hierarchy is mounted from
-// /proc/self/mountinfo, and returns the tightest limit of that cgroup and of
-// every ancestor up to the mount point (a parent's limit binds its children
-// too), as automemlimit does. sys is the root file system ("/" on a real
-// box). The v1 memory controller wins when the process is in one: on a
-// hybrid box the unified hierarchy has no memory controller. A zero bytes
-// means no limit; err reports a limit file that could not be read or
-// parsed, beside whatever limit the others gave.
+// cgroupMemoryLimit finds the process's memory cgroup (/proc/self/cgroup)
+// and where its hierarchy is mounted (/proc/self/mountinfo), and returns
+// the tightest limit of that cgroup and its ancestors up to the mount
+// point (a parent's limit binds its children too), as automemlimit does.
+// The v1 memory controller wins when the process is in one: on a hybrid
+// box the unified hierarchy has no memory controller. Zero bytes: no
+// limit; err reports a limit file that could not be read or parsed, beside
+// whatever limit the others gave.
 func cgroupMemoryLimit(sys fs.FS) (cgroupLimit, error) {
 	groups, err := fs.ReadFile(sys, "proc/self/cgroup")
 	if err != nil {
@@ -104,9 +103,7 @@ func cgroupMemoryLimit(sys fs.FS) (cgroupLimit, error) {
 // mount is a cgroup file system's line of /proc/self/mountinfo: which
 // directory of the hierarchy (root) is mounted where (point, without its
 // leading slash).
-type mount struct {
-	root, point, fstype, options string
-}
+type mount struct{ root, point, fstype, options string }
 
 // cgroupMounts reads the cgroup and cgroup2 mounts off /proc/self/mountinfo
 // (proc_pid_mountinfo(5)); nil when it cannot be read.
@@ -151,13 +148,12 @@ func unescapeMount(s string) string {
 	return b.String()
 }
 
-// resolveCgroup returns the directory of cgroup p (a path in its hierarchy)
-// under the first mount of that hierarchy whose root holds it, and that
-// mount's point: the walk to the ancestors stops there, above it is not
-// ours to see. A container whose cgroup path lies outside the mount's root
-// (no cgroup namespace, an older runtime) sees its own cgroup at the mount
-// point. With no mount listed, the hierarchy is taken to be mounted whole at
-// fallback, its usual place.
+// resolveCgroup returns the directory of cgroup p under the first mount of
+// its hierarchy whose root holds it, and that mount's point, where the
+// walk to the ancestors stops: above it is not ours to see. A container
+// whose cgroup lies outside the mount's root (no cgroup namespace, an
+// older runtime) sees its own cgroup at the mount point. With no mount
+// listed, the hierarchy is taken to be mounted whole at fallback.
 func resolveCgroup(mounts []mount, p string, match func(mount) bool, fallback string) (dir, top string, ok bool) {
 	var first *mount
 	for i := range mounts {
@@ -168,8 +164,7 @@ func resolveCgroup(mounts []mount, p string, match func(mount) bool, fallback st
 		if first == nil {
 			first = m
 		}
-		rel, ok := within(m.root, p)
-		if ok {
+		if rel, ok := within(m.root, p); ok {
 			return path.Join(m.point, rel), m.point, true
 		}
 	}
@@ -201,11 +196,13 @@ func within(root, p string) (string, bool) {
 // walkCgroup reads the limit of dir and of each ancestor up to top and
 // keeps the tightest. v1 also states, in the group's memory.stat, the
 // tightest limit over all its ancestors, those above the mount point
-// included (hierarchical_memory_limit).
+// included; read last, so that when it says what a limit file above did,
+// the file is named.
 func walkCgroup(sys fs.FS, dir, top, version string) (cgroupLimit, error) {
 	var best cgroupLimit
 	var errs []error
-	take := func(file string, n int64, err error) {
+	take := func(file, key string) {
+		n, err := readLimit(sys, file, key)
 		switch {
 		case err != nil:
 			errs = append(errs, err)
@@ -213,23 +210,18 @@ func walkCgroup(sys fs.FS, dir, top, version string) (cgroupLimit, error) {
 			best = cgroupLimit{bytes: n, version: version, file: "/" + file}
 		}
 	}
+	name := "memory.max"
+	if version == MemoryFromCgroupV1 {
+		name = "memory.limit_in_bytes"
+	}
 	for d := dir; ; d = path.Dir(d) {
-		name := "memory.max"
-		if version == MemoryFromCgroupV1 {
-			name = "memory.limit_in_bytes"
-		}
-		file := path.Join(d, name)
-		n, err := readLimitFile(sys, file)
-		take(file, n, err)
+		take(path.Join(d, name), "")
 		if d == top || d == "." || d == "/" || !strings.HasPrefix(d, top) {
 			break
 		}
 	}
 	if version == MemoryFromCgroupV1 {
-		// Last: when it says what a limit file above did, the file is named.
-		file := path.Join(dir, "memory.stat")
-		n, err := readHierarchicalLimit(sys, file)
-		take(file, n, err)
+		take(path.Join(dir, "memory.stat"), "hierarchical_memory_limit")
 	}
 	return best, errors.Join(errs...)
 }
@@ -238,29 +230,27 @@ func walkCgroup(sys fs.FS, dir, top, version string) (cgroupLimit, error) {
 // down to a page. Anything at or past an exbibyte is treated so.
 const noLimitV1 = 1 << 60
 
-// readLimitFile reads memory.max or memory.limit_in_bytes: 0 for no limit,
-// including a missing file (the root cgroup has none).
-func readLimitFile(sys fs.FS, file string) (int64, error) {
-	b, err := readIfThere(sys, file)
-	if b == nil || err != nil {
-		return 0, err
-	}
-	return parseLimit(file, strings.TrimSpace(string(b)))
-}
-
-// readIfThere reads file; nil and no error when there is none.
-func readIfThere(sys fs.FS, file string) ([]byte, error) {
+// readLimit reads a limit in bytes off file: the whole of it (memory.max,
+// memory.limit_in_bytes) or, with key, the value of key's line (v1's
+// memory.stat). 0 for no limit, including a missing file or line (the
+// root cgroup has none).
+func readLimit(sys fs.FS, file, key string) (int64, error) {
 	b, err := fs.ReadFile(sys, file)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return 0, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read /%s: %w", file, err)
+		return 0, fmt.Errorf("read /%s: %w", file, err)
 	}
-	return b, nil
-}
-
-func parseLimit(file, s string) (int64, error) {
+	s := string(b)
+	if key != "" {
+		_, v, ok := strings.Cut("\n"+s, "\n"+key+" ")
+		if !ok {
+			return 0, nil
+		}
+		s, _, _ = strings.Cut(v, "\n")
+	}
+	s = strings.TrimSpace(s)
 	if s == "max" || s == "-1" {
 		return 0, nil
 	}
@@ -274,41 +264,24 @@ func parseLimit(file, s string) (int64, error) {
 	return int64(n), nil
 }
 
-// readHierarchicalLimit reads hierarchical_memory_limit off a v1 memory.stat.
-func readHierarchicalLimit(sys fs.FS, file string) (int64, error) {
-	b, err := readIfThere(sys, file)
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "hierarchical_memory_limit "); ok {
-			return parseLimit(file, strings.TrimSpace(v))
-		}
-	}
-	return 0, nil
-}
-
 // memTotal reads the box's memory off /proc/meminfo, 0 when it cannot.
 func memTotal(sys fs.FS) int64 {
 	b, err := fs.ReadFile(sys, "proc/meminfo")
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		// MemTotal:       24683548 kB
-		v, ok := strings.CutPrefix(line, "MemTotal:")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) != 2 || f[1] != "kB" {
-			return 0
-		}
-		n, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil || n <= 0 || n > 1<<50 {
-			return 0
-		}
-		return n << 10
+	_, v, ok := strings.Cut("\n"+string(b), "\nMemTotal:") // MemTotal:       24683548 kB
+	if !ok {
+		return 0
 	}
-	return 0
+	v, _, _ = strings.Cut(v, "\n")
+	f := strings.Fields(v)
+	if len(f) != 2 || f[1] != "kB" {
+		return 0
+	}
+	n, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil || n <= 0 || n > 1<<50 {
+		return 0
+	}
+	return n << 10
 }

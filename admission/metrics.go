@@ -11,12 +11,8 @@ import (
 	"github.com/scafo/scafo-edge/internal/promreg"
 )
 
-// Shed reasons beyond the request refusals' (Refusal.String): an idle
-// connection closed under pressure, a slow first request closed to make
-// room at the budget, a connection refused because its client address
-// held its share, one refused at the budget because its address's
-// connections are mostly slow first requests with no room theirs to take,
-// and one of the admin listener past a share of its pool (admin.go).
+// Reasons of scafo_edge_shed_total beyond the request refusals'
+// (Refusal.String); docs/monitoring.md says what each means.
 const (
 	shedIdle           = "idle_closed"
 	shedSlow           = "slow_headers"
@@ -31,51 +27,36 @@ var ShedReasons = []string{shedIdle, shedSlow, shedHeld, refusedClientConns, ref
 	RefusedClientRate.String(), RefusedAppQueueFull.String(), RefusedAppQueueTimeout.String()}
 
 type metrics struct {
-	shed         *prometheus.CounterVec
-	acceptPauses prometheus.Counter
-	paced        prometheus.Counter
-	pressure     prometheus.Gauge
-	episodes     prometheus.Counter
-	appInFlight  *prometheus.GaugeVec
-	appQueued    *prometheus.GaugeVec
-
-	// logs thins the refusal lines a flood can cause: one per kind a
-	// minute.
-	logMu sync.Mutex
-	logs  map[string]*rate.Sometimes
+	shed                          *prometheus.CounterVec
+	acceptPauses, paced, episodes prometheus.Counter
+	pressure                      prometheus.Gauge
+	appInFlight, appQueued        *prometheus.GaugeVec
+	logMu                         sync.Mutex
+	logs                          map[string]*rate.Sometimes // a refusal's line, once a minute
 }
 
 func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	perApp := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"application"})
+	}
 	m := &metrics{
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scafo_edge_shed_total",
 			Help: "Connections and requests the edge shed or refused to stay within its budget and fair shares, by reason.",
 		}, []string{"reason"}),
-		acceptPauses: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "scafo_edge_accept_pauses_total",
-			Help: "Times the edge stopped accepting connections because its connection budget was spent (new ones waited in the kernel's backlog).",
-		}),
-		paced: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "scafo_edge_paced_heads_total",
-			Help: "First request heads of plain HTTP connections that, while the box was contended, kept trickling (bytes came four times) and had waited a second: each is looked at on the edge's schedule from then on, a second after and then twice as far each turn, up to 4 to 6 s, until the contention is over.",
-		}),
+		acceptPauses: counter("scafo_edge_accept_pauses_total", "Times the edge stopped accepting connections because its connection budget was spent (new ones waited in the kernel's backlog)."),
+		paced:        counter("scafo_edge_paced_heads_total", "First request heads of plain HTTP connections that, while the box was contended, kept trickling (bytes came four times) and had waited a second: each is looked at on the edge's schedule from then on, a second after and then twice as far each turn, up to 4 to 6 s, until the contention is over."),
+		episodes:     counter("scafo_edge_pressure_episodes_total", "Episodes of overload started."),
 		pressure: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "scafo_edge_pressure",
 			Help: "1 during an episode of overload (connections or memory past their high-water marks), else 0.",
 		}),
-		episodes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "scafo_edge_pressure_episodes_total",
-			Help: "Episodes of overload started.",
-		}),
-		appInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "scafo_edge_app_in_flight",
-			Help: "Requests in flight to an application's upstreams, WebSockets and streams included.",
-		}, []string{"application"}),
-		appQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "scafo_edge_app_queued",
-			Help: "Requests waiting for their application's share to free a slot.",
-		}, []string{"application"}),
-		logs: map[string]*rate.Sometimes{},
+		appInFlight: perApp("scafo_edge_app_in_flight", "Requests in flight to an application's upstreams, WebSockets and streams included."),
+		appQueued:   perApp("scafo_edge_app_queued", "Requests waiting for their application's share to free a slot."),
+		logs:        map[string]*rate.Sometimes{},
 	}
 	for _, r := range ShedReasons {
 		m.shed.WithLabelValues(r)
@@ -93,8 +74,7 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		gauge("scafo_edge_idle_conns", "Client connections idle now, the first to be closed under pressure.", nil,
 			func() float64 { return float64(c.conns.idleLen()) }),
 		gauge("scafo_edge_memory_limit_bytes", "The memory limit the edge keeps under, by where it came from (flag, GOMEMLIMIT, cgroup v1, cgroup v2, share of MemTotal); 0 from none: none known.",
-			prometheus.Labels{"from": orNone(c.limits.MemoryFrom)},
-			func() float64 { return float64(c.limits.MemoryLimit) }),
+			prometheus.Labels{"from": orNone(c.limits.MemoryFrom)}, func() float64 { return float64(c.limits.MemoryLimit) }),
 		gauge("scafo_edge_waiting_heads", "Connections of the plain HTTP listener whose first request head has not ended, awaited outside the HTTP server (no goroutine of their own) until it does, their client goes, or the header timeout.", nil,
 			func() float64 { return float64(c.waitingHeads()) }),
 		gauge("scafo_edge_client_addresses", "Client addresses the edge keeps counts for now.", nil,
@@ -106,22 +86,23 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) refused(reason string) { m.shed.WithLabelValues(reason).Inc() }
+// refusal counts a connection or request refused for reason, and logs it.
+func (c *Controller) refusal(reason string) {
+	c.m.shed.WithLabelValues(reason).Inc()
+	c.logRefusal(reason)
+}
 
-// logRefusal logs a kind of refusal once a minute, with how many there were
-// in all. No address is logged: a flood would choose what the log says.
+// logRefusal logs a kind of refusal once a minute. No address is logged: a
+// flood would choose what the log says.
 func (c *Controller) logRefusal(reason string) {
-	m := c.m
-	m.logMu.Lock()
-	s := m.logs[reason]
+	c.m.logMu.Lock()
+	s := c.m.logs[reason]
 	if s == nil {
 		s = &rate.Sometimes{First: 1, Interval: time.Minute}
-		m.logs[reason] = s
+		c.m.logs[reason] = s
 	}
-	m.logMu.Unlock()
-	s.Do(func() {
-		c.log.Warn().Str("reason", reason).Msg(refusalMessages[reason])
-	})
+	c.m.logMu.Unlock()
+	s.Do(func() { c.log.Warn().Str("reason", reason).Msg(refusalMessages[reason]) })
 }
 
 var refusalMessages = map[string]string{

@@ -36,7 +36,7 @@ func (c *Controller) Run(ctx context.Context) {
 	}
 }
 
-// sampleMemory moves the memory high-water state, with hysteresis.
+// sampleMemory moves the memory high-water state.
 func (c *Controller) sampleMemory() {
 	limit := c.limits.MemoryLimit
 	if limit <= 0 {
@@ -52,19 +52,16 @@ func (c *Controller) sampleMemory() {
 	}
 }
 
-// step starts or ends an episode of pressure and, during one, closes idle
-// connections: those of the client addresses furthest past their share
-// first, down to their share, then the others oldest first, down to the
-// low-water mark; and, while the pressure lasts, every one idle past the
-// short idle timeout.
+// step starts or ends an episode of pressure and, during one, sheds idle
+// connections in shedPlan's order, down to the low-water mark.
 func (c *Controller) step() {
-	max := float64(c.limits.MaxConns)
+	budget := float64(c.limits.MaxConns)
 	// Those sent a GOAWAY are as good as closed: shedding them again would
 	// close more than needed.
 	pressed := func() bool {
-		return float64(c.inUse()-c.draining.Load()) >= lowWater*max || c.memHigh.Load() || c.paused.Load()
+		return float64(c.inUse()-c.draining.Load()) >= lowWater*budget || c.memHigh.Load() || c.paused.Load()
 	}
-	if c.contended.Load() && !pressed() && float64(c.inUse()+c.quicConns.Load()-c.draining.Load()) < lowWater*max {
+	if c.contended.Load() && !pressed() && float64(c.inUse()+c.quicConns.Load()-c.draining.Load()) < lowWater*budget {
 		c.contended.Store(false)
 	}
 	used := c.inUse()
@@ -77,7 +74,7 @@ func (c *Controller) step() {
 		switch {
 		case c.paused.Load():
 			reason = "connection limit reached: not accepting"
-		case float64(used) >= highWater*max:
+		case float64(used) >= highWater*budget:
 			reason = "connections past the high-water mark"
 		case c.memHigh.Load():
 			reason = "memory past the high-water mark"
@@ -100,13 +97,11 @@ func (c *Controller) step() {
 	// would close a connection more than needed.
 	c.shedMu.Lock()
 	if pressed() {
-		// Idle upstream connections cost the least to give up: the next
-		// request dials again, and no client notices. Only those idle for
-		// upstreamIdleUnderPressure: one that the traffic of the moment
-		// reuses frees nothing, as the next request dials it again at
-		// once (every request of a busy application would dial its
-		// upstream). Once a tick, not at every wake: each connection
-		// accepted past the high-water mark wakes the monitor.
+		// Idle upstream connections cost the least to give up: no client
+		// notices. Only those idle for upstreamIdleUnderPressure: one that
+		// the traffic of the moment reuses would be dialled again at once.
+		// Once a tick, not at every wake: each connection accepted past
+		// the high-water mark wakes the monitor.
 		if wall := time.Now(); c.closeIdleUpstreams != nil && wall.Sub(c.upstreamsClosed) >= tick {
 			c.upstreamsClosed = wall
 			c.closeIdleUpstreams(upstreamIdleUnderPressure)
@@ -120,7 +115,7 @@ func (c *Controller) step() {
 	// Requests held past their application's fair share go first: they
 	// hold what the others are short of without moving.
 	c.shedHeld(now)
-	for float64(c.inUse()-c.draining.Load()) >= lowWater*max {
+	for float64(c.inUse()-c.draining.Load()) >= lowWater*budget {
 		if !c.shedNext(now, minIdleAge) {
 			break
 		}
@@ -135,7 +130,7 @@ func (c *Controller) step() {
 	}
 	c.shedMu.Unlock()
 	used = c.inUse()
-	ep.peak = max64(ep.peak, used)
+	ep.peak = max(ep.peak, used)
 	switch {
 	case pressed():
 		ep.calm = time.Time{}
@@ -151,11 +146,4 @@ func (c *Controller) step() {
 	c.episodeMu.Lock()
 	c.episode = ep
 	c.episodeMu.Unlock()
-}
-
-func max64(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
 }

@@ -7,16 +7,16 @@ import (
 	"github.com/quic-go/quic-go/http3"
 )
 
-// h3ExcessiveLoad is HTTP/3's H3_EXCESSIVE_LOAD (RFC 9114 §8.1): the peer
-// is refused for the load it causes.
+// h3ExcessiveLoad is HTTP/3's H3_EXCESSIVE_LOAD (RFC 9114 §8.1).
 const h3ExcessiveLoad quic.ApplicationErrorCode = 0x0107
 
 // QUICListener returns l counted against the budget: a QUIC connection
 // holds no descriptor but memory like one, so it may take what TCP
-// connections leave of the budget (never the other way round: HTTP/3 clients
-// fall back to TCP, TCP clients have nowhere to go). At the budget, or past
-// its client address's share, which it shares with TCP, a new connection is
-// closed with H3_EXCESSIVE_LOAD at once: QUIC has no backlog to leave it in.
+// connections leave of the budget (never the other way round: HTTP/3
+// clients fall back to TCP, TCP clients have nowhere to go). At the
+// budget, or past its client address's share, which it shares with TCP, a
+// new connection is closed with H3_EXCESSIVE_LOAD at once: QUIC has no
+// backlog to leave it in.
 //
 // l must hand over connections whose handshake is complete (quic.Listener,
 // not an early one): the handshake proves the client's address, which a
@@ -34,34 +34,31 @@ type quicListener struct {
 }
 
 func (l *quicListener) Accept(ctx context.Context) (*quic.Conn, error) {
+	c := l.c
 	for {
 		conn, err := l.QUICListener.Accept(ctx)
 		if err != nil {
 			return nil, err
 		}
-		if l.c.inUse()+l.c.quicConns.Load() >= int64(l.c.limits.MaxConns) {
+		if c.inUse()+c.quicConns.Load() >= int64(c.limits.MaxConns) {
 			conn.CloseWithError(h3ExcessiveLoad, "")
-			l.c.m.refused(RefusedBudget.String())
-			l.c.logRefusal(RefusedBudget.String())
+			c.refusal(RefusedBudget.String())
 			continue
 		}
-		var client *clientEntry
-		if key, ok := l.c.clientOfPeer(conn.RemoteAddr()); ok {
-			if client, ok = l.c.clients.addConn(key, l.c.contended.Load()); !ok {
-				conn.CloseWithError(h3ExcessiveLoad, "")
-				l.c.m.refused(refusedClientConns)
-				l.c.logRefusal(refusedClientConns)
-				continue
-			}
+		client, ok := c.addClientConn(conn.RemoteAddr())
+		if !ok {
+			conn.CloseWithError(h3ExcessiveLoad, "")
+			c.refusal(refusedClientConns)
+			continue
 		}
-		l.c.quicConns.Add(1)
-		l.c.opened()
+		c.quicConns.Add(1)
+		c.opened()
 		context.AfterFunc(conn.Context(), func() {
-			l.c.quicConns.Add(-1)
+			c.quicConns.Add(-1)
 			if client != nil {
-				l.c.clients.releaseConn(client)
+				c.clients.releaseConn(client)
 			}
-			l.c.released()
+			c.released()
 		})
 		return conn, nil
 	}

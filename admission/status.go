@@ -1,8 +1,6 @@
 package admission
 
-import (
-	"time"
-)
+import "time"
 
 // Status is the controller's state, for the status page.
 type Status struct {
@@ -33,8 +31,8 @@ type Status struct {
 	AdminConnsPerClient int   `json:"admin_conns_per_client"`
 }
 
-// AppLoad is one application's requests in flight to its upstreams, those
-// waiting for a slot and its share now.
+// AppLoad is one application's requests in flight to its upstreams,
+// waiting for a slot, and its share now.
 type AppLoad struct {
 	Application string `json:"application"`
 	InFlight    int    `json:"in_flight"`
