@@ -1,6 +1,7 @@
 package serving
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -92,5 +93,19 @@ func TestConnStatesCallsEachHookInOrder(t *testing.T) {
 	ConnStates(hook("gate"), nil, hook("admission"))(nil, http.StateNew)
 	if want := []string{"gate", "admission"}; !slices.Equal(got, want) {
 		t.Errorf("hooks called %q, want %q", got, want)
+	}
+}
+
+func TestConnContextsPassesEachHooksContextToTheNext(t *testing.T) {
+	type key string
+	hook := func(name string) func(context.Context, net.Conn) context.Context {
+		return func(ctx context.Context, _ net.Conn) context.Context {
+			prev, _ := ctx.Value(key("chain")).(string)
+			return context.WithValue(ctx, key("chain"), prev+name+" ")
+		}
+	}
+	ctx := ConnContexts(hook("gate"), nil, hook("admission"))(context.Background(), nil)
+	if got, want := ctx.Value(key("chain")), "gate admission "; got != want {
+		t.Errorf("hooks chained %q, want %q", got, want)
 	}
 }
