@@ -78,8 +78,8 @@ func (k Ticket) Release() {
 
 // Admit decides whether r, resolved to application's route, may go to its
 // upstreams now: not while memory is high (503), not past its client
-// address's rate, nor past its share of requests in flight while the box
-// is under pressure or the application's slots are contended (429), and
+// address's rate, nor past its share of requests in flight while the
+// application's slots are contended (429), and
 // past the application's share only once a slot frees within the queue
 // timeout (503). An admitted request holds its shares until
 // Ticket.Release.
@@ -102,9 +102,12 @@ func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal
 	k := Ticket{t: c}
 	app := c.apps.get(application)
 	if key, ok := c.clientOfRequest(r); ok {
-		// An address's share binds only while someone else is short: the
-		// box is under pressure, or its application's slots are contended.
-		contended := c.contended.Load() || c.apps.busy(app)
+		// An address's share of requests binds only while requests contend
+		// for its application's slots. With connections short and
+		// requests not, its requests finish and give back what they hold:
+		// refusing them would fail a NAT's browsers for what the
+		// connections' own rules hold.
+		contended := c.apps.busy(app)
 		var why Refusal
 		if k.client, why = c.clients.addRequest(key, c.clock.Now(), contended); why != Admitted {
 			c.refusedRequest(why)

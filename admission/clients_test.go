@@ -113,7 +113,35 @@ func TestARequestIsCountedByTheAddressAfterTheLastProxy(t *testing.T) {
 	}
 }
 
-func TestAClientAddressPastItsShareOfRequestsIsRefused429UnderPressure(t *testing.T) {
+// busyRequests admits requests of filler applications, each from an
+// address of its own, until the request budget is past its high-water
+// mark: requests contend for slots. They are released when the test ends.
+func busyRequests(t *testing.T, c *Controller) {
+	t.Helper()
+	var held []Ticket
+	t.Cleanup(func() {
+		for _, k := range held {
+			k.Release()
+		}
+	})
+	for app := 0; float64(c.apps.total.Load()) < highWater*float64(c.apps.budget); app++ {
+		if app == 100 {
+			t.Fatal("the request budget never reached its high-water mark")
+		}
+		for i := 0; ; i++ {
+			k, why := c.Admit(probe(fmt.Sprintf("198.51.%d.%d:1", app, i+1)), fmt.Sprintf("filler-%d", app))
+			if why != Admitted {
+				break
+			}
+			held = append(held, k)
+		}
+	}
+}
+
+// A client address's share of requests binds only when requests contend
+// for their slots: a NAT's browsers, whose requests finish, are not
+// refused because connections are short.
+func TestAClientAddressPastItsShareOfRequestsIsRefused429WhenRequestsContend(t *testing.T) {
 	l := testLimits(100)
 	l.RequestsPerClient = 3
 	c := newController(t, Options{Limits: l, Proxies: testProxies, TrustedProxies: testProxies})
@@ -136,7 +164,7 @@ func TestAClientAddressPastItsShareOfRequestsIsRefused429UnderPressure(t *testin
 		t.Fatalf("a fourth request of the address on an idle box = %v, want admitted", why)
 	}
 	k.Release()
-	holdUpstreams(t, c.Controller, 90) // past the high-water mark
+	busyRequests(t, c.Controller)
 	cases := []struct {
 		name   string
 		remote string
@@ -173,11 +201,31 @@ func TestAClientAddressPastItsShareOfRequestsIsRefused429UnderPressure(t *testin
 	held = append(held, k)
 }
 
+// With connections short and requests not, an address past its share of
+// requests is served: its requests finish, and what the box is short of
+// is connections, which their own rules hold.
+func TestAClientAddressPastItsShareOfRequestsIsServedWhenOnlyConnectionsAreShort(t *testing.T) {
+	l := testLimits(100)
+	l.RequestsPerClient = 1
+	c := newController(t, Options{Limits: l})
+	holdUpstreams(t, c.Controller, 90) // connections past the high-water mark
+	if !c.contended.Load() {
+		t.Fatal("the box is not contended at 90 of 100 connections")
+	}
+	for i := range 3 {
+		k, why := c.Admit(request("192.0.2.7:1"), "app")
+		if why != Admitted {
+			t.Fatalf("request %d of the address = %v, want admitted", i+1, why)
+		}
+		defer k.Release()
+	}
+}
+
 func TestAnIPv6ClientsShareOfRequestsIsItsSlash64s(t *testing.T) {
 	l := testLimits(100)
 	l.RequestsPerClient = 1
 	c := newController(t, Options{Limits: l})
-	holdUpstreams(t, c.Controller, 90) // the shares bind
+	busyRequests(t, c.Controller) // the shares bind
 	k, why := c.Admit(request("[2001:db8:1:2::1]:1000"), "app")
 	if why != Admitted {
 		t.Fatalf("first request = %v, want admitted", why)

@@ -46,8 +46,9 @@
 //   - on every request about to be forwarded (Admit): past the memory
 //     high-water mark, or with the budget and its overdraft spent, new
 //     requests are refused (503); past a client address's share of
-//     requests in flight while the box is under pressure or the request's
-//     application is contended, or past its optional rate, 429; past an
+//     requests in flight while the request's application is contended
+//     (requests wait in its queue, or the request budget is at its
+//     high-water mark), or past its optional rate, 429; past an
 //     application's share of requests in flight to its upstreams, requests
 //     wait in a short bounded queue, then 503.
 //
