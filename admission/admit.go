@@ -65,11 +65,12 @@ type Ticket struct {
 // Release gives the request's shares back; call it once the request is
 // over (a WebSocket's once its tunnel closes).
 func (k Ticket) Release() {
-	if k.conn != nil && !k.conn.request.CompareAndSwap(k.app, nil) {
-		k.app.shedding.Add(-1) // shedHeld took it
-	}
+	cut := k.conn != nil && !k.conn.request.CompareAndSwap(k.app, nil)
 	if k.app != nil {
 		k.t.apps.release(k.app)
+	}
+	if cut {
+		k.app.shedding.Add(-1) // shedHeld took it; given back after its slot
 	}
 	if k.client != nil {
 		k.t.clients.releaseRequest(k.client)
@@ -107,7 +108,10 @@ func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal
 		// requests not, its requests finish and give back what they hold:
 		// refusing them would fail a NAT's browsers for what the
 		// connections' own rules hold.
-		contended := c.apps.busy(app)
+		// Over HTTP/2 and HTTP/3 an address holds many requests on few
+		// connections, and no shedding cuts them: its share binds while
+		// the box is short of anything.
+		contended := c.apps.busy(app) || (r.ProtoMajor != 1 && c.contended.Load())
 		var why Refusal
 		if k.client, why = c.clients.addRequest(key, c.clock.Now(), contended); why != Admitted {
 			c.refusedRequest(why)
@@ -126,9 +130,13 @@ func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal
 	}
 	// Only an HTTP/1 connection carries one request at a time: closing it
 	// sheds that request alone (shedHeld).
-	if t, ok := r.Context().Value(connKey{}).(*trackedConn); ok && r.ProtoMajor == 1 {
-		k.conn = t
-		t.request.Store(k.app)
+	if r.ProtoMajor == 1 {
+		if t, ok := r.Context().Value(connKey{}).(*trackedConn); ok {
+			// Admitted now: a wait in the queue is not part of its hold.
+			t.since.Store(c.clock.Now().UnixNano())
+			k.conn = t
+			t.request.Store(k.app)
+		}
 	}
 	return k, Admitted
 }

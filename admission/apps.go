@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,10 +20,9 @@ import (
 // an upstream descriptor), and an application may hold in flight share × what
 // the other applications leave of it. Alone on the box it gets share of the
 // whole budget; beside others it gets share of the rest, so some always
-// remains for an application that has none in flight. While the box is
-// contended, no application may hold more than an equal part of the
-// budget among those with requests in flight (fairShare): what an
-// application's requests hold past it, when descriptors are short, is
+// remains for an application that has none in flight. During an episode
+// of pressure an application may also hold no more than its fair part of
+// the descriptors (level, fairLevel): what its requests hold past it is
 // taken from everyone else's visitors, and the longest held of those
 // requests are the first thing shed (Controller.shedHeld). Past its limit
 // a request waits in a FIFO queue of at most queueMax for queueTimeout.
@@ -34,11 +34,12 @@ type appTable struct {
 	queueMax int
 	timeout  time.Duration
 	total    atomic.Int64 // in flight across applications
-	active   atomic.Int64 // applications with requests in flight
-	// contended is the Controller's: the box is short of something.
-	contended *atomic.Bool
-	queued    atomic.Int64
-	m         *metrics
+	// level is, during an episode of pressure, the most requests one
+	// application may hold in flight (fairLevel); 0: no such cap.
+	level   atomic.Int64
+	parties []int64 // fairLevel's scratch: the monitor's alone
+	queued  atomic.Int64
+	m       *metrics
 }
 
 // appState is one application's load. A request within its share takes
@@ -100,20 +101,45 @@ func (t *appTable) get(name string) *appState {
 // are in flight across applications.
 func (t *appTable) limitAt(inFlight, total int64) int64 {
 	limit := max(1, int64(t.share*float64(t.budget-(total-inFlight))))
-	if t.contended != nil && t.contended.Load() {
-		limit = min(limit, t.fairShare(inFlight == 0))
+	if level := t.level.Load(); level > 0 {
+		limit = min(limit, level)
 	}
 	return limit
 }
 
-// fairShare is an equal part of the request budget among the applications
-// with requests in flight, and one more if joining.
-func (t *appTable) fairShare(joining bool) int64 {
-	n := max(1, t.active.Load())
-	if joining {
-		n++
+// fairLevel splits capacity descriptors, max-min fair, between each
+// application's requests in flight (two descriptors each) and, as one
+// party more, the inUse descriptors that carry no request (idle and new
+// connections, pooled upstreams): the smaller parties keep what they
+// hold, and the rest is split equally among the larger ones. It returns
+// the requests an application may hold at that level, or 0 when
+// everyone's holdings fit. Max-min and not an equal part of the budget:
+// twenty tenants holding a few requests each must not halve the one that
+// holds thousands while nobody else is short of anything but connections
+// that carry no request, which shedding idle ones answers.
+func (t *appTable) fairLevel(capacity, inUse int64) int64 {
+	parties := t.parties[:0]
+	held := int64(0)
+	for _, a := range *t.apps.Load() {
+		if n := a.inFlight.Load() - a.shedding.Load(); n > 0 {
+			parties = append(parties, 2*n)
+			held += 2 * n
+		}
 	}
-	return max(1, t.budget/n)
+	parties = append(parties, max(0, inUse-held))
+	t.parties = parties
+	if held+parties[len(parties)-1] <= capacity {
+		return 0
+	}
+	slices.Sort(parties)
+	left := capacity
+	for i, p := range parties {
+		if equal := left / int64(len(parties)-i); p > equal {
+			return max(1, equal/2)
+		}
+		left -= p
+	}
+	return 0
 }
 
 func (t *appTable) limit(a *appState) int {
@@ -138,9 +164,6 @@ func (t *appTable) tryTake(a *appState) bool {
 		}
 		if a.inFlight.CompareAndSwap(n, n+1) {
 			t.total.Add(1)
-			if n == 0 {
-				t.active.Add(1)
-			}
 			if a.inFlightGauge != nil {
 				a.inFlightGauge.Inc()
 			}
@@ -153,7 +176,6 @@ func (t *appTable) tryTake(a *appState) bool {
 func (t *appTable) giveBack(a *appState) {
 	if a.inFlight.Add(-1) == 0 {
 		a.idleAt.Store(time.Now().UnixNano())
-		t.active.Add(-1)
 	}
 	t.total.Add(-1)
 	if a.inFlightGauge != nil {

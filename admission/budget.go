@@ -20,7 +20,8 @@ type Limits struct {
 	// address, an IPv6 /64) may hold while the box is under pressure.
 	ConnsPerClient int
 	// RequestsPerClient is how many requests one client address may have
-	// in flight while the box or its application is contended; past it, 429.
+	// in flight while its application is contended (or, over HTTP/2 and
+	// HTTP/3, while the box is); past it, 429.
 	RequestsPerClient int
 	// AppShare is the share of what other applications leave of the request
 	// budget that one application may hold in flight to its upstreams

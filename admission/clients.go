@@ -224,8 +224,8 @@ func (t *clientTable) overShare(e *clientEntry) int {
 func (t *clientTable) share() int { return int(t.conns) }
 
 // addRequest counts a request of key's in flight, or names the limit it
-// would pass: its share of requests in flight while the box is contended,
-// its rate at any time.
+// would pass: its share of requests in flight when contended (the caller
+// says), its rate at any time.
 func (t *clientTable) addRequest(key netip.Addr, now time.Time, contended bool) (*clientEntry, Refusal) {
 	e, ok := t.take(key, requestUnit, t.requests, contended)
 	if !ok {

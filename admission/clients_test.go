@@ -219,6 +219,13 @@ func TestAClientAddressPastItsShareOfRequestsIsServedWhenOnlyConnectionsAreShort
 		}
 		defer k.Release()
 	}
+	// Over HTTP/2 an address holds many requests on few connections, which
+	// no connection share bounds: there its share binds.
+	r := request("192.0.2.7:1")
+	r.ProtoMajor, r.ProtoMinor = 2, 0
+	if _, why := c.Admit(r, "app"); why != RefusedClientRequests {
+		t.Errorf("an HTTP/2 request of the address past its share, connections short = %v, want %v", why, RefusedClientRequests)
+	}
 }
 
 func TestAnIPv6ClientsShareOfRequestsIsItsSlash64s(t *testing.T) {

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -169,6 +170,8 @@ type trackedConn struct {
 	// request is the application of the HTTP/1 request in flight on it,
 	// admitted at since (Admit); nil: none, or not HTTP/1.
 	request atomic.Pointer[appState]
+	// cancel ends the context of its requests (ConnContext): shedHeld's.
+	cancel atomic.Pointer[context.CancelFunc]
 
 	// Guarded by its registry shard's lock; shardIdx is set at accept.
 	shardIdx   uint8

@@ -19,6 +19,8 @@ func (c *Controller) ConnContext(ctx context.Context, conn net.Conn) context.Con
 		return ctx
 	}
 	if t := trackedOf(conn); t != nil {
+		ctx, cancel := context.WithCancel(ctx)
+		t.cancel.Store(&cancel)
 		return context.WithValue(ctx, connKey{}, t)
 	}
 	return ctx
@@ -58,7 +60,6 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		}
 	case http.StateActive:
 		t.headDeadline.Store(0)
-		t.since.Store(c.clock.Now().UnixNano())
 		t.setState(stateActive)
 		if t.goingAway.Load() {
 			// A GOAWAY may be on its way out: the stream's first frame

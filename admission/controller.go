@@ -111,6 +111,7 @@ type Controller struct {
 	draining      atomic.Int64 // connections sent a GOAWAY, closing soon
 	shedIdle      atomic.Int64 // idle connections shed, ever
 	shedSlow      atomic.Int64 // slow first requests closed for room, ever
+	shedHeldN     atomic.Int64 // held requests shed, ever
 
 	// Accept waits for room on room, closed and replaced whenever a
 	// connection closes while waiting > 0.
@@ -142,6 +143,7 @@ type Controller struct {
 	plan               shedPlan
 	closeIdleUpstreams func(idleFor time.Duration)
 	upstreamsClosed    time.Time     // wall clock
+	levelSet, heldShed time.Time     // wall clock: setLevel, shedHeld
 	slowShed           *rate.Limiter // slowShedDivisor
 
 	episodeMu sync.Mutex
@@ -155,6 +157,7 @@ type episode struct {
 	reason      string
 	shedAtStart int64     // c.shedIdle when it started
 	slowAtStart int64     // c.shedSlow when it started
+	heldAtStart int64     // c.shedHeldN when it started
 	peak        int64     // most connections in use
 	calm        time.Time // since when it has been under the low-water marks; zero: not
 }
@@ -186,7 +189,6 @@ func New(opts Options) (*Controller, error) {
 	c.slowShed = rate.NewLimiter(rate.Limit(slowRate), max(slowRate/4, 1))
 	c.clients.init(opts.Limits, c.clock.Now)
 	c.apps.init(opts.Limits)
-	c.apps.contended = &c.contended
 	if c.limits.AdminConns == 0 {
 		c.limits.AdminConns = minAdminConns
 	}

@@ -309,7 +309,10 @@ func TestAdmitAndReleaseAllocateNothingForAKnownClientAndApplication(t *testing.
 		t.Skip("the race detector's bookkeeping allocates")
 	}
 	c := newController(t, Options{Limits: testLimits(1000), Proxies: testProxies, TrustedProxies: testProxies})
-	for _, r := range []*http.Request{request("192.0.2.1:1234"), request("10.0.0.1:80", "198.51.100.1, 10.0.0.2")} {
+	// One as a server's connection carries it: noted on its connection.
+	onConn := request("192.0.2.2:1234")
+	onConn = onConn.WithContext(context.WithValue(onConn.Context(), connKey{}, &trackedConn{c: c.Controller}))
+	for _, r := range []*http.Request{request("192.0.2.1:1234"), request("10.0.0.1:80", "198.51.100.1, 10.0.0.2"), onConn} {
 		held, why := c.Admit(r, "app")
 		if why != Admitted {
 			t.Fatal(why)

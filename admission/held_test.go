@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 // admits every request: to the application "held" under /hold, where it
 // waits for the test's gate (or its client to go), and to "other"
 // otherwise, where /wait waits too and anything else is answered at once.
+// A request that waits holds an upstream leg, as a proxied one does.
 func heldServer(t *testing.T, c *Controller, g *gate) string {
 	t.Helper()
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -30,6 +32,17 @@ func heldServer(t *testing.T, c *Controller, g *gate) string {
 		}
 		defer k.Release()
 		if r.URL.Path != "/" {
+			// Its upstream leg, counted, closed when it ends.
+			up, err := c.DialUpstream(func() (net.Conn, error) {
+				a, b := net.Pipe()
+				go func() { io.Copy(io.Discard, b); b.Close() }()
+				return a, nil
+			})
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+				return
+			}
+			defer up.Close()
 			g.entered <- struct{}{}
 			select {
 			case <-g.open:
@@ -52,14 +65,18 @@ func heldServer(t *testing.T, c *Controller, g *gate) string {
 	return ln.Addr().String()
 }
 
-// Under contention an application may hold no more than an equal part of
-// the request budget among the applications with requests in flight, and
-// its requests held longest past that part are shed, oldest first: they
-// hold what everyone else's visitors are short of. The newer ones, and
-// the other application's, are served.
-func TestUnderContentionRequestsHeldPastTheirApplicationsFairShareAreShedOldestFirst(t *testing.T) {
+// During an episode of pressure an application may hold no more than its
+// fair part of the descriptors under the low-water mark, and its requests
+// held longest past it are shed, oldest first: they hold what everyone
+// else's visitors are short of. The newer ones, and the other
+// application's, are served.
+func TestUnderPressureRequestsHeldPastTheirApplicationsFairPartAreShedOldestFirst(t *testing.T) {
 	t.Parallel()
-	const maxConns = 40 // a request budget of 20; a fair share of 10 for two applications
+	// 60 descriptors, 48 under the low-water mark. Two descriptors a
+	// request: "other" holds 2, "held" 40 and 14 connections carry none,
+	// 56 in all. Max-min, "other" and the 14 keep theirs and "held" gets
+	// the 32 left: 16 requests.
+	const maxConns = 60
 	clk := newFakeClock()
 	c := newController(t, Options{Limits: testLimits(maxConns), Clock: clk})
 	c.run(t)
@@ -81,16 +98,16 @@ func TestUnderContentionRequestsHeldPastTheirApplicationsFairShareAreShedOldestF
 	other := hold(1, "/wait")
 	old := hold(4, "/hold")
 	clk.Advance(time.Second)
-	newer := hold(10, "/hold") // 14 in all: 0.75 × (20 - 1), its limit while nobody is short
-	if got := c.app("held").InFlight; got != 14 {
-		t.Fatalf("held in flight = %d, want 14", got)
+	newer := hold(16, "/hold") // 20 in all, under 0.75 × (30 - 1) while nobody is short
+	if got := c.app("held").InFlight; got != 20 {
+		t.Fatalf("held in flight = %d, want 20", got)
 	}
 	clk.Advance(heldAge)
 
-	// Idle connections take the box past the high-water mark (36).
-	keepAliveClients(t, c, clk, addr, 21)
+	// Idle connections take the box past the high-water mark (54).
+	keepAliveClients(t, c, clk, addr, 14)
 	c.waitPressure(t)
-	testsupport.WaitFor(t, 10*time.Second, "the held requests past the fair share to be shed", func() bool {
+	testsupport.WaitFor(t, 10*time.Second, "the held requests past the fair part to be shed", func() bool {
 		return c.shed(t, shedHeld) == 4
 	})
 	for i, h := range old {
@@ -98,13 +115,13 @@ func TestUnderContentionRequestsHeldPastTheirApplicationsFairShareAreShedOldestF
 			t.Errorf("held request %d of the 4 oldest: %v", i+1, err)
 		}
 	}
-	// While it lasts, the application's limit is its fair share: the
+	// While the episode lasts, the application's limit is that part: the
 	// requests shed do not come back through its queue.
-	if got := c.app("held").Limit; got != 10 {
-		t.Errorf("held's limit under contention = %d, want its fair share 10", got)
+	if got := c.app("held").Limit; got != 16 {
+		t.Errorf("held's limit under pressure = %d, want its fair part 16", got)
 	}
 	if _, why := c.Admit(probe("192.0.2.7:1"), "held"); why != RefusedCanceled {
-		t.Errorf("a new held request under contention = %v, want it to wait (%v)", why, RefusedCanceled)
+		t.Errorf("a new held request under pressure = %v, want it to wait (%v)", why, RefusedCanceled)
 	}
 	g.release()
 	for i, h := range append(other, newer...) {
@@ -114,5 +131,47 @@ func TestUnderContentionRequestsHeldPastTheirApplicationsFairShareAreShedOldestF
 	}
 	if got := c.shed(t, shedHeld); got != 4 {
 		t.Errorf("scafo_edge_shed_total{reason=%q} = %v, want 4", shedHeld, got)
+	}
+}
+
+// fairLevel is max-min: the parties holding less than an equal part keep
+// what they hold, and only the larger ones are held to what is left.
+func TestFairLevel(t *testing.T) {
+	tests := []struct {
+		name     string
+		capacity int64
+		inFlight []int64 // by application
+		spare    int64   // descriptors that carry no request
+		want     int64
+	}{
+		{"everything fits", 100, []int64{10, 20}, 30, 0},
+		{"one application and as many descriptors carrying none: half each", 100, []int64{30}, 60, 25},
+		{"a held-request attack beside a NAT", 15200, []int64{7125, 10}, 5000, 5090},
+		{"twenty small tenants do not halve the large one", 15200,
+			[]int64{3000, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}, 17800, 4562},
+		{"two large applications split what is left", 1000, []int64{400, 400}, 200, 200},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var a appTable
+			a.init(testLimits(int(tt.capacity)))
+			held := int64(0)
+			for i, n := range tt.inFlight {
+				a.get(fmt.Sprint("app", i)).inFlight.Store(n)
+				held += 2 * n
+			}
+			if got := a.fairLevel(tt.capacity, held+tt.spare); got != tt.want {
+				t.Errorf("fairLevel = %d, want %d", got, tt.want)
+			}
+			// An application at the level is within it: shedding takes it
+			// no further.
+			if tt.want > 0 {
+				for i, n := range tt.inFlight {
+					if n > tt.want {
+						a.get(fmt.Sprint("app", i)).inFlight.Store(tt.want)
+					}
+				}
+			}
+		})
 	}
 }

@@ -82,7 +82,7 @@ func (c *Controller) step() {
 		if reason == "" {
 			return
 		}
-		ep = episode{active: true, started: now, reason: reason, peak: used, shedAtStart: c.shedIdle.Load(), slowAtStart: c.shedSlow.Load()}
+		ep = episode{active: true, started: now, reason: reason, peak: used, shedAtStart: c.shedIdle.Load(), slowAtStart: c.shedSlow.Load(), heldAtStart: c.shedHeldN.Load()}
 		c.m.pressure.Set(1)
 		c.m.episodes.Inc()
 		msg := "overload: closing idle connections (client addresses furthest past their share first, then oldest first), idle timeout " +
@@ -112,8 +112,9 @@ func (c *Controller) step() {
 			c.makePlan(now)
 		}
 	}
-	// Requests held past their application's fair share go first: they
+	// Requests held past their application's fair part go first: they
 	// hold what the others are short of without moving.
+	c.setLevel(pressed())
 	c.shedHeld(now)
 	for float64(c.inUse()-c.draining.Load()) >= lowWater*budget {
 		if !c.shedNext(now, minIdleAge) {
@@ -138,8 +139,9 @@ func (c *Controller) step() {
 		ep.calm = now
 	case now.Sub(ep.calm) >= calmFor:
 		c.m.pressure.Set(0)
+		c.apps.level.Store(0)
 		c.log.Info().Dur("lasted", now.Sub(ep.started)).Int64("idle_closed", c.shedIdle.Load()-ep.shedAtStart).
-			Int64("slow_headers_closed", c.shedSlow.Load()-ep.slowAtStart).Int64("peak_conns", ep.peak).
+			Int64("slow_headers_closed", c.shedSlow.Load()-ep.slowAtStart).Int64("held_requests_closed", c.shedHeldN.Load()-ep.heldAtStart).Int64("peak_conns", ep.peak).
 			Int64("conns", used).Msg("overload over: idle timeout back to normal, client shares no longer bind")
 		ep = episode{}
 	}

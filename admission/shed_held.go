@@ -7,33 +7,69 @@ import "time"
 // upstream.
 const heldAge = 2 * time.Second
 
+// setLevel sets, during an episode of pressure, the most requests one
+// application may hold: its fair part of the descriptors under the
+// low-water mark (appTable.fairLevel). Set once a tick while pressed, it
+// holds until the episode ends, calm included, so that an application
+// shed down to it does not take the room back the moment the count dips.
+func (c *Controller) setLevel(pressed bool) {
+	if !pressed {
+		return
+	}
+	if wall := time.Now(); wall.Sub(c.levelSet) >= tick {
+		c.levelSet = wall
+		capacity := int64(lowWater * float64(c.limits.MaxConns))
+		c.apps.level.Store(c.apps.fairLevel(capacity, c.inUse()-c.draining.Load()))
+	}
+}
+
 // shedHeld closes the connections of the HTTP/1 requests held longest by
-// each application past its fair share (appTable.fairShare), down to it,
-// and reports how many it closed. It runs only while the box is
-// contended: then those requests hold what the other applications'
-// visitors are short of, and they are what moves least, a request that
-// never ends against a NAT's browsers that finish one a second. The
-// application's limit is its fair share meanwhile, so its queue does not
-// take the room back. c.shedMu is held.
+// each application past the level (setLevel), down to it, and reports how
+// many it closed. Those requests hold what the other applications'
+// visitors are short of, and they move least: a request that never ends,
+// against a NAT's browsers that finish one a second. Once a tick at most:
+// the plan it walks is remade about once a second. c.shedMu is held.
 func (c *Controller) shedHeld(now time.Time) int {
 	p := &c.plan
-	if len(p.held) == 0 || !c.contended.Load() {
+	level := c.apps.level.Load()
+	if level == 0 || len(p.held) == 0 {
 		return 0
 	}
-	fair := c.apps.fairShare(false)
+	wall := time.Now()
+	if wall.Sub(c.heldShed) < tick {
+		return 0
+	}
+	c.heldShed = wall
 	cutoff := now.Add(-heldAge).UnixNano()
 	closed := 0
-	for _, cd := range p.held {
+	for i, cd := range p.held {
 		t := cd.t
+		if t == nil {
+			continue
+		}
 		a := t.request.Load()
-		if a == nil || t.since.Load() != cd.since || cd.since > cutoff || a.inFlight.Load()-a.shedding.Load() <= fair {
+		if a == nil || t.closed.Load() || connState(t.state.Load()) == stateGone {
+			p.held[i] = candidate{} // released, hijacked or closed: not again
+			continue
+		}
+		if t.since.Load() != cd.since || cd.since > cutoff || a.inFlight.Load()-a.shedding.Load() <= level {
 			continue
 		}
 		if !t.request.CompareAndSwap(a, nil) {
 			continue // released meanwhile
 		}
+		// Its Release finds no request noted and takes this back.
 		a.shedding.Add(1)
+		if t.since.Load() != cd.since {
+			continue // a new request, admitted as this one was released
+		}
 		c.m.shed.WithLabelValues(shedHeld).Inc()
+		c.shedHeldN.Add(1)
+		if cancel := t.cancel.Load(); cancel != nil {
+			// A handler blocked writing a body to its upstream never reads
+			// the closed connection: its context ends it.
+			(*cancel)()
+		}
 		t.closeRaw()
 		closed++
 	}

@@ -8,7 +8,7 @@ type Status struct {
 	PressureReason    string    `json:"pressure_reason,omitempty"`
 	PressureSince     time.Time `json:"pressure_since,omitzero"`
 	AcceptPaused      bool      `json:"accept_paused"`
-	SharesBind        bool      `json:"shares_bind"` // client addresses are held to their shares now
+	SharesBind        bool      `json:"shares_bind"` // client addresses are held to their shares of connections now
 	MemoryHigh        bool      `json:"memory_high"`
 	ClientConns       int64     `json:"client_conns"`
 	HTTP3Conns        int64     `json:"http3_conns"`
