@@ -113,22 +113,30 @@ func (t *appTable) limitAt(inFlight, total int64) int64 {
 // connections, pooled upstreams): the smaller parties keep what they
 // hold, and the rest is split equally among the larger ones. It returns
 // the requests an application may hold at that level, or 0 when
-// everyone's holdings fit. Max-min and not an equal part of the budget:
+// everyone's holdings fit, or when no other application has had a request
+// in flight in the last second: alone, an application's requests take
+// nobody else's room, and its share (AppShare) is what holds it. Max-min
+// and not an equal part of the budget:
 // twenty tenants holding a few requests each must not halve the one that
 // holds thousands while nobody else is short of anything but connections
 // that carry no request, which shedding idle ones answers.
-func (t *appTable) fairLevel(capacity, inUse int64) int64 {
+func (t *appTable) fairLevel(capacity, inUse int64, now time.Time) int64 {
 	parties := t.parties[:0]
-	held := int64(0)
+	held, apps := int64(0), 0
+	recently := now.Add(-time.Second).UnixNano()
 	for _, a := range *t.apps.Load() {
-		if n := a.inFlight.Load() - a.shedding.Load(); n > 0 {
+		n := a.inFlight.Load() - a.shedding.Load()
+		if n > 0 || a.idleAt.Load() >= recently {
+			apps++
+		}
+		if n > 0 {
 			parties = append(parties, 2*n)
 			held += 2 * n
 		}
 	}
 	parties = append(parties, max(0, inUse-held))
 	t.parties = parties
-	if held+parties[len(parties)-1] <= capacity {
+	if apps < 2 || held+parties[len(parties)-1] <= capacity {
 		return 0
 	}
 	slices.Sort(parties)

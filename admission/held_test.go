@@ -145,11 +145,12 @@ func TestFairLevel(t *testing.T) {
 		want     int64
 	}{
 		{"everything fits", 100, []int64{10, 20}, 30, 0},
-		{"one application and as many descriptors carrying none: half each", 100, []int64{30}, 60, 25},
+		{"beside one just idle, as many as the connections carrying none: half each", 100, []int64{30, 0}, 60, 25},
 		{"a held-request attack beside a NAT", 15200, []int64{7125, 10}, 5000, 5090},
 		{"twenty small tenants do not halve the large one", 15200,
 			[]int64{3000, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}, 17800, 4562},
 		{"two large applications split what is left", 1000, []int64{400, 400}, 200, 200},
+		{"one application alone takes nobody's room", 100, []int64{45}, 20, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -160,7 +161,7 @@ func TestFairLevel(t *testing.T) {
 				a.get(fmt.Sprint("app", i)).inFlight.Store(n)
 				held += 2 * n
 			}
-			if got := a.fairLevel(tt.capacity, held+tt.spare); got != tt.want {
+			if got := a.fairLevel(tt.capacity, held+tt.spare, time.Now()); got != tt.want {
 				t.Errorf("fairLevel = %d, want %d", got, tt.want)
 			}
 			// An application at the level is within it: shedding takes it

@@ -19,7 +19,7 @@ func (c *Controller) setLevel(pressed bool) {
 	if wall := time.Now(); wall.Sub(c.levelSet) >= tick {
 		c.levelSet = wall
 		capacity := int64(lowWater * float64(c.limits.MaxConns))
-		c.apps.level.Store(c.apps.fairLevel(capacity, c.inUse()-c.draining.Load()))
+		c.apps.level.Store(c.apps.fairLevel(capacity, c.inUse()-c.draining.Load(), wall))
 	}
 }
 
