@@ -32,23 +32,17 @@ const (
 	RefusedBudget
 )
 
+var refusalLabels = [...]string{
+	Admitted: "admitted", RefusedMemory: "memory", RefusedBudget: "budget",
+	RefusedClientRequests: "client_requests", RefusedClientRate: "client_rate",
+	RefusedAppQueueFull: "app_queue_full", RefusedAppQueueTimeout: "app_queue_timeout",
+	RefusedCanceled: "client_canceled",
+}
+
 // String is the refusal's metric label.
 func (r Refusal) String() string {
-	switch r {
-	case RefusedMemory:
-		return "memory"
-	case RefusedClientRequests:
-		return "client_requests"
-	case RefusedClientRate:
-		return "client_rate"
-	case RefusedAppQueueFull:
-		return "app_queue_full"
-	case RefusedAppQueueTimeout:
-		return "app_queue_timeout"
-	case RefusedCanceled:
-		return "client_canceled"
-	case RefusedBudget:
-		return "budget"
+	if int(r) < len(refusalLabels) {
+		return refusalLabels[r]
 	}
 	return "admitted"
 }
@@ -80,16 +74,19 @@ func (k Ticket) Release() {
 // Admit decides whether r, resolved to application's route, may go to its
 // upstreams now: not while memory is high (503), not past its client
 // address's rate, nor past its share of requests in flight while the
-// application's slots are contended (429), and
-// past the application's share only once a slot frees within the queue
-// timeout (503). An admitted request holds its shares until
-// Ticket.Release.
-func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal) {
+// application's slots are contended (429), and past the application's
+// share only once a slot frees within the queue timeout (503). An admitted
+// request holds its shares until Ticket.Release.
+func (c *Controller) Admit(r *http.Request, application string) (k Ticket, why Refusal) {
 	if c == nil {
 		return Ticket{}, Admitted
 	}
+	defer func() {
+		if why != Admitted && why != RefusedCanceled {
+			c.refusal(why.String())
+		}
+	}()
 	if c.memHigh.Load() {
-		c.refusedRequest(RefusedMemory)
 		return Ticket{}, RefusedMemory
 	}
 	// The request may need a descriptor for its upstream. Past the budget
@@ -97,34 +94,26 @@ func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal
 	// overdraft too, the request is refused rather than the edge running
 	// out.
 	if c.inUse() >= int64(c.limits.MaxConns) && !c.roomForRequest() {
-		c.refusedRequest(RefusedBudget)
 		return Ticket{}, RefusedBudget
 	}
-	k := Ticket{t: c}
+	k.t = c
 	app := c.apps.get(application)
 	if key, ok := c.clientOfRequest(r); ok {
 		// An address's share of requests binds only while requests contend
 		// for its application's slots. With connections short and
 		// requests not, its requests finish and give back what they hold:
 		// refusing them would fail a NAT's browsers for what the
-		// connections' own rules hold.
-		// Over HTTP/2 and HTTP/3 an address holds many requests on few
-		// connections, and no shedding cuts them: its share binds while
-		// the box is short of anything.
+		// connections' own rules hold. Over HTTP/2 and HTTP/3 an address
+		// holds many requests on few connections, and no shedding cuts
+		// them: its share binds while the box is short of anything.
 		contended := c.apps.busy(app) || (r.ProtoMajor != 1 && c.contended.Load())
-		var why Refusal
 		if k.client, why = c.clients.addRequest(key, c.clock.Now(), contended); why != Admitted {
-			c.refusedRequest(why)
 			return Ticket{}, why
 		}
 	}
-	var why Refusal
 	if k.app, why = c.apps.acquire(r.Context(), application, app); why != Admitted {
 		if k.client != nil {
 			c.clients.releaseRequest(k.client)
-		}
-		if why != RefusedCanceled {
-			c.refusedRequest(why)
 		}
 		return Ticket{}, why
 	}
@@ -139,11 +128,6 @@ func (c *Controller) Admit(r *http.Request, application string) (Ticket, Refusal
 		}
 	}
 	return k, Admitted
-}
-
-func (c *Controller) refusedRequest(why Refusal) {
-	c.m.shed.WithLabelValues(why.String()).Inc()
-	c.logRefusal(why.String())
 }
 
 // clientOfRequest returns the client key r is counted by: its peer's

@@ -18,14 +18,11 @@ import (
 // The share rule, after HAProxy's per-server maxconn and queue: the request
 // budget is half the connection budget (a proxied request holds a client and
 // an upstream descriptor), and an application may hold in flight share × what
-// the other applications leave of it. Alone on the box it gets share of the
-// whole budget; beside others it gets share of the rest, so some always
-// remains for an application that has none in flight. During an episode
-// of pressure an application may also hold no more than its fair part of
-// the descriptors (level, fairLevel): what its requests hold past it is
-// taken from everyone else's visitors, and the longest held of those
-// requests are the first thing shed (Controller.shedHeld). Past its limit
-// a request waits in a FIFO queue of at most queueMax for queueTimeout.
+// the other applications leave of it, so that some always remains for an
+// application that has none in flight. During an episode of pressure it may
+// also hold no more than its fair part of the descriptors (level, fairLevel;
+// Controller.shedHeld sheds what it holds past it). Past its limit a request
+// waits in a FIFO queue of at most queueMax for timeout.
 type appTable struct {
 	apps     atomic.Pointer[map[string]*appState]
 	mu       sync.Mutex // serialises inserts and pruning
@@ -86,7 +83,7 @@ func (t *appTable) get(name string) *appState {
 		return a
 	}
 	next := maps.Clone(cur)
-	a := &appState{name: name}
+	a := &appState{name: name, inFlightGauge: noGauge, queuedGauge: noGauge}
 	a.idleAt.Store(time.Now().UnixNano())
 	if t.m != nil {
 		a.inFlightGauge = t.m.appInFlight.WithLabelValues(name)
@@ -96,6 +93,9 @@ func (t *appTable) get(name string) *appState {
 	t.apps.Store(&next)
 	return a
 }
+
+// noGauge is the gauges of an appTable without metrics (a test's).
+var noGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "unregistered"})
 
 // limitAt is the share of an application holding inFlight while total
 // are in flight across applications.
@@ -150,10 +150,6 @@ func (t *appTable) fairLevel(capacity, inUse int64, now time.Time) int64 {
 	return 0
 }
 
-func (t *appTable) limit(a *appState) int {
-	return int(t.limitAt(a.inFlight.Load(), t.total.Load()))
-}
-
 // busy reports whether a's requests contend for slots: a's are waiting,
 // or the request budget is past its high-water mark. A client address past
 // its share of requests is refused only then.
@@ -172,9 +168,7 @@ func (t *appTable) tryTake(a *appState) bool {
 		}
 		if a.inFlight.CompareAndSwap(n, n+1) {
 			t.total.Add(1)
-			if a.inFlightGauge != nil {
-				a.inFlightGauge.Inc()
-			}
+			a.inFlightGauge.Inc()
 			return true
 		}
 	}
@@ -186,9 +180,7 @@ func (t *appTable) giveBack(a *appState) {
 		a.idleAt.Store(time.Now().UnixNano())
 	}
 	t.total.Add(-1)
-	if a.inFlightGauge != nil {
-		a.inFlightGauge.Dec()
-	}
+	a.inFlightGauge.Dec()
 }
 
 // acquire takes a slot for a request of a's (got from get(name)), waiting
@@ -216,9 +208,7 @@ func (t *appTable) acquire(ctx context.Context, name string, a *appState) (*appS
 		a.queue = append(a.queue, w)
 		a.waiting.Add(1)
 		t.queued.Add(1)
-		if a.queuedGauge != nil {
-			a.queuedGauge.Inc()
-		}
+		a.queuedGauge.Inc()
 		// Counted as waiting first, then tried again: a slot given back
 		// in between, by a release that saw no one waiting, is taken here.
 		t.grant(a)
@@ -243,12 +233,7 @@ func (t *appTable) wait(ctx context.Context, a *appState, w *waiter) (*appState,
 	if w.granted { // granted as it gave up: it has the slot
 		return a, Admitted
 	}
-	for i, q := range a.queue {
-		if q == w {
-			a.queue = append(a.queue[:i], a.queue[i+1:]...)
-			break
-		}
-	}
+	a.queue = slices.DeleteFunc(a.queue, func(q *waiter) bool { return q == w })
 	t.dequeued(a)
 	return nil, why
 }
@@ -256,9 +241,7 @@ func (t *appTable) wait(ctx context.Context, a *appState, w *waiter) (*appState,
 func (t *appTable) dequeued(a *appState) {
 	a.waiting.Add(-1)
 	t.queued.Add(-1)
-	if a.queuedGauge != nil {
-		a.queuedGauge.Dec()
-	}
+	a.queuedGauge.Dec()
 }
 
 // grant hands free slots to a's queue, first come first served; a.mu is
@@ -284,10 +267,7 @@ func (t *appTable) release(a *appState) {
 		t.grant(a)
 		a.mu.Unlock()
 	}
-	if t.queued.Load() > 0 {
-		// A slot freed here widens every other application's share.
-		t.grantAll()
-	}
+	t.grantAll() // a slot freed here widens every other application's share
 }
 
 // grantAll hands free slots to every application's queue.
@@ -347,7 +327,9 @@ func (t *appTable) prune(m *metrics) {
 func (t *appTable) loads() []AppLoad {
 	var out []AppLoad
 	for _, a := range *t.apps.Load() {
-		out = append(out, AppLoad{Application: a.name, InFlight: int(a.inFlight.Load()), Queued: int(a.waiting.Load()), Limit: t.limit(a)})
+		n := a.inFlight.Load()
+		out = append(out, AppLoad{Application: a.name, InFlight: int(n), Queued: int(a.waiting.Load()),
+			Limit: int(t.limitAt(n, t.total.Load()))})
 	}
 	return out
 }

@@ -157,13 +157,14 @@ func (t *clientTable) retire(s *clientShard, e *clientEntry) bool {
 	return true
 }
 
-// dropIfUnused takes e out of the table once it holds nothing and its
-// bucket is full.
+// unused reports whether e holds nothing and its bucket is full.
+func (t *clientTable) unused(e *clientEntry, now time.Time) bool {
+	return e.word.Load() == 0 && (e.limiter == nil || e.limiter.TokensAt(now) >= float64(t.burst))
+}
+
+// dropIfUnused takes e out of the table if it is unused.
 func (t *clientTable) dropIfUnused(e *clientEntry, now time.Time) {
-	if e.word.Load() != 0 {
-		return
-	}
-	if e.limiter != nil && e.limiter.TokensAt(now) < float64(t.burst) {
+	if !t.unused(e, now) {
 		return
 	}
 	s := t.shard(e.key)
@@ -202,26 +203,15 @@ func (t *clientTable) take(key netip.Addr, unit uint64, limit uint32, contended 
 	}
 }
 
-// addConn counts a connection of key's, or reports false when the box is
-// contended and key holds its share.
-func (t *clientTable) addConn(key netip.Addr, contended bool) (*clientEntry, bool) {
-	return t.take(key, connUnit, t.conns, contended)
-}
-
 func (t *clientTable) releaseConn(e *clientEntry) {
 	if e.word.Add(^uint64(connUnit-1)) == 0 {
 		t.dropIfUnused(e, t.now())
 	}
 }
 
-// overShare is how many connections e holds past its share; 0 when it
-// holds its share or less.
-func (t *clientTable) overShare(e *clientEntry) int {
-	return max(0, e.conns()-int(t.conns))
-}
-
-// share is an address's share of connections.
-func (t *clientTable) share() int { return int(t.conns) }
+// overShare is how many connections e holds past its share (negative:
+// under it).
+func (t *clientTable) overShare(e *clientEntry) int { return e.conns() - int(t.conns) }
 
 // addRequest counts a request of key's in flight, or names the limit it
 // would pass: its share of requests in flight when contended (the caller
@@ -255,7 +245,7 @@ func (t *clientTable) sweep() {
 		s := &t.shards[i]
 		s.mu.Lock()
 		for _, e := range s.m {
-			if e.word.Load() == 0 && (e.limiter == nil || e.limiter.TokensAt(now) >= float64(t.burst)) {
+			if t.unused(e, now) {
 				t.retire(s, e)
 			}
 		}

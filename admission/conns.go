@@ -94,7 +94,7 @@ func (c *Controller) addClientConn(peer net.Addr) (*clientEntry, bool) {
 	if !ok {
 		return nil, true
 	}
-	return c.clients.addConn(key, c.contended.Load())
+	return c.clients.take(key, connUnit, c.clients.conns, c.contended.Load())
 }
 
 // clientOfPeer returns the client key of a connection's peer, false when
@@ -263,10 +263,6 @@ func (t *trackedConn) Close() error {
 	return err
 }
 
-// closeRaw closes the TCP connection itself, without a TLS close_notify,
-// which could wait on a client that does not read.
-func (t *trackedConn) closeRaw() { t.Close() }
-
 // ErrNoDescriptor is DialUpstream's refusal: the budget and its overdraft
 // are spent. It wraps syscall.EMFILE, which the kernel would have returned
 // past the descriptor limit, so that the upstream is not blamed.
@@ -281,7 +277,7 @@ func (c *Controller) DialUpstream(dial func() (net.Conn, error)) (net.Conn, erro
 		return dial()
 	}
 	if !c.reserveUpstream() {
-		c.refusedRequest(RefusedBudget)
+		c.refusal(RefusedBudget.String())
 		return nil, ErrNoDescriptor
 	}
 	made := false

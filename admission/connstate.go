@@ -109,12 +109,14 @@ func trackedOf(conn net.Conn) *trackedConn {
 
 // shed closes t, an idle connection shedding chose; one that speaks
 // HTTP/2 (h2) is sent a GOAWAY instead and closed after goAwayGrace if
-// still idle, counted in c.draining until then.
+// still idle, counted in c.draining until then. Shedding closes t, the TCP
+// connection itself, never outer: a TLS close_notify could wait on a
+// client that does not read.
 func (c *Controller) shed(t *trackedConn, outer net.Conn, h2 bool) {
 	c.m.shed.WithLabelValues(shedIdle).Inc()
 	c.shedIdle.Add(1)
 	if !h2 {
-		t.closeRaw()
+		t.Close()
 		return
 	}
 	t.draining.Store(true)
@@ -142,7 +144,7 @@ func (c *Controller) goAway(t *trackedConn, outer net.Conn) {
 		t.goingAway.Store(false)
 		c.undrain(t)
 	case err != nil:
-		t.closeRaw()
+		t.Close()
 	default:
 		c.closeIfIdleAfter(t, goAwayGrace)
 	}
@@ -151,7 +153,7 @@ func (c *Controller) goAway(t *trackedConn, outer net.Conn) {
 func (c *Controller) closeIfIdleAfter(t *trackedConn, d time.Duration) {
 	time.AfterFunc(d, func() {
 		if t.isIdle() {
-			t.closeRaw()
+			t.Close()
 		}
 	})
 }

@@ -117,7 +117,7 @@ func (c *Controller) step() {
 	c.setLevel(pressed())
 	c.shedHeld(now)
 	for float64(c.inUse()-c.draining.Load()) >= lowWater*budget {
-		if !c.shedNext(now, minIdleAge) {
+		if !c.shedNextIdle(now, len(c.plan.list)) {
 			break
 		}
 	}

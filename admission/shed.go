@@ -2,7 +2,6 @@ package admission
 
 import (
 	"cmp"
-	"container/heap"
 	"crypto/tls"
 	"net"
 	"slices"
@@ -101,6 +100,8 @@ type candidate struct {
 	since int64
 }
 
+func oldestFirst(a, b candidate) int { return cmp.Compare(a.since, b.since) }
+
 // shedPlan is the order in which connections are closed under pressure,
 // guarded by Controller.shedMu. Idle connections (list), to bring the
 // count under the low-water mark and to make room at the budget:
@@ -151,18 +152,13 @@ func (c *Controller) planStale() bool {
 }
 
 // makePlan lists the connections idle at least minIdleAge at now, in the
-// order they are to be shed, and the slow first requests; c.shedMu is
-// held.
+// order they are to be shed, the slow first requests and the held
+// requests; c.shedMu is held.
 func (c *Controller) makePlan(now time.Time) {
 	p := &c.plan
-	clear(p.list)
-	clear(p.slow)
-	p.list, p.next, p.over, p.built = p.list[:0], 0, 0, time.Now()
-	p.slow, p.slowNext = p.slow[:0], 0
-	clear(p.held)
-	p.held = p.held[:0]
+	p.list, p.slow, p.held = emptied(p.list), emptied(p.slow), emptied(p.held)
+	p.next, p.over, p.slowNext, p.walked, p.built = 0, 0, 0, 0, time.Now()
 	clear(p.slowBy)
-	p.walked = 0
 	defer func() { p.took = time.Since(p.built) }()
 	cutoff := now.Add(-minIdleAge).UnixNano()
 	slowCutoff := now.Add(-slowAge).UnixNano()
@@ -186,94 +182,90 @@ func (c *Controller) makePlan(now time.Time) {
 			p.list = append(p.list, cd)
 		}
 	})
-	slices.SortFunc(p.list, func(a, b candidate) int { return cmp.Compare(a.since, b.since) })
-	slices.SortFunc(p.held, func(a, b candidate) int { return cmp.Compare(a.since, b.since) })
-	// Slow ones: those of the addresses at or past their share first
-	// (a visitor's address seldom is), each address's oldest first, as
-	// many as take it under its share; then the rest, oldest first.
-	slices.SortFunc(p.slow, func(a, b candidate) int { return cmp.Compare(a.since, b.since) })
+	slices.SortFunc(p.list, oldestFirst)
+	slices.SortFunc(p.held, oldestFirst)
+	slices.SortFunc(p.slow, oldestFirst)
 	if len(p.slow) > 0 {
-		left := map[*clientEntry]int{} // how many more of an address's go first
-		if p.slowBy == nil {
-			p.slowBy = map[*clientEntry]int{}
-		}
-		// A stable partition in place: those that go first move up, the
-		// rest wait in slowRest (kept from one plan to the next, so that a
-		// plan of a million slow first requests leaves nothing to the
-		// collector) and follow them.
-		first, rest := 0, p.slowRest[:0]
-		for _, cd := range p.slow {
-			if e := cd.t.client; e != nil {
-				p.slowBy[e]++
-				n, seen := left[e]
-				if !seen {
-					n = max(0, e.conns()-c.clients.share()+1)
-				}
-				left[e] = max(0, n-1)
-				if n > 0 {
-					p.slow[first] = cd
-					first++
-					continue
-				}
-			}
-			rest = append(rest, cd)
-		}
-		copy(p.slow[first:], rest)
-		clear(rest)
-		p.slowRest = rest[:0]
+		c.orderSlow()
 	}
 
-	// Step 1: each address past its share, as a queue of its
-	// connections (oldest first), served furthest past first.
-	byAddr := map[*clientEntry]*addrQueue{}
-	var h addrHeap
-	for i, cd := range p.list {
-		e := cd.t.client
-		if e == nil {
-			continue
-		}
-		q := byAddr[e]
-		if q == nil {
-			q = &addrQueue{over: c.clients.overShare(e)}
-			byAddr[e] = q
-			if q.over > 0 {
-				h = append(h, q)
-			}
-		}
-		if q.over > 0 {
-			q.idx = append(q.idx, i)
+	// Step 1: an address n past its share gives its n oldest idle
+	// connections, ranked n, n-1, …, 1 (how far past it still is as each
+	// goes): by rank, the addresses furthest past lose theirs first, each
+	// down to its share, and among equal ranks the oldest go first.
+	left := map[*clientEntry]int{}
+	var over []ranked
+	rest := p.list[:0] // filtered in place
+	for _, cd := range p.list {
+		if n := countDown(left, cd.t.client, c.clients.overShare); n > 0 {
+			over = append(over, ranked{cd, n})
+		} else {
+			rest = append(rest, cd)
 		}
 	}
-	if len(h) == 0 {
-		return
+	slices.SortStableFunc(over, func(a, b ranked) int { return cmp.Compare(b.rank, a.rank) })
+	copy(p.list[len(over):], rest)
+	for i, r := range over {
+		p.list[i] = r.cd
 	}
-	for _, q := range h {
-		q.since = p.list[q.idx[0]].since
+	p.over = len(over)
+}
+
+// ranked is a connection of makePlan's step 1, and how far past its share
+// its address still is as it goes.
+type ranked struct {
+	cd   candidate
+	rank int
+}
+
+// orderSlow puts first the plan's slow first requests that go first
+// (shedPlan; a visitor's address is seldom at its share), in a stable
+// partition in place: the rest wait in slowRest (kept from one plan to the
+// next, so that a plan of a million slow first requests leaves nothing to
+// the collector) and follow. c.shedMu is held.
+func (c *Controller) orderSlow() {
+	p := &c.plan
+	if p.slowBy == nil {
+		p.slowBy = map[*clientEntry]int{}
 	}
-	heap.Init(&h)
-	first := make([]candidate, 0, len(p.list))
-	taken := make([]bool, len(p.list))
-	for h.Len() > 0 {
-		q := h[0]
-		i := q.idx[q.pos]
-		first = append(first, p.list[i])
-		taken[i] = true
-		q.pos++
-		q.over--
-		if q.over == 0 || q.pos == len(q.idx) {
-			heap.Pop(&h)
-			continue
+	left := map[*clientEntry]int{}
+	atShare := func(e *clientEntry) int { return c.clients.overShare(e) + 1 }
+	first, rest := 0, p.slowRest[:0]
+	for _, cd := range p.slow {
+		if e := cd.t.client; e != nil {
+			p.slowBy[e]++
 		}
-		q.since = p.list[q.idx[q.pos]].since
-		heap.Fix(&h, 0)
-	}
-	p.over = len(first)
-	for i, cd := range p.list {
-		if !taken[i] {
-			first = append(first, cd)
+		if countDown(left, cd.t.client, atShare) > 0 {
+			p.slow[first] = cd
+			first++
+		} else {
+			rest = append(rest, cd)
 		}
 	}
-	p.list = first
+	copy(p.slow[first:], rest)
+	p.slowRest = emptied(rest)
+}
+
+// countDown returns how many of e's connections, this one included, are
+// still to go first: quota(e) at the first of e's that it is asked about,
+// one less at each next (0 or less: none; 0 for no address).
+func countDown(left map[*clientEntry]int, e *clientEntry, quota func(*clientEntry) int) int {
+	if e == nil {
+		return 0
+	}
+	n, seen := left[e]
+	if !seen {
+		n = quota(e)
+	}
+	left[e] = n - 1
+	return n
+}
+
+// emptied returns s cleared and at length 0: its array is kept for reuse,
+// holding on to nothing.
+func emptied[S ~[]E, E any](s S) S {
+	clear(s)
+	return s[:0]
 }
 
 // idleCandidate reports whether t may be shed, idle since cutoff or
@@ -292,45 +284,13 @@ func idleCandidate(t *trackedConn, outer net.Conn, cutoff int64) (candidate, boo
 	return candidate{t: t, outer: outer, since: since}, true
 }
 
-// addrQueue is one address past its share in makePlan: its idle
-// connections (indices into the plan, oldest first), the next to take, how
-// many more it may lose, and how long its next one has been idle.
-type addrQueue struct {
-	idx   []int
-	pos   int
-	over  int
-	since int64
-}
-
-// addrHeap orders the addresses furthest past their share first, then the
-// one whose next connection has been idle longest.
-type addrHeap []*addrQueue
-
-func (h addrHeap) Len() int { return len(h) }
-func (h addrHeap) Less(i, j int) bool {
-	if h[i].over != h[j].over {
-		return h[i].over > h[j].over
-	}
-	return h[i].since < h[j].since
-}
-func (h addrHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *addrHeap) Push(x any)   { *h = append(*h, x.(*addrQueue)) }
-func (h *addrHeap) Pop() any {
-	old := *h
-	q := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return q
-}
-
-// shedNext closes the next connection of the plan still idle as planned
-// and idle at least age at now, and reports whether it shed one; the
-// monitor remakes the plan before it calls this (step). c.shedMu is held.
-func (c *Controller) shedNext(now time.Time, age time.Duration) bool {
+// shedNextIdle closes the next connection of list[:end] of the plan still
+// idle as planned, and reports whether it shed one. c.shedMu is held.
+func (c *Controller) shedNextIdle(now time.Time, end int) bool {
 	p := &c.plan
-	for p.next < len(p.list) {
-		cd := p.list[p.next]
+	for p.next < end {
 		p.next++
-		if c.tryShed(cd, now, age) {
+		if c.tryShed(p.list[p.next-1], now, minIdleAge) {
 			return true
 		}
 	}
@@ -377,21 +337,14 @@ func (c *Controller) monitorMayPlan() bool {
 // reconnection would take the next: a close and an accept at a time, for
 // nobody. c.shedMu is held.
 func (c *Controller) shedRoom(now time.Time, forRequest bool, newcomer *clientEntry) (shed bool, wait time.Duration, refuse bool) {
+	p := &c.plan
 	for range 2 {
-		p := &c.plan
-		for p.next < p.over {
-			cd := p.list[p.next]
-			p.next++
-			if c.tryShed(cd, now, minIdleAge) {
-				return true, 0, false
-			}
+		if c.shedNextIdle(now, p.over) {
+			return true, 0, false
 		}
 		if !forRequest && p.slowly(newcomer) {
 			for p.slowNext < len(p.slow) && c.slowShed.TokensAt(now) >= 1 && p.nextSlowFor(newcomer) {
-				cd := p.slow[p.slowNext]
-				p.slowNext++
-				if c.tryShedSlow(cd, now) {
-					c.slowShed.AllowN(now, 1)
+				if c.shedNextSlow(now) {
 					return true, 0, false
 				}
 			}
@@ -409,31 +362,72 @@ func (c *Controller) shedRoom(now time.Time, forRequest bool, newcomer *clientEn
 				wait = time.Duration((1 - tokens) / float64(c.slowShed.Limit()) * float64(time.Second))
 				break
 			}
-			cd := p.slow[p.slowNext]
-			p.slowNext++
-			if c.tryShedSlow(cd, now) {
-				c.slowShed.AllowN(now, 1)
+			if c.shedNextSlow(now) {
 				return true, 0, false
 			}
 		}
-		for p.next < len(p.list) {
-			cd := p.list[p.next]
-			p.next++
-			if c.tryShed(cd, now, minIdleAge) {
-				return true, 0, false
-			}
+		if c.shedNextIdle(now, len(p.list)) {
+			return true, 0, false
 		}
 		if wait > 0 || forRequest || !c.planStale() {
 			return false, wait, false
 		}
 		c.makePlan(now)
 	}
-	return false, wait, !forRequest && c.plan.slowly(newcomer)
+	return false, wait, !forRequest && p.slowly(newcomer)
+}
+
+// slowly reports whether newcomer's address is a slowloris's as the plan
+// saw it: two or more of its other connections, and more than half of
+// them, were slow first requests. A visitor with one slow handshake, or a
+// NAT with a few among thousands, is not.
+func (p *shedPlan) slowly(newcomer *clientEntry) bool {
+	if newcomer == nil {
+		return false
+	}
+	slow := p.slowBy[newcomer]
+	return slow >= 2 && slow > (newcomer.conns()-1)/2
 }
 
 // slowLookAhead bounds how far past the next slow first request
 // nextSlowFor looks for one a slowloris's newcomer may take.
 const slowLookAhead = 64
+
+// nextSlowFor moves to slow[slowNext] the first of the next slowLookAhead
+// slow first requests of an address that holds more connections than
+// newcomer's does with the new one, and reports whether there is one (one
+// of no address, a proxy's, always qualifies): room a slowloris takes
+// evens addresses out and stops there.
+func (p *shedPlan) nextSlowFor(newcomer *clientEntry) bool {
+	n := newcomer.conns()
+	end := min(len(p.slow), p.slowNext+slowLookAhead)
+	for i := p.slowNext; i < end; i++ {
+		if e := p.slow[i].t.client; e == nil || e.conns() > n {
+			p.slow[p.slowNext], p.slow[i] = p.slow[i], p.slow[p.slowNext]
+			return true
+		}
+	}
+	return false
+}
+
+// shedNextSlow closes the plan's next slow first request if it is still
+// on its first request, its headers arriving, counts it against the rate
+// (c.slowShed), and reports whether it closed it. c.shedMu is held.
+func (c *Controller) shedNextSlow(now time.Time) bool {
+	p := &c.plan
+	cd := p.slow[p.slowNext]
+	p.slowNext++
+	t := cd.t
+	if connState(t.state.Load()) != stateNew || !t.arriving.Load() || t.closed.Load() ||
+		t.since.Load() != cd.since || cd.since > now.Add(-slowAge).UnixNano() {
+		return false
+	}
+	c.m.shed.WithLabelValues(shedSlow).Inc()
+	c.shedSlow.Add(1)
+	t.Close()
+	c.slowShed.AllowN(now, 1)
+	return true
+}
 
 // shedOver closes every connection of the plan's first step still idle as
 // planned: the addresses past their share, down to it. c.shedMu is held.

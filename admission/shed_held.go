@@ -13,10 +13,7 @@ const heldAge = 2 * time.Second
 // holds until the episode ends, calm included, so that an application
 // shed down to it does not take the room back the moment the count dips.
 func (c *Controller) setLevel(pressed bool) {
-	if !pressed {
-		return
-	}
-	if wall := time.Now(); wall.Sub(c.levelSet) >= tick {
+	if wall := time.Now(); pressed && wall.Sub(c.levelSet) >= tick {
 		c.levelSet = wall
 		capacity := int64(lowWater * float64(c.limits.MaxConns))
 		c.apps.level.Store(c.apps.fairLevel(capacity, c.inUse()-c.draining.Load(), wall))
@@ -24,24 +21,19 @@ func (c *Controller) setLevel(pressed bool) {
 }
 
 // shedHeld closes the connections of the HTTP/1 requests held longest by
-// each application past the level (setLevel), down to it, and reports how
-// many it closed. Those requests hold what the other applications'
-// visitors are short of, and they move least: a request that never ends,
-// against a NAT's browsers that finish one a second. Once a tick at most:
-// the plan it walks is remade about once a second. c.shedMu is held.
-func (c *Controller) shedHeld(now time.Time) int {
+// each application past the level (setLevel), down to it. Those requests
+// hold what the other applications' visitors are short of, and they move
+// least: a request that never ends, against a NAT's browsers that finish
+// one a second. Once a tick at most: the plan it walks is remade about
+// once a second. c.shedMu is held.
+func (c *Controller) shedHeld(now time.Time) {
 	p := &c.plan
-	level := c.apps.level.Load()
-	if level == 0 || len(p.held) == 0 {
-		return 0
-	}
-	wall := time.Now()
-	if wall.Sub(c.heldShed) < tick {
-		return 0
+	level, wall := c.apps.level.Load(), time.Now()
+	if level == 0 || len(p.held) == 0 || wall.Sub(c.heldShed) < tick {
+		return
 	}
 	c.heldShed = wall
 	cutoff := now.Add(-heldAge).UnixNano()
-	closed := 0
 	for i, cd := range p.held {
 		t := cd.t
 		if t == nil {
@@ -70,8 +62,6 @@ func (c *Controller) shedHeld(now time.Time) int {
 			// the closed connection: its context ends it.
 			(*cancel)()
 		}
-		t.closeRaw()
-		closed++
+		t.Close()
 	}
-	return closed
 }
