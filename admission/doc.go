@@ -58,10 +58,10 @@
 // (admin.go).
 //
 // A request already in flight is cut for pressure only when it is an
-// HTTP/1 request held two seconds or more, during an episode of pressure,
-// by an application past its max-min fair part of the descriptors
-// (setLevel, shedHeld): requests that never end hold what a NAT's
-// browsers, which finish theirs, are short of.
+// HTTP/1 request held two seconds or more, during an episode of pressure
+// beside another application, by one past its max-min fair part of the
+// descriptors (setLevel, shedHeld): requests that never end hold what a
+// NAT's browsers, which finish theirs, are short of.
 //
 // It does not know about routing or how bytes reach an upstream: the edge's
 // handler names the application, and backhaul hands over the connections it
