@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log"
@@ -174,5 +175,37 @@ func TestFairLevel(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A connection hijacked after the plan listed its request (a WebSocket
+// whose upgrade took a while) is a tunnel now: never shed as held.
+func TestAConnectionHijackedSinceThePlanIsNotShedAsHeld(t *testing.T) {
+	clk := newFakeClock()
+	c := newController(t, Options{Limits: testLimits(40), Clock: clk})
+	a, b := net.Pipe()
+	defer b.Close()
+	tc := &trackedConn{Conn: a, c: c.Controller}
+	c.ConnState(tc, http.StateNew)
+	c.ConnState(tc, http.StateActive)
+	k, why := c.Admit(request("192.0.2.3:1").WithContext(c.ConnContext(context.Background(), tc)), "ws")
+	if why != Admitted {
+		t.Fatal(why)
+	}
+	defer k.Release()
+	clk.Advance(heldAge + time.Second)
+	c.shedMu.Lock()
+	defer c.shedMu.Unlock()
+	c.makePlan(clk.Now())
+	if len(c.plan.held) != 1 {
+		t.Fatalf("the plan lists %d held requests, want 1", len(c.plan.held))
+	}
+	c.ConnState(tc, http.StateHijacked)
+	c.apps.level.Store(1) // and its application far past its part
+	c.apps.get("ws").inFlight.Add(10)
+	defer c.apps.get("ws").inFlight.Add(-10)
+	c.shedHeld(clk.Now())
+	if tc.closed.Load() || c.shed(t, shedHeld) != 0 {
+		t.Errorf("a hijacked connection was shed as held (closed %v)", tc.closed.Load())
 	}
 }
