@@ -1,8 +1,11 @@
 package testsupport
 
 import (
+	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -34,24 +37,53 @@ func ClosedAddr(t testing.TB) string {
 // FreeAddr returns a loopback TCP address nothing listens on right now, to
 // hand a process that must know it before it starts. Another process may
 // take the port later; a test that needs it kept should hold a listener.
-// No port is returned twice while the test that asked for it runs: the
-// kernel may hand the same free port to two binds in a row, and a process
-// given one port for two of its listeners fails to start.
+// The port is below the kernel's ephemeral range (freePorts): bind(0) and
+// every outgoing connection take theirs from that range, and a port found
+// there was at times taken, between the probe and the server's bind, by
+// another test's socket (a client bound to 127.0.0.2, say, when the server
+// was to bind 127.0.0.2 too). No port is returned twice while the test
+// that asked for it runs: a process given one port for two of its
+// listeners fails to start.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	return freeAddr(t, "find a free loopback port", func(addr string) bool {
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
-			t.Fatalf("find a free loopback port: %v", err)
+			return false
 		}
-		addr := l.Addr().(*net.TCPAddr)
 		l.Close()
-		if freeGiven.claim(t, addr.Port) {
-			return addr.String()
+		return true
+	})
+}
+
+// freeAddr returns a loopback address on a port of freePorts that free
+// reports free and no test running holds.
+func freeAddr(t testing.TB, what string, free func(addr string) bool) string {
+	t.Helper()
+	lo, hi := freePorts()
+	for range 1000 {
+		port := lo + rand.IntN(hi-lo)
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if free(addr) && freeGiven.claim(t, port) {
+			return addr
 		}
 	}
-	t.Fatal("find a free loopback port: every one found was given before")
+	t.Fatalf("%s: none in 1000 tries between %d and %d", what, lo, hi)
 	return ""
+}
+
+// freePorts is where FreeAddr looks: the 12,000 ports below the kernel's
+// ephemeral range (32768 unless /proc says otherwise), none under 1024.
+func freePorts() (lo, hi int) {
+	hi = 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 2048 {
+				hi = n
+			}
+		}
+	}
+	return max(1024, hi-12000), hi
 }
 
 // freeGiven holds the ports FreeAddr has returned.
@@ -84,24 +116,19 @@ func (s *portSet) claim(t testing.TB, port int) bool {
 // both, as a DNS server does.
 func FreeUDPAndTCPAddr(t testing.TB) string {
 	t.Helper()
-	for range 100 {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	return freeAddr(t, "find a loopback port free for both UDP and TCP", func(addr string) bool {
+		pc, err := net.ListenPacket("udp", addr)
 		if err != nil {
-			t.Fatalf("find a free loopback UDP port: %v", err)
+			return false
 		}
-		addr := pc.LocalAddr().(*net.UDPAddr)
-		ln, err := net.Listen("tcp", addr.String())
-		pc.Close()
+		defer pc.Close()
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			continue
+			return false
 		}
 		ln.Close()
-		if freeGiven.claim(t, addr.Port) {
-			return addr.String()
-		}
-	}
-	t.Fatal("find a loopback port free for both UDP and TCP: none in 100 tries")
-	return ""
+		return true
+	})
 }
 
 // FreePort is FreeAddr's port, for a configuration that takes a port

@@ -3,6 +3,7 @@ package testsupport
 import (
 	"errors"
 	"net"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -101,5 +102,29 @@ func TestFreeAddrNeverReturnsAPortTwice(t *testing.T) {
 			}
 			seen[addr] = true
 		}
+	}
+}
+
+// The ports FreeAddr returns are below the kernel's ephemeral range, where
+// no bind(0) or outgoing connection of another test takes them.
+func TestFreeAddrIsBelowTheEphemeralPorts(t *testing.T) {
+	lo, hi := freePorts()
+	for range 25 {
+		for _, addr := range []string{FreeAddr(t), FreeUDPAndTCPAddr(t)} {
+			_, p, _ := net.SplitHostPort(addr)
+			port, err := strconv.Atoi(p)
+			if err != nil || port < lo || port >= hi {
+				t.Fatalf("%s: port not in [%d, %d)", addr, lo, hi)
+			}
+		}
+	}
+	// An outgoing connection's port is never one of them.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if port := l.Addr().(*net.TCPAddr).Port; port >= lo && port < hi {
+		t.Errorf("bind(0) gave %d, inside FreeAddr's ports [%d, %d)", port, lo, hi)
 	}
 }
