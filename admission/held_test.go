@@ -133,6 +133,22 @@ func TestUnderPressureRequestsHeldPastTheirApplicationsFairPartAreShedOldestFirs
 	if got := c.shed(t, shedHeld); got != 4 {
 		t.Errorf("scafo_edge_shed_total{reason=%q} = %v, want 4", shedHeld, got)
 	}
+
+	// Once the episode is over, the application's limit is its share again
+	// and the plan keeps none of the connections it listed.
+	for _, h := range append(other, newer...) {
+		h.conn.Close()
+	}
+	c.waitCalm(t, clk)
+	if got := c.app("held").Limit; got != 22 {
+		t.Errorf("held's limit after the episode = %d, want its share 0.75 × 30 = 22", got)
+	}
+	c.shedMu.Lock()
+	listed := len(c.plan.list) + len(c.plan.slow) + len(c.plan.held)
+	c.shedMu.Unlock()
+	if listed != 0 {
+		t.Errorf("the plan still lists %d connections after the episode", listed)
+	}
 }
 
 // fairLevel is max-min: the parties holding less than an equal part keep
@@ -204,7 +220,7 @@ func TestAConnectionHijackedSinceThePlanIsNotShedAsHeld(t *testing.T) {
 	c.apps.level.Store(1) // and its application far past its part
 	c.apps.get("ws").inFlight.Add(10)
 	defer c.apps.get("ws").inFlight.Add(-10)
-	c.shedHeld(clk.Now())
+	c.shedHeld()
 	if tc.closed.Load() || c.shed(t, shedHeld) != 0 {
 		t.Errorf("a hijacked connection was shed as held (closed %v)", tc.closed.Load())
 	}

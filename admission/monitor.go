@@ -115,7 +115,7 @@ func (c *Controller) step() {
 	// Requests held past their application's fair part go first: they
 	// hold what the others are short of without moving.
 	c.setLevel(pressed())
-	c.shedHeld(now)
+	c.shedHeld()
 	for float64(c.inUse()-c.draining.Load()) >= lowWater*budget {
 		if !c.shedNextIdle(now, len(c.plan.list)) {
 			break
@@ -140,6 +140,9 @@ func (c *Controller) step() {
 	case now.Sub(ep.calm) >= calmFor:
 		c.m.pressure.Set(0)
 		c.apps.level.Store(0)
+		c.shedMu.Lock()
+		c.plan.forget()
+		c.shedMu.Unlock()
 		c.log.Info().Dur("lasted", now.Sub(ep.started)).Int64("idle_closed", c.shedIdle.Load()-ep.shedAtStart).
 			Int64("slow_headers_closed", c.shedSlow.Load()-ep.slowAtStart).Int64("held_requests_closed", c.shedHeldN.Load()-ep.heldAtStart).Int64("peak_conns", ep.peak).
 			Int64("conns", used).Msg("overload over: idle timeout back to normal, client shares no longer bind")

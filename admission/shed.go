@@ -156,9 +156,8 @@ func (c *Controller) planStale() bool {
 // requests; c.shedMu is held.
 func (c *Controller) makePlan(now time.Time) {
 	p := &c.plan
-	p.list, p.slow, p.held = emptied(p.list), emptied(p.slow), emptied(p.held)
-	p.next, p.over, p.slowNext, p.walked, p.built = 0, 0, 0, 0, time.Now()
-	clear(p.slowBy)
+	p.forget()
+	p.walked, p.built = 0, time.Now()
 	defer func() { p.took = time.Since(p.built) }()
 	cutoff := now.Add(-minIdleAge).UnixNano()
 	slowCutoff := now.Add(-slowAge).UnixNano()
@@ -263,6 +262,15 @@ func countDown(left map[*clientEntry]int, e *clientEntry, quota func(*clientEntr
 
 // emptied returns s cleared and at length 0: its array is kept for reuse,
 // holding on to nothing.
+// forget empties the plan, keeping its arrays for the next one: the
+// connections it listed, closed since most of them, are not kept from the
+// collector.
+func (p *shedPlan) forget() {
+	p.list, p.slow, p.held = emptied(p.list), emptied(p.slow), emptied(p.held)
+	p.next, p.over, p.slowNext = 0, 0, 0
+	clear(p.slowBy)
+}
+
 func emptied[S ~[]E, E any](s S) S {
 	clear(s)
 	return s[:0]

@@ -26,14 +26,13 @@ func (c *Controller) setLevel(pressed bool) {
 // least: a request that never ends, against a NAT's browsers that finish
 // one a second. Once a tick at most: the plan it walks is remade about
 // once a second. c.shedMu is held.
-func (c *Controller) shedHeld(now time.Time) {
+func (c *Controller) shedHeld() {
 	p := &c.plan
 	level, wall := c.apps.level.Load(), time.Now()
 	if level == 0 || len(p.held) == 0 || wall.Sub(c.heldShed) < tick {
 		return
 	}
 	c.heldShed = wall
-	cutoff := now.Add(-heldAge).UnixNano()
 	for i, cd := range p.held {
 		t := cd.t
 		if t == nil {
@@ -44,7 +43,9 @@ func (c *Controller) shedHeld(now time.Time) {
 			p.held[i] = candidate{} // released, hijacked or closed: not again
 			continue
 		}
-		if t.since.Load() != cd.since || cd.since > cutoff || a.inFlight.Load()-a.shedding.Load() <= level {
+		// Listed held heldAge at least when the plan was made, it is older
+		// now unless a new request took its place.
+		if t.since.Load() != cd.since || a.inFlight.Load()-a.shedding.Load() <= level {
 			continue
 		}
 		if !t.request.CompareAndSwap(a, nil) {
