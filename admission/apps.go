@@ -47,7 +47,7 @@ type appState struct {
 	name     string
 	inFlight atomic.Int64
 	waiting  atomic.Int64 // len(queue), read without the lock
-	idleAt   atomic.Int64 // when it last went to zero in flight, Unix ns
+	idleAt   atomic.Int64 // when it last went to zero in flight, Unix ns; 0: never in flight
 	retired  atomic.Bool  // pruned: a request that took a slot here takes it again on its successor
 	shedding atomic.Int64 // requests shedHeld closed that are not released yet
 
@@ -84,7 +84,6 @@ func (t *appTable) get(name string) *appState {
 	}
 	next := maps.Clone(cur)
 	a := &appState{name: name, inFlightGauge: noGauge, queuedGauge: noGauge}
-	a.idleAt.Store(time.Now().UnixNano())
 	if t.m != nil {
 		a.inFlightGauge = t.m.appInFlight.WithLabelValues(name)
 		a.queuedGauge = t.m.appQueued.WithLabelValues(name)

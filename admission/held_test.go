@@ -157,7 +157,7 @@ func TestFairLevel(t *testing.T) {
 	tests := []struct {
 		name     string
 		capacity int64
-		inFlight []int64 // by application
+		inFlight []int64 // by application; 0: its last request just ended, -1: never had one
 		spare    int64   // descriptors that carry no request
 		want     int64
 	}{
@@ -168,6 +168,7 @@ func TestFairLevel(t *testing.T) {
 			[]int64{3000, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}, 17800, 4562},
 		{"two large applications split what is left", 1000, []int64{400, 400}, 200, 200},
 		{"one application alone takes nobody's room", 100, []int64{45}, 20, 0},
+		{"beside one whose requests were all refused, it is alone", 100, []int64{45, -1}, 20, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -175,8 +176,14 @@ func TestFairLevel(t *testing.T) {
 			a.init(testLimits(int(tt.capacity)))
 			held := int64(0)
 			for i, n := range tt.inFlight {
-				a.get(fmt.Sprint("app", i)).inFlight.Store(n)
-				held += 2 * n
+				app := a.get(fmt.Sprint("app", i))
+				switch {
+				case n > 0:
+					app.inFlight.Store(n)
+					held += 2 * n
+				case n == 0: // its last request just ended
+					app.idleAt.Store(time.Now().UnixNano())
+				}
 			}
 			if got := a.fairLevel(tt.capacity, held+tt.spare, time.Now()); got != tt.want {
 				t.Errorf("fairLevel = %d, want %d", got, tt.want)

@@ -60,7 +60,11 @@ func (c *Controller) shedHeld() {
 		c.shedHeldN.Add(1)
 		if cancel := t.cancel.Load(); cancel != nil {
 			// A handler blocked writing a body to its upstream never reads
-			// the closed connection: its context ends it.
+			// the closed connection: its context ends it. A handler waiting
+			// for its answer sees it at its upstream reader's next tick
+			// (backhaul's tickReader: within 8 s, as when a client leaves);
+			// until then the upstream descriptor and the slot stay held,
+			// counted in shedding so that nothing is cut twice.
 			(*cancel)()
 		}
 		t.Close()
