@@ -12,7 +12,7 @@ import (
 // cases (TestHostileOrigins) and the framing rules around them: late bytes
 // after HEAD and short bodies, repeated and signed lengths,
 // Transfer-Encoding on HTTP/1.0 and beside a length, framing fields in
-// trailers, 1xx floods, folds.
+// trailers, 1xx floods and 1xx heads framed badly, folds.
 var framingSeeds = []struct {
 	raw  string
 	head bool
@@ -49,6 +49,8 @@ var framingSeeds = []struct {
 	{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5 \r\nhello\r\n0\r\n\r\n", false},
 	{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false},
 	{"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", false},
+	{"HTTP/1.1 100 Continue\r\nContent-Length: x\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false},
+	{"HTTP/1.1 103 Early Hints\r\nTransfer-Encoding: gzip\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false},
 	{"HTTP/1.1 200 OK\r\nX-A: 1\r\n folded\r\nContent-Length: 0\r\n\r\n", false},
 	{"HTTP/1.1 200 OK\nContent-Length: 2\n\nok", false},
 	{"HTTP/1.1 200 OK\r\nX A: 1\r\nContent-Length: 0\r\n\r\n", false},

@@ -73,10 +73,13 @@ func (pc *Conn) ReadHead(headRequest bool) (anyRead bool, err error) {
 		if err := pc.readFields(&total); err != nil {
 			return true, err
 		}
+		// A 1xx head has no body, but its framing fields are held to the
+		// final head's rules all the same: http.ReadResponse rejects a
+		// malformed Content-Length on a 100 Continue too.
+		if err := h.finish(http10, headRequest); err != nil {
+			return true, err
+		}
 		if h.Status >= 200 {
-			if err := h.finish(http10, headRequest); err != nil {
-				return true, err
-			}
 			break
 		}
 		if h.Status == http.StatusSwitchingProtocols {
