@@ -116,7 +116,9 @@ func (p *Proxy) roundTripH1(pc *h1.Conn, out *outbound, now, headBy time.Time) (
 		return p.roundTripH1Body(pc, out, before)
 	}
 	pc.Begin(r.Context(), now, headBy)
-	werr := p.writeRequest(pc.BW, r, out.fwd, pc.Addr, nil)
+	bw := pc.Writer()
+	werr := p.writeRequest(bw, r, out.fwd, pc.Addr, nil)
+	h1.PutWriter(bw)
 	sent := pc.Written() > before
 	if werr != nil && (!sent || h1.IsTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
 		return !sent && !h1.IsTimeout(werr) && !errors.Is(werr, errInvalidRequest), werr
@@ -153,7 +155,9 @@ func (p *Proxy) roundTripH1Body(pc *h1.Conn, out *outbound, before int64) (resen
 	// it.
 	r, body, fwd := out.r, out.body, out.fwd
 	go func() {
-		err := p.writeRequest(pc.BW, r, fwd, pc.Addr, body)
+		bw := pc.Writer()
+		err := p.writeRequest(bw, r, fwd, pc.Addr, body)
+		h1.PutWriter(bw)
 		switch {
 		case err == nil && p.responseHeaderTimeout > 0:
 			pc.HeadTimer = time.AfterFunc(p.responseHeaderTimeout, func() {
