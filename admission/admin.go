@@ -6,35 +6,23 @@ import (
 	"sync/atomic"
 )
 
-// The admin listener's connections are the edge's own work, not counted
-// against MaxConns, so that a box at its budget still answers its health
-// checks and scrapes; but a flood of them would spend the descriptors the
-// reserve keeps for edge.db, the poll and certificate storage. So they get
-// a pool out of the reserve (Limits.AdminConns) and, within it, shares
-// that always bind (docs/overload.md): a peer allowed /metrics without the
-// token (mayScrape) an eighth of the pool; any other peer
-// adminPerOutsider, and all of those together a quarter, so that a flood
-// from the internet cannot crowd out the fleet's own checks and scrapes.
+// The admin listener's pool and shares: docs/design.md, admission table.
+// Its connections are not counted against MaxConns, so that a box at its
+// budget still answers its health checks and scrapes.
 const (
-	// The pool is an eighth of the reserve (8 at its smallest of 64, 128 at
-	// its largest): half the reserve is the overdraft, a quarter the
-	// refused connections' hold, and the pool takes half the rest.
 	adminReserveDivisor = 8
 	minAdminConns       = 8
-	// At least 2: a scrape beside a health check, or a request on a new
-	// connection beside the closing one of the last.
 	adminClientDivisor  = 8
+	// A scrape beside a health check, or a request on a new connection
+	// beside the closing one of the last.
 	minAdminPerClient   = 2
 	adminOutsideDivisor = 4
 	minAdminOutside     = 4 // half the smallest pool
-	// adminPerOutsider is two, not one: a checker that asks again at once,
-	// on a new connection, may find the last one not closed yet on the
-	// edge's side, whose close trails the response it read.
-	adminPerOutsider = 2
+	adminPerOutsider    = 2
 )
 
 // adminPool counts the admin listener's connections: in all, those of
-// peers not allowed /metrics, and per client address.
+// peers not allowed /metrics (outside), and per client address.
 type adminPool struct {
 	all, outside       atomic.Int64
 	maxAll, maxOutside int64
@@ -49,9 +37,9 @@ func (p *adminPool) init(l Limits, c *Controller) {
 	p.clients.init(Limits{MaxConns: l.AdminConns, ConnsPerClient: int(p.perClient)}, c.clock.Now)
 }
 
-// take counts a connection from ip (zero: counted by no address), trusted
-// when it may read /metrics without the token, or reports false, counting
-// nothing, when a share it would pass is full.
+// take counts a connection from ip (zero: by no address), trusted when it
+// may read /metrics without the token, or reports false, counting nothing,
+// when a share it would pass is full.
 func (p *adminPool) take(ip netip.Addr, trusted bool) (*clientEntry, bool) {
 	if !trusted && !addBelow(&p.outside, p.maxOutside) {
 		return nil, false
@@ -103,11 +91,9 @@ func addBelow(n *atomic.Int64, limit int64) bool {
 }
 
 // AdminListener returns l, the admin listener, with its connections kept
-// to the admin pool and its shares (above); mayScrape reports whether a
-// peer may read /metrics without the token. Wrap the raw listener: the
-// peer it counts is the one that connected. Its connections need no
-// ConnState: they are never shed, only refused, and never waited for: a
-// health check within its share is answered at once whatever a flood does.
+// to the admin pool and its shares; mayScrape reports whether a peer may
+// read /metrics without the token. Wrap the raw listener. Its connections
+// need no ConnState: they are never shed nor waited for, only refused.
 func (c *Controller) AdminListener(l net.Listener, mayScrape func(netip.Addr) bool) net.Listener {
 	if c == nil {
 		return l

@@ -11,25 +11,14 @@ import (
 type Refusal uint8
 
 const (
-	Admitted Refusal = iota
-	// RefusedMemory: memory is past its high-water mark (503).
-	RefusedMemory
-	// RefusedClientRequests: the client address has its share of requests
-	// in flight (429).
-	RefusedClientRequests
-	// RefusedClientRate: the client address passed its request rate (429).
-	RefusedClientRate
-	// RefusedAppQueueFull: the application holds its share and its queue
-	// is full (503).
-	RefusedAppQueueFull
-	// RefusedAppQueueTimeout: the application held its share for the whole
-	// queue timeout (503).
-	RefusedAppQueueTimeout
-	// RefusedCanceled: the client went away while its request waited.
-	RefusedCanceled
-	// RefusedBudget: the connection budget is spent and no idle connection
-	// could give a descriptor for the request's upstream (503).
-	RefusedBudget
+	Admitted               Refusal = iota
+	RefusedMemory                  // memory past its high-water mark (503)
+	RefusedClientRequests          // the client address has its share in flight (429)
+	RefusedClientRate              // the client address past its rate (429)
+	RefusedAppQueueFull            // the application at its share, its queue full (503)
+	RefusedAppQueueTimeout         // the application at its share a whole queue timeout (503)
+	RefusedCanceled                // the client went away while its request waited
+	RefusedBudget                  // the budget and its overdraft spent, nothing to close (503)
 )
 
 var refusalLabels = [...]string{
@@ -56,8 +45,8 @@ type Ticket struct {
 	conn   *trackedConn // the HTTP/1 connection it came on, if known
 }
 
-// Release gives the request's shares back; call it once the request is
-// over (a WebSocket's once its tunnel closes).
+// Release gives the request's shares back once the request is over (a
+// WebSocket's once its tunnel closes).
 func (k Ticket) Release() {
 	cut := k.conn != nil && !k.conn.request.CompareAndSwap(k.app, nil)
 	if k.app != nil {
@@ -72,11 +61,8 @@ func (k Ticket) Release() {
 }
 
 // Admit decides whether r, resolved to application's route, may go to its
-// upstreams now: not while memory is high (503), not past its client
-// address's rate, nor past its share of requests in flight while the
-// application's slots are contended (429), and past the application's
-// share only once a slot frees within the queue timeout (503). An admitted
-// request holds its shares until Ticket.Release.
+// upstreams now (docs/design.md, admission table: 503 and 429). An
+// admitted request holds its shares until Ticket.Release.
 func (c *Controller) Admit(r *http.Request, application string) (k Ticket, why Refusal) {
 	if c == nil {
 		return Ticket{}, Admitted
@@ -89,23 +75,14 @@ func (c *Controller) Admit(r *http.Request, application string) (k Ticket, why R
 	if c.memHigh.Load() {
 		return Ticket{}, RefusedMemory
 	}
-	// The request may need a descriptor for its upstream. Past the budget
-	// an idle connection gives one back if it can at once; past the
-	// overdraft too, the request is refused rather than the edge running
-	// out.
+	// The request may need a descriptor for its upstream.
 	if c.inUse() >= int64(c.limits.MaxConns) && !c.roomForRequest() {
 		return Ticket{}, RefusedBudget
 	}
 	k.t = c
 	app := c.apps.get(application)
 	if key, ok := c.clientOfRequest(r); ok {
-		// An address's share of requests binds only while requests contend
-		// for its application's slots. With connections short and
-		// requests not, its requests finish and give back what they hold:
-		// refusing them would fail a NAT's browsers for what the
-		// connections' own rules hold. Over HTTP/2 and HTTP/3 an address
-		// holds many requests on few connections, and no shedding cuts
-		// them: its share binds while the box is short of anything.
+		// When the share binds: docs/design.md, admission table.
 		contended := c.apps.busy(app) || (r.ProtoMajor != 1 && c.contended.Load())
 		if k.client, why = c.clients.addRequest(key, c.clock.Now(), contended); why != Admitted {
 			return Ticket{}, why
@@ -131,17 +108,17 @@ func (c *Controller) Admit(r *http.Request, application string) (k Ticket, why R
 }
 
 // clientOfRequest returns the client key r is counted by: its peer's
-// address (after the PROXY protocol), or, when the peer is a proxy, the
-// address X-Forwarded-For names after the last proxy. False: no address to
-// count by (a proxy that named none).
+// address (after the PROXY protocol), or, from a trusted proxy, the
+// address X-Forwarded-For names after the last one. False: none to count
+// by (another proxy, or a trusted one that named none).
 func (c *Controller) clientOfRequest(r *http.Request) (netip.Addr, bool) {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
 		return netip.Addr{}, false
 	}
 	ip := ap.Addr().Unmap().WithZone("") // a link-local peer's zone names no other client
-	if !contains(c.trusted, ip) {
-		if c.isProxy(ip) {
+	if !forwarded.Contains(c.trusted, ip) {
+		if forwarded.Contains(c.proxies, ip) {
 			return netip.Addr{}, false
 		}
 		return clientKey(ip), true

@@ -12,17 +12,9 @@ import (
 )
 
 // appTable holds each application's requests in flight to its upstreams and
-// its queue. The map is copied on write: a request's lookup takes no lock,
-// and new applications are rare.
-//
-// The share rule, after HAProxy's per-server maxconn and queue: the request
-// budget is half the connection budget (a proxied request holds a client and
-// an upstream descriptor), and an application may hold in flight share × what
-// the other applications leave of it, so that some always remains for an
-// application that has none in flight. During an episode of pressure it may
-// also hold no more than its fair part of the descriptors (level, fairLevel;
-// Controller.shedHeld sheds what it holds past it). Past its limit a request
-// waits in a FIFO queue of at most queueMax for timeout.
+// its queue; the share rule, after HAProxy's per-server maxconn and queue,
+// is docs/design.md's (admission table). The map is copied on write: a
+// request's lookup takes no lock, and new applications are rare.
 type appTable struct {
 	apps     atomic.Pointer[map[string]*appState]
 	mu       sync.Mutex // serialises inserts and pruning
@@ -31,12 +23,10 @@ type appTable struct {
 	queueMax int
 	timeout  time.Duration
 	total    atomic.Int64 // in flight across applications
-	// level is, during an episode of pressure, the most requests one
-	// application may hold in flight (fairLevel); 0: no such cap.
-	level   atomic.Int64
-	parties []int64 // fairLevel's scratch: the monitor's alone
-	queued  atomic.Int64
-	m       *metrics
+	level    atomic.Int64 // during an episode, fairLevel's; 0: none
+	parties  []int64      // fairLevel's scratch: the monitor's alone
+	queued   atomic.Int64
+	m        *metrics
 }
 
 // appState is one application's load. A request within its share takes
@@ -71,7 +61,6 @@ func (t *appTable) init(l Limits) {
 	t.apps.Store(&empty)
 }
 
-// get returns name's state, creating it on first use.
 func (t *appTable) get(name string) *appState {
 	if a := (*t.apps.Load())[name]; a != nil {
 		return a
@@ -107,18 +96,11 @@ func (t *appTable) limitAt(inFlight, total int64) int64 {
 }
 
 // fairLevel splits capacity descriptors, max-min fair, between each
-// application's requests in flight (two descriptors each) and, as one
-// party more, the inUse descriptors that carry no request (idle and new
-// connections, pooled upstreams): the smaller parties keep what they
-// hold, and the rest is split equally among the larger ones. It returns
-// the requests an application may hold at that level, or 0 when
-// everyone's holdings fit, or when no other application has had a request
-// in flight in the last second: alone, an application's requests take
-// nobody else's room, and its share (AppShare) is what holds it. Max-min
-// and not an equal part of the budget:
-// twenty tenants holding a few requests each must not halve the one that
-// holds thousands while nobody else is short of anything but connections
-// that carry no request, which shedding idle ones answers.
+// application's requests in flight and, as one party more, the inUse
+// descriptors that carry no request (docs/design.md, admission table). It
+// returns the requests an application may hold at that level, or 0 when
+// everyone's holdings fit or no other application had a request in flight
+// in the last second.
 func (t *appTable) fairLevel(capacity, inUse int64, now time.Time) int64 {
 	parties := t.parties[:0]
 	held, apps := int64(0), 0
@@ -150,8 +132,7 @@ func (t *appTable) fairLevel(capacity, inUse int64, now time.Time) int64 {
 }
 
 // busy reports whether a's requests contend for slots: a's are waiting,
-// or the request budget is past its high-water mark. A client address past
-// its share of requests is refused only then.
+// or the request budget is past its high-water mark.
 func (t *appTable) busy(a *appState) bool {
 	return a.waiting.Load() > 0 || float64(t.total.Load()) >= highWater*float64(t.budget)
 }
@@ -173,7 +154,7 @@ func (t *appTable) tryTake(a *appState) bool {
 	}
 }
 
-// giveBack undoes a slot of a's, telling nobody.
+// giveBack gives a's slot back, telling no waiter.
 func (t *appTable) giveBack(a *appState) {
 	if a.inFlight.Add(-1) == 0 {
 		a.idleAt.Store(time.Now().UnixNano())
@@ -183,8 +164,8 @@ func (t *appTable) giveBack(a *appState) {
 }
 
 // acquire takes a slot for a request of a's (got from get(name)), waiting
-// in its queue for up to the queue timeout. It returns the state to
-// release, or the refusal.
+// in its queue for up to the queue timeout, and returns the state to
+// release.
 func (t *appTable) acquire(ctx context.Context, name string, a *appState) (*appState, Refusal) {
 	for ; ; a = t.get(name) {
 		if a.waiting.Load() == 0 && t.tryTake(a) {
@@ -269,7 +250,6 @@ func (t *appTable) release(a *appState) {
 	t.grantAll() // a slot freed here widens every other application's share
 }
 
-// grantAll hands free slots to every application's queue.
 func (t *appTable) grantAll() {
 	if t.queued.Load() == 0 {
 		return
@@ -285,11 +265,10 @@ func (t *appTable) grantAll() {
 }
 
 // appIdleFor is how long an application with nothing in flight keeps its
-// state (and metric series) before it is dropped.
+// state (and metric series) before prune drops it.
 const appIdleFor = 10 * time.Minute
 
-// prune drops the applications idle for appIdleFor, and their series.
-func (t *appTable) prune(m *metrics) {
+func (t *appTable) prune() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cur := *t.apps.Load()
@@ -313,9 +292,9 @@ func (t *appTable) prune(m *metrics) {
 			next = maps.Clone(cur)
 		}
 		delete(next, name)
-		if m != nil {
-			m.appInFlight.DeleteLabelValues(name)
-			m.appQueued.DeleteLabelValues(name)
+		if t.m != nil {
+			t.m.appInFlight.DeleteLabelValues(name)
+			t.m.appQueued.DeleteLabelValues(name)
 		}
 	}
 	if next != nil {

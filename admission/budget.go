@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,39 +14,30 @@ import (
 // Limits are the numbers a Controller enforces. Derive fills every zero
 // field from the process's limits; a flag that sets one wins.
 type Limits struct {
-	// MaxConns is the descriptors the edge spends on traffic: client and
-	// upstream connections together.
-	MaxConns int
-	// ConnsPerClient is how many connections one client address (an IPv4
-	// address, an IPv6 /64) may hold while the box is under pressure.
-	ConnsPerClient int
-	// RequestsPerClient is how many requests one client address may have
-	// in flight while its application is contended (or, over HTTP/2 and
-	// HTTP/3, while the box is); past it, 429.
-	RequestsPerClient int
+	MaxConns int // the descriptors spent on client and upstream connections
+	// ConnsPerClient and RequestsPerClient are one client address's (an
+	// IPv4 address, an IPv6 /64) shares of connections and of requests in
+	// flight.
+	ConnsPerClient, RequestsPerClient int
 	// AppShare is the share of what other applications leave of the request
-	// budget that one application may hold in flight to its upstreams
-	// (0 < AppShare ≤ 1); QueueTimeout is how long a request past it waits
-	// for a slot before it is answered 503.
+	// budget that one application may hold (0 < AppShare ≤ 1); QueueTimeout
+	// is how long a request past it waits for a slot.
 	AppShare     float64
 	QueueTimeout time.Duration
 	// ClientRate, if positive, is the requests a second one client address
-	// may start, with bursts of ClientBurst; past it, 429.
+	// may start, with bursts of ClientBurst.
 	ClientRate  float64
 	ClientBurst int
 	// Overdraft is how far past MaxConns the upstream connections of
-	// admitted requests may go before a request is refused (503): its
-	// client was accepted while there was room. Derive sets it to half the
-	// reserve; the other half stays the edge's own.
+	// admitted requests may go.
 	Overdraft int
 	// MemoryLimit is the memory the process may use, in bytes (0: none
-	// known); MemoryFrom says where it came from (MemoryFromFlag, …; ""
-	// with none), MemoryFile the file it was read from ("" for a flag or
-	// GOMEMLIMIT). Derive sets them.
+	// known); MemoryFrom says where it came from (MemoryFromFlag, …),
+	// MemoryFile the file it was read from, if any.
 	MemoryLimit            int64
 	MemoryFrom, MemoryFile string
-	// AdminConns is how many connections the admin listener holds at most
-	// (admin.go): out of the reserve, not MaxConns. Zero in New: 8.
+	// AdminConns is the admin listener's pool, out of the reserve, not
+	// MaxConns. Zero in New: 8.
 	AdminConns int
 }
 
@@ -55,18 +47,14 @@ type Facts struct {
 	// Descriptors is RLIMIT_NOFILE's soft limit, raised to the hard one;
 	// RaisedFrom is the soft limit before (0: not raised here).
 	Descriptors, RaisedFrom uint64
-	// Reserved is the descriptors kept out of MaxConns for the edge's own
-	// work (reserveFor).
-	Reserved int
+	Reserved                int // kept out of MaxConns for the edge's own work
 	// MemTotal is the box's memory (0: unknown). Cgroup is the tightest
 	// limit of the edge's cgroup and its ancestors (0: none), CgroupFile
 	// the file that set it; CgroupErr reports one that could not be read.
 	MemTotal, Cgroup int64
 	CgroupFile       string
 	CgroupErr        error
-	// GoLimit is the Go memory limit Derive set (0: left alone, as
-	// GOMEMLIMIT asks).
-	GoLimit int64
+	GoLimit          int64 // the Go memory limit Derive set; 0: left to GOMEMLIMIT
 }
 
 // System is what Derive reads the limits off.
@@ -81,46 +69,27 @@ type System struct {
 	Descriptors func() (limit, raisedFrom uint64, err error)
 }
 
+// The rules these size, and why: docs/design.md, admission table.
 const (
-	// connMemory is what one descriptor of traffic costs, measured: an idle
-	// keep-alive client connection about 20 KiB (goroutine stack, read and
-	// write buffers); a proxied request two descriptors and about 60 KiB.
+	// Measured: an idle keep-alive client connection holds about 20 KiB, a
+	// proxied request two descriptors and about 60 KiB.
 	connMemory = 32 << 10
-	// heapPerConn and baseHeap size the Go memory limit when the
-	// descriptors bind the budget before memory does, or no memory limit is
-	// known: what a connection of the budget holds in heap and stack at
-	// most, measured (about 21 KiB a descriptor with 7,000 long polls in
-	// flight), and what the edge holds with no traffic, with room. Without
-	// it the collector lets garbage grow as large as the live heap.
-	heapPerConn = 24 << 10
-	baseHeap    = 64 << 20
-	minGoLimit  = 256 << 20
-	// memoryForConns is the share of the memory limit the connection budget
-	// may take; the rest is the routing table, certificates, the heap's
-	// growth between collections.
-	memoryForConns = 0.5
-	// perClientDivisor: on a 20,000-descriptor box a client address may
-	// hold about 1,200: a NAT in front of hundreds of browsers (six
-	// HTTP/1.1 connections each, one for HTTP/2) fits.
-	perClientDivisor = 16
-	minPerClient     = 64
-	// DefaultAppShare lets one application hold three quarters of what the
-	// others leave: all of an idle box but a quarter, and always room for
-	// another application to start.
+	// Measured: about 21 KiB of heap and stack a descriptor with 7,000 long
+	// polls in flight; baseHeap is the edge with no traffic, with room.
+	heapPerConn         = 24 << 10
+	baseHeap            = 64 << 20
+	minGoLimit          = 256 << 20
+	memoryForConns      = 0.5
+	perClientDivisor    = 16
+	minPerClient        = 64
 	DefaultAppShare     = 0.75
 	DefaultQueueTimeout = time.Second
 )
 
 // Derive fills the zero fields of want from the process's descriptor and
-// memory limits, raising the descriptor soft limit to the hard one first.
-// It errors only for limits that cannot work.
-//
-// The memory limit is, first that says one: want.MemoryLimit (a flag),
-// GOMEMLIMIT, the tightest limit of the edge's cgroup and its ancestors
-// (if under the box's memory: past it, it limits nothing), a quarter of
-// the box's memory. Unless GOMEMLIMIT is set, the Go memory limit is set
-// to 90 % of it, as automemlimit does, or, when the descriptors bind the
-// budget before memory does, to what the budget can hold if that is less.
+// memory limits, raising the descriptor soft limit to the hard one first,
+// and sets the Go memory limit (docs/design.md, admission table). It errors
+// only for limits that cannot work.
 func Derive(want Limits, sys System) (Limits, Facts, error) {
 	var f Facts
 	var err error
@@ -149,12 +118,8 @@ func Derive(want Limits, sys System) (Limits, Facts, error) {
 		l.MemoryLimit, l.MemoryFrom, l.MemoryFile = 0, "", ""
 	}
 	f.Reserved = reserveFor(f.Descriptors)
-	if l.Overdraft == 0 {
-		l.Overdraft = f.Reserved / 2
-	}
-	if l.AdminConns == 0 {
-		l.AdminConns = max(f.Reserved/adminReserveDivisor, minAdminConns)
-	}
+	l.Overdraft = cmp.Or(l.Overdraft, f.Reserved/2)
+	l.AdminConns = cmp.Or(l.AdminConns, max(f.Reserved/adminReserveDivisor, minAdminConns))
 	memoryBinds := false // the memory limit, not the descriptors or a flag, sets MaxConns
 	if l.MaxConns == 0 {
 		l.MaxConns = int(min(f.Descriptors, math.MaxInt32)) - f.Reserved
@@ -164,43 +129,31 @@ func Derive(want Limits, sys System) (Limits, Facts, error) {
 	}
 	if l.MaxConns < 16 {
 		return l, f, fmt.Errorf("connection budget %d is too small to serve (descriptor limit %d, %d reserved, memory limit %d from %s)",
-			l.MaxConns, f.Descriptors, f.Reserved, l.MemoryLimit, orNone(l.MemoryFrom))
+			l.MaxConns, f.Descriptors, f.Reserved, l.MemoryLimit, cmp.Or(l.MemoryFrom, "none"))
 	}
 	if uint64(l.MaxConns)+uint64(f.Reserved) > f.Descriptors {
 		return l, f, fmt.Errorf("--max-conns %d and the %d descriptors the edge keeps for its own work exceed the descriptor limit %d", l.MaxConns, f.Reserved, f.Descriptors)
 	}
-	if l.ConnsPerClient == 0 {
-		l.ConnsPerClient = max(minPerClient, l.MaxConns/perClientDivisor)
-	}
-	if l.RequestsPerClient == 0 {
-		l.RequestsPerClient = l.ConnsPerClient
-	}
-	if l.AppShare == 0 {
-		l.AppShare = DefaultAppShare
-	}
-	if l.QueueTimeout == 0 {
-		l.QueueTimeout = DefaultQueueTimeout
-	}
+	l.ConnsPerClient = cmp.Or(l.ConnsPerClient, max(minPerClient, l.MaxConns/perClientDivisor))
+	l.RequestsPerClient = cmp.Or(l.RequestsPerClient, l.ConnsPerClient)
+	l.AppShare = cmp.Or(l.AppShare, DefaultAppShare)
+	l.QueueTimeout = cmp.Or(l.QueueTimeout, DefaultQueueTimeout)
 	if l.ClientRate > 0 && l.ClientBurst == 0 {
 		l.ClientBurst = max(1, int(math.Ceil(2*l.ClientRate)))
 	}
 	if err := l.validate(); err != nil {
 		return l, f, err
 	}
-	// A small --max-conns must not starve the routing table and the
-	// certificate cache: never under minGoLimit.
+	// minGoLimit: a small --max-conns must not starve the routing table
+	// and the certificate cache.
 	budgetGo := max(int64(l.MaxConns)*heapPerConn+baseHeap, minGoLimit)
 	switch {
 	case goMemLimit != "":
 		// GOMEMLIMIT (or =off) is the operator's word: the runtime set it.
 	case l.MemoryLimit > 0 && memoryBinds:
-		// The collector works harder before the OOM killer ends the
-		// process; a tenth is left for what Go does not count (the binary,
-		// thread stacks, the kernel's socket buffers).
+		// A tenth left for the binary, thread stacks, socket buffers.
 		f.GoLimit = l.MemoryLimit / 10 * 9
 	case l.MemoryLimit > 0:
-		// The descriptors (or --max-conns) bind first: a Go limit near the
-		// memory limit would let garbage grow as large as the live heap.
 		f.GoLimit = min(l.MemoryLimit/10*9, budgetGo)
 	default:
 		f.GoLimit = budgetGo
@@ -209,13 +162,6 @@ func Derive(want Limits, sys System) (Limits, Facts, error) {
 		debug.SetMemoryLimit(f.GoLimit)
 	}
 	return l, f, nil
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "none"
-	}
-	return s
 }
 
 func (l Limits) validate() error {
@@ -236,16 +182,15 @@ func (l Limits) validate() error {
 	return nil
 }
 
-// reserveFor keeps a twentieth of the descriptors for the edge's own work
-// (listeners, edge.db, the poll, certificate storage, the admin pool, the
-// handover socket), at least 64 and at most 1,024: a few dozen at most,
-// and slack for bursts of them.
+// reserveFor is the descriptors kept for the edge's own work (listeners,
+// edge.db, the poll, certificate storage, the admin pool, the handover
+// socket): a few dozen at most, and slack for bursts of them.
 func reserveFor(descriptors uint64) int {
 	return int(min(max(descriptors/20, 64), 1024))
 }
 
-// raiseDescriptorLimit raises RLIMIT_NOFILE's soft limit to the hard one.
-// Go's runtime does at start, so there is usually nothing left to raise.
+// raiseDescriptorLimit raises RLIMIT_NOFILE's soft limit to the hard one
+// (Go's runtime usually has at start).
 func raiseDescriptorLimit() (limit, raisedFrom uint64, err error) {
 	var r syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {

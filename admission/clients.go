@@ -11,18 +11,13 @@ import (
 
 // clientShards spreads the client table's map: a request reads its
 // address's shard under a read lock, so requests of different addresses
-// share no lock, and requests of one address share only a read lock.
+// share no lock.
 const clientShards = 256
 
 // clientTable counts, per client address, the connections it holds, its
 // requests in flight and, with a rate, its token bucket. An address's entry
-// lives while it holds anything or its bucket is not full again, so the
-// table is bounded by the connection budget plus the addresses seen within a
-// bucket's refill time, and never past maxEntries.
-//
-// The shares are work-conserving: an address past its share is refused only
-// while the box is contended (the caller says so); otherwise it is counted
-// and served like any other.
+// lives while it holds anything or its bucket is not full again, and the
+// table never grows past maxEntries.
 type clientTable struct {
 	shards     [clientShards]clientShard
 	entries    atomic.Int64
@@ -87,11 +82,10 @@ func (t *clientTable) shard(key netip.Addr) *clientShard {
 }
 
 // entry returns key's entry, creating it. A full table makes room by
-// forgetting an address that holds nothing (its bucket, if any, starts full
-// again): addresses that hold connections or requests are at most the
-// budget's worth, far under maxEntries, so an attacker spraying addresses
-// cannot fill the table and have new addresses go uncounted. Nil only if
-// every entry holds something.
+// forgetting an address that holds nothing (its bucket starts full again):
+// those that hold something are at most the budget's worth, far under
+// maxEntries, so an attacker spraying addresses cannot fill the table and
+// have new addresses go uncounted. Nil only if every entry holds something.
 func (t *clientTable) entry(key netip.Addr) *clientEntry {
 	s := t.shard(key)
 	s.mu.RLock()
@@ -176,8 +170,8 @@ func (t *clientTable) dropIfUnused(e *clientEntry, now time.Time) {
 }
 
 // take counts one unit (connUnit or requestUnit) on key's entry, or
-// reports false when the box is contended and key already holds limit of
-// them. A full table counts nothing and refuses nothing (ok, nil entry).
+// reports false when contended and key already holds limit of them. A full
+// table counts nothing and refuses nothing (ok, nil entry).
 func (t *clientTable) take(key netip.Addr, unit uint64, limit uint32, contended bool) (*clientEntry, bool) {
 	for {
 		e := t.entry(key)
@@ -214,8 +208,7 @@ func (t *clientTable) releaseConn(e *clientEntry) {
 func (t *clientTable) overShare(e *clientEntry) int { return e.conns() - int(t.conns) }
 
 // addRequest counts a request of key's in flight, or names the limit it
-// would pass: its share of requests in flight when contended (the caller
-// says), its rate at any time.
+// would pass: its share when contended, its rate at any time.
 func (t *clientTable) addRequest(key netip.Addr, now time.Time, contended bool) (*clientEntry, Refusal) {
 	e, ok := t.take(key, requestUnit, t.requests, contended)
 	if !ok {
@@ -229,9 +222,9 @@ func (t *clientTable) addRequest(key netip.Addr, now time.Time, contended bool) 
 }
 
 // releaseRequest gives a request back. An entry left holding nothing stays
-// for sweep to drop while the table is at most half full: a client behind a
-// proxy holds no connection entry, and dropping it here would allocate it
-// anew for its every request.
+// for sweep while the table is at most half full: a client behind a proxy
+// holds no connection, and dropping it here would allocate it anew for its
+// every request.
 func (t *clientTable) releaseRequest(e *clientEntry) {
 	if e.word.Add(^uint64(requestUnit-1)) == 0 && t.entries.Load() > t.maxEntries/2 {
 		t.dropIfUnused(e, t.now())

@@ -9,12 +9,14 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/scafo/scafo-edge/internal/forwarded"
 )
 
 // Listener returns l counted against the budget and the client addresses'
-// shares (doc.go). Wrap the raw listener, below the PROXY protocol and
-// TLS: the peer it counts is the one that connected. Set the servers'
-// ConnState to c.ConnState so that idle connections can be shed.
+// shares. Wrap the raw listener, below the PROXY protocol and TLS: the
+// peer it counts is the one that connected. Set the servers' ConnState to
+// c.ConnState, and ConnContext to c.ConnContext.
 func (c *Controller) Listener(l net.Listener) net.Listener {
 	if c == nil {
 		return l
@@ -50,13 +52,10 @@ func (l *listener) acceptTracked() (*trackedConn, error) {
 			l.c.refuseConn(conn, refusedClientConns)
 			continue
 		}
-		// Room is made only now, the connection's address known: closing
-		// another address's slow first request for one of an address past
-		// its share, or as large, would trade their connections for each
-		// other's and serve nobody (shedRoom). Waiting here holds one
-		// accepted connection; the rest stay in the backlog. A listener
-		// closed meanwhile (an upgrade hands the socket on) still returns
-		// this one: its server drains it.
+		// Room is made only now, the connection's address known: shedRoom
+		// weighs it. Waiting here holds one accepted connection; the rest
+		// stay in the backlog. A listener closed meanwhile (an upgrade
+		// hands the socket on) still returns this one: its server drains it.
 		if !l.c.awaitRoom(l.done, client) {
 			if client != nil {
 				l.c.clients.releaseConn(client)
@@ -70,7 +69,6 @@ func (l *listener) acceptTracked() (*trackedConn, error) {
 	}
 }
 
-// refuseConn holds conn, refused for reason, until its hold is over.
 func (c *Controller) refuseConn(conn net.Conn, reason string) {
 	c.refused.hold(conn, c.clock.Now())
 	c.refusal(reason)
@@ -87,8 +85,8 @@ func (l *listener) Close() error {
 	return l.Listener.Close()
 }
 
-// addClientConn counts a connection of peer's client address (nil: none),
-// or reports false when the box is contended and it holds its share.
+// addClientConn counts a connection of peer's client address, if it has
+// one, or reports false when the box is contended and it holds its share.
 func (c *Controller) addClientConn(peer net.Addr) (*clientEntry, bool) {
 	key, ok := c.clientOfPeer(peer)
 	if !ok {
@@ -98,11 +96,10 @@ func (c *Controller) addClientConn(peer net.Addr) (*clientEntry, bool) {
 }
 
 // clientOfPeer returns the client key of a connection's peer, false when
-// it is a proxy's (or not an IP address): such connections are counted
-// against the budget only.
+// it is a proxy's (or not an IP address).
 func (c *Controller) clientOfPeer(a net.Addr) (netip.Addr, bool) {
 	ip := peerIP(a)
-	if !ip.IsValid() || c.isProxy(ip) {
+	if !ip.IsValid() || forwarded.Contains(c.proxies, ip) {
 		return netip.Addr{}, false
 	}
 	return clientKey(ip), true
@@ -118,17 +115,6 @@ func peerIP(a net.Addr) netip.Addr {
 		ap = a.AddrPort()
 	}
 	return ap.Addr().Unmap().WithZone("")
-}
-
-func (c *Controller) isProxy(ip netip.Addr) bool { return contains(c.proxies, ip) }
-
-func contains(ps []netip.Prefix, ip netip.Addr) bool {
-	for _, p := range ps {
-		if p.Contains(ip) {
-			return true
-		}
-	}
-	return false
 }
 
 // clientKey is the address a client is counted by: an IPv4 address, or an
@@ -160,8 +146,8 @@ type trackedConn struct {
 	upstream bool
 	closed   atomic.Bool
 
-	// Where it stands, written by its own requests only (a request takes
-	// no lock another connection takes), read by shedding.
+	// Written by its own requests only (a request takes no lock another
+	// connection takes), read by shedding.
 	state     atomic.Uint32 // a connState
 	since     atomic.Int64  // when it became idle or active (or was accepted), Unix ns of c.clock
 	goingAway atomic.Bool   // sent a GOAWAY: close once idle
@@ -183,20 +169,18 @@ type trackedConn struct {
 	goAwayMu sync.Mutex
 
 	// For a first head awaited outside the server (heads.go): the
-	// listener's wait, its socket and its id there (under headWait.mu),
-	// found when it began to wait.
+	// listener's wait, its socket and its id there (under headWait.mu).
 	headWait *headWait
 	socket   *headSocket
 	waitID   uint64
 	// headDeadline, once handed over, is when its first head must be in
-	// (Unix ns; 0: none): its server's header deadline is held to it, so
-	// that a head handed over unended gets no second timeout.
+	// (Unix ns; 0: none): a head handed over unended gets no second timeout.
 	headDeadline atomic.Int64
 }
 
 // closeUnread closes t, a connection whose first head waited, taking
-// first what its client sent that was only peeked at: closed with bytes
-// unread, a socket sends a reset rather than a FIN.
+// first what was only peeked at, as closed with bytes unread a socket
+// sends a reset rather than a FIN.
 func (t *trackedConn) closeUnread() {
 	drainUnread(t)
 	t.Close()
@@ -211,10 +195,9 @@ func (t *trackedConn) SetDeadline(d time.Time) error {
 }
 
 // heldToHeadDeadline returns d, or the deadline of t's first head if that
-// comes first. No deadline (zero) is left as it is: the server clears its
-// header deadline once the head is in. (With a ReadTimeout, which the edge
-// does not set, the server would set the body's deadline before it
-// reports the connection active, and that would be held too.)
+// comes first. Zero is left as it is: the server clears its header
+// deadline once the head is in. (With a ReadTimeout, which the edge does
+// not set, the body's deadline would be held too.)
 func (t *trackedConn) heldToHeadDeadline(d time.Time) time.Time {
 	if by := t.headDeadline.Load(); by != 0 && !d.IsZero() && d.UnixNano() > by {
 		return time.Unix(0, by)
@@ -222,12 +205,11 @@ func (t *trackedConn) heldToHeadDeadline(d time.Time) time.Time {
 	return d
 }
 
-// NetConn returns the connection underneath, as tls.Conn's does.
 func (t *trackedConn) NetConn() net.Conn { return t.Conn }
 
-// Read notes that bytes arrived: a connection listed as idle (or new) that
-// receives some has a TLS handshake or a request on its way, which its
-// server reports only once the request's headers are in.
+// Read notes that bytes arrived: a connection listed as idle (or new) has
+// a handshake or a request on its way, which its server reports only once
+// the request's headers are in.
 func (t *trackedConn) Read(p []byte) (int, error) {
 	n, err := t.Conn.Read(p)
 	if n > 0 && !t.arriving.Load() {
@@ -238,8 +220,8 @@ func (t *trackedConn) Read(p []byte) (int, error) {
 
 func (t *trackedConn) Close() error {
 	// Claimed before the connection goes: closing it wakes its server's
-	// goroutine, which closes it too, and the descriptor must be given
-	// back by this call, before it returns (shedding counts on it).
+	// goroutine, which closes it too, and shedding counts on this call
+	// giving the descriptor back before it returns.
 	if !t.closed.CompareAndSwap(false, true) {
 		return t.Conn.Close()
 	}
@@ -263,15 +245,13 @@ func (t *trackedConn) Close() error {
 	return err
 }
 
-// ErrNoDescriptor is DialUpstream's refusal: the budget and its overdraft
-// are spent. It wraps syscall.EMFILE, which the kernel would have returned
-// past the descriptor limit, so that the upstream is not blamed.
+// ErrNoDescriptor is DialUpstream's refusal. It wraps syscall.EMFILE, the
+// kernel's past the descriptor limit, so that the upstream is not blamed.
 var ErrNoDescriptor = fmt.Errorf("admission: the connection budget and its overdraft are spent: %w", syscall.EMFILE)
 
 // DialUpstream makes, with dial, a connection to an upstream, and counts it
-// against the budget until it is closed. Its descriptor is claimed before
-// the dial (docs/design.md): past MaxConns and its overdraft the dial is
-// not made (ErrNoDescriptor).
+// against the budget until it is closed; its descriptor is claimed before
+// the dial (docs/design.md, admission table).
 func (c *Controller) DialUpstream(dial func() (net.Conn, error)) (net.Conn, error) {
 	if c == nil {
 		return dial()
@@ -302,8 +282,7 @@ func (c *Controller) DialUpstream(dial func() (net.Conn, error)) (net.Conn, erro
 }
 
 // reserveUpstream counts a descriptor for an upstream connection about to
-// be dialled, within MaxConns and the overdraft, first freeing one as
-// Admit does if there is none; false: none could be had.
+// be dialled, freeing one as Admit does if there is none.
 func (c *Controller) reserveUpstream() bool {
 	limit := int64(c.limits.MaxConns + c.limits.Overdraft)
 	for range 2 {

@@ -7,13 +7,11 @@ import (
 	"time"
 )
 
-// connKey is the context key under which ConnContext puts a connection's
-// *trackedConn, for Admit to note its request on it.
+// connKey is the context key of a connection's *trackedConn.
 type connKey struct{}
 
 // ConnContext is the hook for http.Server.ConnContext: it lets Admit find
-// the connection a request came on. A connection not from c's listeners
-// gets ctx as it is.
+// the connection a request came on, and shedHeld end its requests.
 func (c *Controller) ConnContext(ctx context.Context, conn net.Conn) context.Context {
 	if c == nil {
 		return ctx
@@ -27,9 +25,8 @@ func (c *Controller) ConnContext(ctx context.Context, conn net.Conn) context.Con
 }
 
 // ConnState is the hook for http.Server.ConnState: it notes where each
-// connection stands, for shedding to find the idle ones. A connection not
-// from c.Listener is ignored. A keep-alive request's two calls touch its
-// connection's own fields only.
+// connection stands, for shedding. A keep-alive request's two calls touch
+// its connection's own fields only.
 func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 	if c == nil {
 		return
@@ -40,10 +37,8 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 	}
 	switch st {
 	case http.StateNew:
-		// Idle until its first request: a connection opened ahead of need,
-		// or one that never sends anything, is as cheap to shed as an idle
-		// keep-alive one (minIdleAge spares those whose request is on its
-		// way).
+		// Idle until its first request: one opened ahead of need, or that
+		// never sends anything, is as cheap to shed as a keep-alive one.
 		if t.headDeadline.Load() == 0 { // its wait began at the accept
 			t.since.Store(c.clock.Now().UnixNano())
 		}
@@ -53,9 +48,8 @@ func (c *Controller) ConnState(conn net.Conn, st http.ConnState) {
 		t.arriving.Store(false)
 		t.since.Store(c.clock.Now().UnixNano())
 		if t.setState(stateIdle) && t.goingAway.Load() {
-			// Told to go away, the client opens no stream on it again, but
-			// its last stream's final frames may still be on their way
-			// out of the server's buffer: close it a little later.
+			// Its last stream's final frames may still be on their way out
+			// of the server's buffer: close it a little later.
 			c.closeIfIdleAfter(t, goAwayGrace)
 		}
 	case http.StateActive:
@@ -90,7 +84,7 @@ func (t *trackedConn) setState(st connState) bool {
 func (t *trackedConn) isIdle() bool { return connState(t.state.Load()) == stateIdle }
 
 // trackedOf finds the tracked connection under conn (a *tls.Conn's, or one
-// wrapped by the PROXY protocol or a gate); nil when there is none.
+// wrapped by the PROXY protocol or a gate), if any.
 func trackedOf(conn net.Conn) *trackedConn {
 	for range 8 { // wrappers do not nest deeper than this
 		switch v := conn.(type) {
@@ -107,29 +101,11 @@ func trackedOf(conn net.Conn) *trackedConn {
 	return nil
 }
 
-// shed closes t, an idle connection shedding chose; one that speaks
-// HTTP/2 (h2) is sent a GOAWAY instead and closed after goAwayGrace if
-// still idle, counted in c.draining until then. Shedding closes t, the TCP
-// connection itself, never outer: a TLS close_notify could wait on a
-// client that does not read.
-func (c *Controller) shed(t *trackedConn, outer net.Conn, h2 bool) {
-	c.m.shed.WithLabelValues(shedIdle).Inc()
-	c.shedIdle.Add(1)
-	if !h2 {
-		t.Close()
-		return
-	}
-	t.draining.Store(true)
-	c.draining.Add(1)
-	go c.goAway(t, outer)
-}
-
 // goAway writes a GOAWAY to an idle HTTP/2 connection, then closes it
-// after goAwayGrace if it is idle again. It runs on its own goroutine: the
-// write could wait on a client that stopped reading, as long as the send
-// timeout lets it. The GOAWAY goes in only while the connection has no
-// stream: ConnState waits on t.goAwayMu before a stream makes it active,
-// so no response frame of a stream opened meanwhile is split around it.
+// after goAwayGrace if it is idle again; on its own goroutine, as the
+// write could wait on a client that stopped reading. The GOAWAY goes in
+// only while the connection has no stream: ConnState waits on t.goAwayMu
+// before a stream makes it active, so no response frame is split by it.
 func (c *Controller) goAway(t *trackedConn, outer net.Conn) {
 	t.goAwayMu.Lock()
 	idle := t.isIdle()
@@ -158,20 +134,13 @@ func (c *Controller) closeIfIdleAfter(t *trackedConn, d time.Duration) {
 	})
 }
 
-// undrain takes t out of c.draining, once.
 func (c *Controller) undrain(t *trackedConn) {
 	if t.draining.CompareAndSwap(true, false) {
 		c.draining.Add(-1)
 	}
 }
 
-// goAwayFrame is an HTTP/2 GOAWAY with the last stream identifier 2^31-1
-// and NO_ERROR: RFC 9113 §6.8's first step of a graceful shutdown.
-var goAwayFrame = [17]byte{
-	0, 0, 8, // length
-	0x7,        // type GOAWAY
-	0,          // flags
-	0, 0, 0, 0, // stream 0
-	0x7f, 0xff, 0xff, 0xff, // last stream identifier
-	0, 0, 0, 0, // NO_ERROR
-}
+// goAwayFrame is RFC 9113 §6.8's first step of a graceful shutdown: a
+// GOAWAY (length 8, type 7, no flags, stream 0) with the last stream
+// identifier 2^31-1 and NO_ERROR.
+var goAwayFrame = [17]byte{0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0}

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"cmp"
 	"errors"
 	"net/netip"
 	"sync"
@@ -14,52 +15,27 @@ import (
 	"github.com/scafo/scafo-edge/internal/clock"
 )
 
-// The rules these bound, and why, are docs/design.md's table.
+// The rules these bound, and why: docs/design.md, admission table.
 const (
-	// Connections in use past highWater of MaxConns start pressure, which
-	// ends below lowWater: the gap keeps a box near its limit from starting
-	// an episode a second.
-	highWater = 0.90
-	lowWater  = 0.80
-	// The same for memory in use (live heap and stacks), as shares of
-	// Limits.MemoryLimit: past three quarters live, the collector has too
-	// little room left to keep up.
+	// The gaps between the water marks keep a box near its limit from
+	// starting an episode a second.
+	highWater    = 0.90
+	lowWater     = 0.80
 	memHighWater = 0.75
 	memLowWater  = 0.65
-	// minIdleAge spares from shedding a keep-alive connection between two
-	// requests of a page, or a new one whose first request is on its way.
-	minIdleAge = 250 * time.Millisecond
-	// pressureIdleTimeout: under pressure, every connection idle longer is
-	// closed, whatever the water marks say.
-	pressureIdleTimeout = 5 * time.Second
-	// slowAge is how long a connection may take over its first request's
-	// headers (its TLS handshake included) before it is a slow first
-	// request: a visitor's take a round trip or two, a slowloris's the
-	// whole --read-header-timeout.
-	slowAge = time.Second
-	// At the budget, slow first requests are closed for room at most
-	// MaxConns/slowShedDivisor a second (at least minSlowShedRate): a
-	// slowloris takes the room back at once, and unbounded, each of its
-	// connections past the budget would cycle through accept and close as
-	// fast as the box can, its CPU going to that churn.
-	slowShedDivisor = 16
-	minSlowShedRate = 64
-	// goAwayGrace is how long an HTTP/2 connection sent a GOAWAY has to
-	// finish a stream its client started before it read it.
-	goAwayGrace = time.Second
-	// Under pressure, pooled upstream connections idle this long are
-	// closed by the monitor once a tick, and by Accept at the budget with
-	// no client connection to close.
+
+	minIdleAge                = 250 * time.Millisecond
+	pressureIdleTimeout       = 5 * time.Second
+	slowAge                   = time.Second // a TLS handshake included
+	slowShedDivisor           = 16
+	minSlowShedRate           = 64
+	goAwayGrace               = time.Second
 	upstreamIdleUnderPressure = time.Second
 	// monitorPlanEvery is how often, at most, the monitor remakes the
-	// shedding plan under pressure.
+	// shedding plan under pressure (monitorMayPlan).
 	monitorPlanEvery = time.Second
-	// tick is how often the monitor samples memory and, under pressure,
-	// sheds.
-	tick = 250 * time.Millisecond
-	// calmFor is how long connections and memory must stay under their
-	// low-water marks before an episode ends: a flood that comes in waves
-	// is one episode, logged once.
+	tick             = 250 * time.Millisecond // the monitor's
+	// calmFor: a flood that comes in waves is one episode, logged once.
 	calmFor = 5 * time.Second
 )
 
@@ -73,21 +49,16 @@ type Options struct {
 	// but not as one client address's.
 	Proxies []netip.Prefix
 	// TrustedProxies are the proxies whose X-Forwarded-For is believed (as
-	// backhaul believes it): for their requests the client is the address
-	// it names after the last trusted proxy. A request straight from
-	// another of Proxies is not counted per address.
+	// backhaul believes it): their requests are counted by the address it
+	// names after the last trusted proxy.
 	TrustedProxies []netip.Prefix
-	// Log receives a line when an episode of pressure starts and when it
-	// ends, and one per refusal kind a minute. The zero value logs nothing.
-	Log zerolog.Logger
-	// Registerer receives the package's metrics. Nil: no metrics.
-	Registerer prometheus.Registerer
-	// Clock is where connection ages and rate limits read the time. Nil:
-	// the wall clock.
-	Clock clock.Clock
-	// CloseIdleUpstreams, if non-nil, closes the idle pooled connections to
-	// upstreams idle for at least idleFor (0: all): under pressure they
-	// are given up before any client's.
+	// Log receives a line when an episode of pressure starts and ends, and
+	// one per refusal kind a minute.
+	Log        zerolog.Logger
+	Registerer prometheus.Registerer // nil: no metrics
+	Clock      clock.Clock           // for connection ages and rates; nil: the wall clock
+	// CloseIdleUpstreams, if non-nil, closes the pooled connections to
+	// upstreams idle for at least idleFor (0: all).
 	CloseIdleUpstreams func(idleFor time.Duration)
 	// MemoryInUse reports the memory the edge's work holds, in bytes. Nil:
 	// the live heap and the goroutine stacks.
@@ -113,15 +84,17 @@ type Controller struct {
 	shedSlow      atomic.Int64 // slow first requests closed for room, ever
 	shedHeldN     atomic.Int64 // held requests shed, ever
 
-	// Accept waits for room on room, closed and replaced whenever a
-	// connection closes while waiting > 0.
+	// Accept waits on room, closed and replaced when a connection closes
+	// while waiting > 0.
 	roomMu  sync.Mutex
 	room    chan struct{}
 	waiting atomic.Int32
 	paused  atomic.Bool // an Accept waits for room now
 
+	// The listeners' first heads awaited (heads.go). A slice of heads once
+	// read is never written: appends go past its end, removals copy.
 	headsMu sync.Mutex
-	heads   []*headWait // the listeners' first heads awaited (heads.go)
+	heads   []*headWait
 
 	conns   connRegistry
 	connSeq atomic.Uint32 // spreads connections over the registry's shards
@@ -130,12 +103,8 @@ type Controller struct {
 	admin   adminPool
 	refused refusedHold
 
-	memHigh atomic.Bool
-	// contended is set when connections pass the high-water mark, memory
-	// its own, or Accept waits for room, and cleared once all are back
-	// under the low-water marks: while it is set, the client addresses'
-	// shares bind.
-	contended atomic.Bool
+	memHigh   atomic.Bool
+	contended atomic.Bool // "pressure" in docs/design.md: the shares bind
 	wake      chan struct{}
 
 	// shedMu serialises shedding and guards plan and upstreamsClosed.
@@ -150,7 +119,7 @@ type Controller struct {
 	episode   episode // the monitor's
 }
 
-// episode is one stretch of pressure, from its start to its end.
+// episode is one stretch of pressure, for the log and the status page.
 type episode struct {
 	active      bool
 	started     time.Time
@@ -162,8 +131,8 @@ type episode struct {
 	calm        time.Time // since when it has been under the low-water marks; zero: not
 }
 
-// New returns a Controller enforcing opts.Limits, or the error registering
-// its metrics. Run must be running for shedding and memory checks.
+// New returns a Controller enforcing opts.Limits. Run must be running for
+// shedding and memory checks.
 func New(opts Options) (*Controller, error) {
 	if err := opts.Limits.validate(); err != nil {
 		return nil, err
@@ -189,9 +158,7 @@ func New(opts Options) (*Controller, error) {
 	c.slowShed = rate.NewLimiter(rate.Limit(slowRate), max(slowRate/4, 1))
 	c.clients.init(opts.Limits, c.clock.Now)
 	c.apps.init(opts.Limits)
-	if c.limits.AdminConns == 0 {
-		c.limits.AdminConns = minAdminConns
-	}
+	c.limits.AdminConns = cmp.Or(c.limits.AdminConns, minAdminConns)
 	c.admin.init(c.limits, c)
 	c.refused.max = heldFor(opts.Limits)
 	var err error
@@ -202,8 +169,6 @@ func New(opts Options) (*Controller, error) {
 	return c, nil
 }
 
-// inUse is the traffic descriptors held now: client and upstream
-// connections.
 func (c *Controller) inUse() int64 { return c.clientConns.Load() + c.upstreamConns.Load() }
 
 // MemoryShort reports whether the edge's memory is past its high-water
@@ -213,7 +178,6 @@ func (c *Controller) MemoryShort() bool {
 	return c != nil && c.memHigh.Load()
 }
 
-// poke wakes the monitor without waiting for its tick.
 func (c *Controller) poke() {
 	select {
 	case c.wake <- struct{}{}:
@@ -222,7 +186,7 @@ func (c *Controller) poke() {
 }
 
 // opened notes a new connection; past the high-water mark the box is
-// contended, and the monitor is woken to shed idle ones.
+// contended, and the monitor is woken.
 func (c *Controller) opened() {
 	if float64(c.inUse()+c.quicConns.Load()) >= highWater*float64(c.limits.MaxConns) {
 		if !c.contended.Load() {
@@ -256,9 +220,9 @@ func (c *Controller) awaitRoom(done <-chan struct{}, newcomer *clientEntry) bool
 	}()
 	max := int64(c.limits.MaxConns)
 	for c.inUse() >= max && !isDone(done) {
-		// Room is made at once where it can be: a listener that waits lets
-		// its backlog fill, and a visitor's connection waits behind every
-		// one queued there, or is dropped with it.
+		// Room is made at once where it can be: while a listener waits, a
+		// visitor's connection waits behind its whole backlog, or is
+		// dropped with it.
 		ok, retry, refuse := c.makeRoom(newcomer)
 		if ok {
 			break
@@ -284,10 +248,9 @@ func (c *Controller) awaitRoom(done <-chan struct{}, newcomer *clientEntry) bool
 		}
 		c.contended.Store(true)
 		c.poke()
-		// Room comes from a connection that closes, from the rate of slow
-		// first requests closed allowing the next (retry, on the
-		// controller's clock), or from a connection becoming old enough to
-		// close: look again after a tick, as the monitor does.
+		// Room comes from a connection that closes, the slow-shed rate
+		// allowing the next (retry, on the controller's clock), or a
+		// connection growing old enough to close (a tick).
 		var rateC <-chan time.Time
 		var rateT clock.Timer
 		if retry > 0 {
@@ -312,10 +275,7 @@ func (c *Controller) awaitRoom(done <-chan struct{}, newcomer *clientEntry) bool
 
 // makeRoom reports whether a descriptor is free, closing a connection to
 // free one if the budget is spent (shedRoom), or, with none to close, the
-// upstream ones idle for upstreamIdleUnderPressure (those the traffic
-// reuses would only be dialled again). If not, retry is when the rate of
-// slow first requests closed allows the next (0: none waits for it), and
-// refuse says whether the newcomer is to be refused rather than wait.
+// idle pooled upstream ones. If not, retry and refuse are shedRoom's.
 func (c *Controller) makeRoom(newcomer *clientEntry) (ok bool, retry time.Duration, refuse bool) {
 	max := int64(c.limits.MaxConns)
 	c.shedMu.Lock()
@@ -343,13 +303,11 @@ func isDone(done <-chan struct{}) bool {
 }
 
 // roomForRequest reports whether a descriptor is free for a request's
-// upstream within MaxConns and the overdraft, closing an idle connection of
-// the plan if the budget is spent, as makeRoom does but without waiting
-// for another shedder or making a plan, which walks every connection: a
-// request is on its client's time, and the overdraft covers it meanwhile.
-// The idle upstream connections are closed only past the overdraft, the
-// last thing before the request is refused: at the budget the request
-// most likely reuses one of them.
+// upstream within MaxConns and the overdraft, as makeRoom does but without
+// waiting for another shedder or making a plan, which walks every
+// connection: a request is on its client's time, and the overdraft covers
+// it meanwhile. Idle upstream connections are closed only past the
+// overdraft: at the budget the request most likely reuses one.
 func (c *Controller) roomForRequest() bool {
 	max := int64(c.limits.MaxConns)
 	limit := max + int64(c.limits.Overdraft)

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/scafo/scafo-edge/internal/forwarded"
 )
 
 // FuzzClientOfRequest holds the client key a request is counted by to what
@@ -50,12 +52,12 @@ func FuzzClientOfRequest(f *testing.F) {
 		if !ok {
 			return
 		}
-		if contains(testProxies, key) {
+		if forwarded.Contains(testProxies, key) {
 			t.Fatalf("counted as a trusted proxy's address %v (peer %q, header %q)", key, remote, xff)
 		}
 		// A zone (a link-local peer's) names no other client: it is dropped.
 		ip := peer.Addr().Unmap().WithZone("")
-		if !contains(testProxies, ip) {
+		if !forwarded.Contains(testProxies, ip) {
 			if key != clientKey(ip) {
 				t.Fatalf("a direct client %v counted as %v", ip, key)
 			}
@@ -69,7 +71,7 @@ func FuzzClientOfRequest(f *testing.F) {
 			if err != nil {
 				t.Fatalf("counted as %v though %q, right of any client, is no address", key, parts[i])
 			}
-			if a = a.Unmap().WithZone(""); !contains(testProxies, a) {
+			if a = a.Unmap().WithZone(""); !forwarded.Contains(testProxies, a) {
 				if key != clientKey(a) {
 					t.Fatalf("counted as %v, want the rightmost untrusted %v (header %q)", key, a, xff)
 				}

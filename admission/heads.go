@@ -10,23 +10,13 @@ import (
 	"time"
 )
 
-// headPeek is how many bytes of an unended first head may wait in the
-// epoll set (heads_linux.go) before its server gets them anyway. Held by
-// net/http, a slowloris's connection costs a goroutine (a stack every
-// collection scans), two buffers, and a wake-up for every byte; waiting
-// here, an entry and a peek when bytes arrive (bench/README). The server
-// still reads and judges every byte: this only chooses when (judgeHead).
-// A waiting connection is closed once it has waited the header timeout,
-// stretched 1 to 1.5 times as the server's own deadlines are; handed over
-// unended, its server's header deadline is held to that one.
-const headPeek = 1024
-
-// Pacing (doc.go): the kernel is asked not to report a paced head's bytes
-// until headPeek wait (SO_RCVLOWAT; its end still wakes the poller), and
-// it is looked at paceEvery later, then twice as far each turn up to
-// paceEvery<<paceDoublings, plus up to half that drawn each time. A
-// visitor's head comes in a segment or a few, and is never paced.
+// Awaiting first heads and pacing them: docs/design.md, admission table.
+// The server still reads and judges every byte: this only chooses when
+// (judgeHead). A paced head's socket reports nothing until headPeek bytes
+// wait (SO_RCVLOWAT; its end still wakes the poller); a visitor's head
+// comes in a segment or a few, and is never paced.
 const (
+	headPeek      = 1024
 	headPaceAfter = 4
 	paceEvery     = time.Second
 	paceDoublings = 2
@@ -36,10 +26,10 @@ const (
 )
 
 // PlainListener is Listener for a listener whose connections speak plain
-// HTTP/1 from their first byte: each connection's first request head is
-// awaited outside the server. headTimeout is the server's
-// ReadHeaderTimeout; proxied says that a PROXY protocol header may come
-// first. Where the platform cannot, it is Listener.
+// HTTP/1 from their first byte, their first heads awaited outside the
+// server. headTimeout is the server's ReadHeaderTimeout; proxied says that
+// a PROXY protocol header may come first. Where the platform cannot, it is
+// Listener.
 func (c *Controller) PlainListener(l net.Listener, headTimeout time.Duration, proxied bool) net.Listener {
 	if c == nil {
 		return l
@@ -62,7 +52,7 @@ func (c *Controller) PlainListener(l net.Listener, headTimeout time.Duration, pr
 // headWait holds a listener's connections whose first head is awaited.
 // Its own goroutine accepts, from the first Accept on (a server not
 // serving yet leaves connections in the backlog), and Accept returns what
-// it and the poller hand over: a head that ends while the accepting
+// it and the poller hand over: so a head that ends while the accepting
 // goroutine waits for room still goes to its server.
 type headWait struct {
 	c       *Controller
@@ -73,8 +63,7 @@ type headWait struct {
 
 	acceptBuf [headPeek]byte // the accepting goroutine's
 
-	// judgeMu is held while a waiting head is judged: it guards the
-	// waitingHeads' judgement and pacing, and judgeBuf.
+	// judgeMu guards the waitingHeads' judgement and pacing, and judgeBuf.
 	judgeMu  sync.Mutex
 	judgeBuf [headPeek]byte
 
@@ -108,7 +97,9 @@ func (h *headWait) accept(l *listener) (net.Conn, error) {
 			h.finish(net.ErrClosed)
 			return
 		}
-		h.c.addHeadWait(h)
+		h.c.headsMu.Lock()
+		h.c.heads = append(h.c.heads, h)
+		h.c.headsMu.Unlock()
 		go h.poll()
 		go h.acceptLoop(l)
 	})
@@ -155,18 +146,15 @@ func (h *headWait) acceptLoop(l *listener) {
 	}
 }
 
-// closeYoungerThan is how old a connection still on its first head may be
-// when the listener ends and go to its server rather than be closed:
-// net/http's Shutdown closes a new one older than 5 s as idle.
+// closeYoungerThan: net/http's Shutdown closes a new connection older than
+// 5 s as idle.
 const closeYoungerThan = 5 * time.Second
 
 // finish ends the waits, and then Accept returns end. The connections
 // younger than closeYoungerThan go to the server, their heads due by then
-// (an upgrade hands the socket on, and the old edge serves what it
-// accepted until its own Shutdown); the others are closed. One that has
-// sent nothing yet goes too: its client may be writing its request this
-// moment (the accept can come before its connect returns), and closing it
-// lost that request at an upgrade.
+// (at an upgrade the old edge serves what it accepted until its own
+// Shutdown), even one that has sent nothing yet: its client may be writing
+// its request this moment. The others are closed.
 func (h *headWait) finish(end error) {
 	h.judgeMu.Lock() // no look or turn is half-way: the marks stay as read
 	defer h.judgeMu.Unlock()
@@ -190,12 +178,13 @@ func (h *headWait) finish(end error) {
 		t.closeUnread()
 	}
 	h.poller.close()
-	h.c.removeHeadWait(h)
+	h.c.headsMu.Lock()
+	h.c.heads = slices.DeleteFunc(slices.Clone(h.c.heads), func(x *headWait) bool { return x == h })
+	h.c.headsMu.Unlock()
 }
 
 // release readies w, out of the waits, for its server: the kernel's mark
-// lowered, its head due by deadline, but not before its server has had
-// paceDeadlineLead to read what came.
+// lowered, its head due by deadline, but not before paceDeadlineLead.
 func (w *waitingHead) release(deadline int64, now time.Time) {
 	if w.paced.Load() {
 		w.t.socket.setRcvLowat(1)
@@ -210,11 +199,9 @@ func (h *headWait) push(t *trackedConn) {
 	h.more.Signal()
 }
 
-// await puts t in the epoll set, unless its first bytes need not wait:
-// false then.
+// await puts t in the epoll set, unless its first bytes need not wait.
 func (h *headWait) await(t *trackedConn) bool {
-	// Found once, before the connection is shared.
-	if t.socket = newHeadSocket(t.Conn); t.socket == nil {
+	if t.socket = newHeadSocket(t.Conn); t.socket == nil { // set before t is shared
 		return false
 	}
 	n, gone := peekHead(t, h.acceptBuf[:])
@@ -230,6 +217,7 @@ func (h *headWait) await(t *trackedConn) bool {
 	}
 	now := h.c.clock.Now()
 	t.since.Store(now.UnixNano())
+	// Stretched as the server's own deadlines are.
 	stretch := time.Duration(float64(h.timeout) * (1 + rand.Float64()/2))
 	h.mu.Lock()
 	if h.shut {
@@ -249,7 +237,7 @@ func (h *headWait) await(t *trackedConn) bool {
 }
 
 // arrived is the poller's word that bytes came for the connection waiting
-// as id, or that its client went (ended).
+// as id, or that its client went (ended); it paces a trickling head.
 func (h *headWait) arrived(id uint64, ended bool) {
 	h.judgeMu.Lock()
 	defer h.judgeMu.Unlock()
@@ -280,8 +268,8 @@ func nextHeadTurn(now time.Time, turns uint8) int64 {
 	return now.Add(every + rand.N(every/2)).UnixNano()
 }
 
-// judge hands w over unless its head must still wait (or its client went:
-// ended), and reports whether it still waits.
+// judge hands w over unless its head must still wait, and reports whether
+// it still waits.
 func (h *headWait) judge(w *waitingHead, ended bool) bool {
 	buf := h.judgeBuf[:]
 	n, gone := peekHead(w.t, buf)
@@ -323,14 +311,13 @@ func (h *headWait) takeTurns(now time.Time) {
 	}
 }
 
-// expire closes the connections whose head has waited past its deadline,
-// as the server would have at its header timeout.
+// expire closes the connections whose head has waited past its deadline.
 func (h *headWait) expire(now time.Time) {
 	h.judgeMu.Lock()
 	defer h.judgeMu.Unlock()
 	for _, w := range h.waitingWhere(func(w *waitingHead) bool { return w.deadline <= now.UnixNano() }) {
-		// A paced head may have ended since its last turn: it is the
-		// server's, as a read made in time would have been.
+		// A paced head that ended since its last turn is the server's, as
+		// a read made in time would have been.
 		if h.judge(w, false) && h.drop(w.t) {
 			w.t.closeUnread()
 		}
@@ -349,7 +336,6 @@ func (h *headWait) waitingWhere(match func(*waitingHead) bool) []*waitingHead {
 	return ws
 }
 
-// handOver moves the connection waiting as id to ready, for Accept.
 func (h *headWait) handOver(id uint64) {
 	h.mu.Lock()
 	w, ok := h.waiting[id]
@@ -372,28 +358,13 @@ func (h *headWait) shutDown() {
 	}
 }
 
-// drop takes t out of the waits, and reports whether it waited.
+// drop takes t out of the waits, reporting whether it waited.
 func (h *headWait) drop(t *trackedConn) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	_, ok := h.waiting[t.waitID]
 	delete(h.waiting, t.waitID)
 	return ok
-}
-
-// addHeadWait notes h, for the monitor to expire its connections and the
-// metrics to count them, until removeHeadWait. A slice of c.heads once
-// read is never written: appends go past its end, removals copy.
-func (c *Controller) addHeadWait(h *headWait) {
-	c.headsMu.Lock()
-	c.heads = append(c.heads, h)
-	c.headsMu.Unlock()
-}
-
-func (c *Controller) removeHeadWait(h *headWait) {
-	c.headsMu.Lock()
-	c.heads = slices.DeleteFunc(slices.Clone(c.heads), func(x *headWait) bool { return x == h })
-	c.headsMu.Unlock()
 }
 
 func (c *Controller) headWaits() []*headWait {
@@ -414,7 +385,6 @@ func (c *Controller) headTurns(now time.Time) {
 	}
 }
 
-// waitingHeads counts the connections whose first head is awaited.
 func (c *Controller) waitingHeads() (n int) {
 	for _, h := range c.headWaits() {
 		h.mu.Lock()

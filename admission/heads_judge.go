@@ -11,13 +11,12 @@ import (
 )
 
 // judgeHead reports what b, the first bytes a connection sent, say: wait
-// for more (headWaiting), or hand the connection to its server
-// (headIn), because the head has ended or because net/http would refuse
-// it already. With proxied, a PROXY protocol header (v1 or v2) before the
-// head is skipped, as the listener above reads it. judged is where the
+// for more (headWaiting), or hand the connection to its server (headIn):
+// the head has ended, or net/http would refuse it already. With proxied, a
+// PROXY protocol header before the head is skipped. judged is where the
 // last judgement's complete lines ended (-1: none); it returns where this
-// one's do, so that net/http judges each line once (FuzzJudgeHead holds
-// the verdicts to net/http's on the whole).
+// one's do, so that each line is judged once (FuzzJudgeHead holds the
+// verdicts to net/http's on the whole).
 func judgeHead(b []byte, proxied bool, judged int) (headState, int) {
 	off := 0
 	if proxied {
@@ -35,9 +34,8 @@ func judgeHead(b []byte, proxied bool, judged int) (headState, int) {
 	case headEnded(head):
 		return headIn, judged
 	}
-	// Each line more is judged by net/http once, as it comes: net/http
-	// reads lines whole, and refuses a malformed one at once, with a 400.
-	// A header line is judged after a request line of its own, which its
+	// net/http reads lines whole, and refuses a malformed one at once. A
+	// header line is judged after a request line of its own, which its
 	// verdict does not depend on.
 	for from := max(judged+1, off); ; {
 		end := bytes.IndexByte(b[from:], '\n')
@@ -69,8 +67,7 @@ func judgeHead(b []byte, proxied bool, judged int) (headState, int) {
 
 var someRequestLine = []byte("GET / HTTP/1.1\r\n")
 
-// headEnded reports whether b holds the end of a request head: an empty
-// line, its line end LF or CRLF, as net/http reads lines.
+// headEnded reports whether b holds an empty line, ending LF or CRLF.
 func headEnded(b []byte) bool {
 	return bytes.Contains(b, lflf) || bytes.Contains(b, lfcrlf)
 }

@@ -8,13 +8,11 @@ import (
 )
 
 // headPoller is a listener's epoll set of the connections whose first head
-// is awaited, edge-triggered: each is looked at when bytes come (each
-// segment is an edge) or its client goes; level-triggered, it would be
-// ready as long as its bytes wait, and a peek leaves them there. The set
-// waits in Go's netpoller, as a socket would, so no thread blocks in
-// epoll_wait. Events carry the connection's id in headWait, never its
-// descriptor, which a closed connection gives back for reuse (and the
-// kernel drops a closed socket from the set by itself).
+// is awaited. Edge-triggered: level-triggered, a connection would be ready
+// as long as its bytes wait, and a peek leaves them there. The set waits in
+// Go's netpoller, so no thread blocks in epoll_wait. Events carry the
+// connection's id in headWait, never its descriptor, which a closed
+// connection gives back for reuse (the kernel drops it from the set).
 type headPoller struct {
 	ep    *os.File
 	epRaw syscall.RawConn
@@ -70,9 +68,8 @@ func (p *headPoller) ctl(t *trackedConn, op int, id uint64) error {
 
 func (p *headPoller) close() { p.ep.Close() }
 
-// peekHead looks at t's queued bytes without taking them, into buf, and
-// reports how many there are, or that its client has closed or reset (or
-// its socket failed).
+// peekHead copies t's queued bytes into buf without taking them, and
+// reports how many there are, or that its client (or its socket) is gone.
 func peekHead(t *trackedConn, buf []byte) (n int, gone bool) {
 	var perr error
 	if err := t.socket.rc.Control(func(fd uintptr) {
@@ -90,8 +87,8 @@ func peekHead(t *trackedConn, buf []byte) (n int, gone bool) {
 	return n, false
 }
 
-// drainUnread reads and drops what t's client sent that was only peeked
-// at, so that closing it sends a FIN, not a reset.
+// drainUnread drops what was only peeked at, so that closing t sends a
+// FIN, not a reset.
 func drainUnread(t *trackedConn) {
 	var buf [headPeek]byte
 	t.socket.rc.Control(func(fd uintptr) {
@@ -137,8 +134,7 @@ type headSocket struct {
 	setLowatFunc func(fd uintptr)
 }
 
-// newHeadSocket returns conn's socket, or nil if it has none (a test's
-// pipe).
+// newHeadSocket returns conn's socket, nil if it has none (a test's pipe).
 func newHeadSocket(conn net.Conn) *headSocket {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
@@ -156,9 +152,9 @@ func newHeadSocket(conn net.Conn) *headSocket {
 }
 
 // setRcvLowat sets how many bytes must wait before the kernel reports the
-// socket readable (SO_RCVLOWAT; Linux 4.18 or later for TCP's wake-ups):
-// its end, and a receive window or memory running short, report it
-// whatever this says. An error leaves it reported as before.
+// socket readable (SO_RCVLOWAT; Linux 4.18 or later for TCP's wake-ups);
+// its end, or the receive window or memory running short, report it anyway.
+// An error leaves it reported as before.
 func (s *headSocket) setRcvLowat(bytes int) {
 	s.lowat = bytes
 	s.rc.Control(s.setLowatFunc)

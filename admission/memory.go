@@ -15,9 +15,7 @@ import (
 )
 
 // goMemoryInUse is the heap the last collection found live, and goroutine
-// stacks. Garbage is left out: with a memory limit set, the collector lets
-// it grow to near the limit by design, which is no reason to refuse
-// requests.
+// stacks (docs/design.md, admission table).
 func goMemoryInUse() int64 {
 	s := []rtmetrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/heap/stacks:bytes"}}
 	rtmetrics.Read(s)
@@ -39,8 +37,8 @@ const (
 	MemoryFromMemTotal   = "share of MemTotal"
 )
 
-// memTotalShare is the part of the box's memory the edge claims when nothing
-// tells it its limit: a quarter (see README, "Overload and fairness").
+// memTotalShare: the edge claims a quarter of the box's memory when nothing
+// tells it its limit.
 const memTotalShare = 4
 
 // cgroupLimit is the tightest memory limit over the process's own cgroup
@@ -54,11 +52,10 @@ type cgroupLimit struct {
 // cgroupMemoryLimit finds the process's memory cgroup (/proc/self/cgroup)
 // and where its hierarchy is mounted (/proc/self/mountinfo), and returns
 // the tightest limit of that cgroup and its ancestors up to the mount
-// point (a parent's limit binds its children too), as automemlimit does.
-// The v1 memory controller wins when the process is in one: on a hybrid
-// box the unified hierarchy has no memory controller. Zero bytes: no
-// limit; err reports a limit file that could not be read or parsed, beside
-// whatever limit the others gave.
+// point, as automemlimit does. The v1 memory controller wins when the
+// process is in one: on a hybrid box the unified hierarchy has no memory
+// controller. err reports a limit file that could not be read or parsed,
+// beside whatever limit the others gave.
 func cgroupMemoryLimit(sys fs.FS) (cgroupLimit, error) {
 	groups, err := fs.ReadFile(sys, "proc/self/cgroup")
 	if err != nil {
@@ -105,8 +102,8 @@ func cgroupMemoryLimit(sys fs.FS) (cgroupLimit, error) {
 // leading slash).
 type mount struct{ root, point, fstype, options string }
 
-// cgroupMounts reads the cgroup and cgroup2 mounts off /proc/self/mountinfo
-// (proc_pid_mountinfo(5)); nil when it cannot be read.
+// cgroupMounts reads the cgroup mounts off /proc/self/mountinfo
+// (proc_pid_mountinfo(5)).
 func cgroupMounts(sys fs.FS) []mount {
 	b, err := fs.ReadFile(sys, "proc/self/mountinfo")
 	if err != nil {
@@ -150,10 +147,10 @@ func unescapeMount(s string) string {
 
 // resolveCgroup returns the directory of cgroup p under the first mount of
 // its hierarchy whose root holds it, and that mount's point, where the
-// walk to the ancestors stops: above it is not ours to see. A container
-// whose cgroup lies outside the mount's root (no cgroup namespace, an
-// older runtime) sees its own cgroup at the mount point. With no mount
-// listed, the hierarchy is taken to be mounted whole at fallback.
+// walk to the ancestors stops. A container whose cgroup lies outside the
+// mount's root (no cgroup namespace, an older runtime) sees its own cgroup
+// at the mount point. With no mount listed, the hierarchy is taken to be
+// mounted whole at fallback.
 func resolveCgroup(mounts []mount, p string, match func(mount) bool, fallback string) (dir, top string, ok bool) {
 	var first *mount
 	for i := range mounts {
@@ -193,11 +190,10 @@ func within(root, p string) (string, bool) {
 	return "", false
 }
 
-// walkCgroup reads the limit of dir and of each ancestor up to top and
-// keeps the tightest. v1 also states, in the group's memory.stat, the
-// tightest limit over all its ancestors, those above the mount point
-// included; read last, so that when it says what a limit file above did,
-// the file is named.
+// walkCgroup keeps the tightest limit of dir and its ancestors up to top.
+// v1's memory.stat also states the tightest over all the ancestors, those
+// above the mount point included; read last, so that when a limit file
+// said the same, the file is named.
 func walkCgroup(sys fs.FS, dir, top, version string) (cgroupLimit, error) {
 	var best cgroupLimit
 	var errs []error
@@ -230,10 +226,9 @@ func walkCgroup(sys fs.FS, dir, top, version string) (cgroupLimit, error) {
 // down to a page. Anything at or past an exbibyte is treated so.
 const noLimitV1 = 1 << 60
 
-// readLimit reads a limit in bytes off file: the whole of it (memory.max,
-// memory.limit_in_bytes) or, with key, the value of key's line (v1's
-// memory.stat). 0 for no limit, including a missing file or line (the
-// root cgroup has none).
+// readLimit reads a limit in bytes off file: the whole of it or, with key,
+// the value of key's line. 0 for no limit, including a missing file or
+// line (the root cgroup has none).
 func readLimit(sys fs.FS, file, key string) (int64, error) {
 	b, err := fs.ReadFile(sys, file)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"cmp"
 	"fmt"
 	"sync"
 	"time"
@@ -74,7 +75,7 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 		gauge("scafo_edge_idle_conns", "Client connections idle now, the first to be closed under pressure.", nil,
 			func() float64 { return float64(c.conns.idleLen()) }),
 		gauge("scafo_edge_memory_limit_bytes", "The memory limit the edge keeps under, by where it came from (flag, GOMEMLIMIT, cgroup v1, cgroup v2, share of MemTotal); 0 from none: none known.",
-			prometheus.Labels{"from": orNone(c.limits.MemoryFrom)}, func() float64 { return float64(c.limits.MemoryLimit) }),
+			prometheus.Labels{"from": cmp.Or(c.limits.MemoryFrom, "none")}, func() float64 { return float64(c.limits.MemoryLimit) }),
 		gauge("scafo_edge_waiting_heads", "Connections of the plain HTTP listener whose first request head has not ended, awaited outside the HTTP server (no goroutine of their own) until it does, their client goes, or the header timeout.", nil,
 			func() float64 { return float64(c.waitingHeads()) }),
 		gauge("scafo_edge_client_addresses", "Client addresses the edge keeps counts for now.", nil,
@@ -86,15 +87,11 @@ func newMetrics(reg prometheus.Registerer, c *Controller) (*metrics, error) {
 	return m, nil
 }
 
-// refusal counts a connection or request refused for reason, and logs it.
+// refusal counts a connection or request refused for reason, and logs the
+// kind once a minute. No address is logged: a flood would choose what the
+// log says.
 func (c *Controller) refusal(reason string) {
 	c.m.shed.WithLabelValues(reason).Inc()
-	c.logRefusal(reason)
-}
-
-// logRefusal logs a kind of refusal once a minute. No address is logged: a
-// flood would choose what the log says.
-func (c *Controller) logRefusal(reason string) {
 	c.m.logMu.Lock()
 	s := c.m.logs[reason]
 	if s == nil {

@@ -27,7 +27,7 @@ func (c *Controller) Run(ctx context.Context) {
 			}
 			if sweep++; sweep%20 == 0 { // every 5s
 				c.clients.sweep()
-				c.apps.prune(c.m)
+				c.apps.prune()
 			}
 		case <-c.wake:
 		}
@@ -52,12 +52,11 @@ func (c *Controller) sampleMemory() {
 	}
 }
 
-// step starts or ends an episode of pressure and, during one, sheds idle
-// connections in shedPlan's order, down to the low-water mark.
+// step starts or ends an episode of pressure and, during one, sheds in
+// the plan's order, down to the low-water mark.
 func (c *Controller) step() {
 	budget := float64(c.limits.MaxConns)
-	// Those sent a GOAWAY are as good as closed: shedding them again would
-	// close more than needed.
+	// Those sent a GOAWAY are as good as closed.
 	pressed := func() bool {
 		return float64(c.inUse()-c.draining.Load()) >= lowWater*budget || c.memHigh.Load() || c.paused.Load()
 	}
@@ -97,23 +96,17 @@ func (c *Controller) step() {
 	// would close a connection more than needed.
 	c.shedMu.Lock()
 	if pressed() {
-		// Idle upstream connections cost the least to give up: no client
-		// notices. Only those idle for upstreamIdleUnderPressure: one that
-		// the traffic of the moment reuses would be dialled again at once.
 		// Once a tick, not at every wake: each connection accepted past
 		// the high-water mark wakes the monitor.
 		if wall := time.Now(); c.closeIdleUpstreams != nil && wall.Sub(c.upstreamsClosed) >= tick {
 			c.upstreamsClosed = wall
 			c.closeIdleUpstreams(upstreamIdleUnderPressure)
 		}
-		// Nor is the plan made at every wake, nor at every tick unless
-		// the last walk paid for itself (monitorMayPlan).
 		if c.monitorMayPlan() {
 			c.makePlan(now)
 		}
 	}
-	// Requests held past their application's fair part go first: they
-	// hold what the others are short of without moving.
+	// Held requests go first (docs/design.md, admission table).
 	c.setLevel(pressed())
 	c.shedHeld()
 	for float64(c.inUse()-c.draining.Load()) >= lowWater*budget {
@@ -122,12 +115,19 @@ func (c *Controller) step() {
 		}
 	}
 	// While the pressure lasts, the addresses past their share lose their
-	// idle connections down to it, and the short idle timeout holds for
-	// everyone; not while the episode waits out calmFor: by then every
-	// connection idle since the start would be past it.
-	if pressed() {
-		c.shedOver(now)
-		c.shedIdleLongerThan(now, pressureIdleTimeout)
+	// idle connections down to it, and the short idle timeout holds; not
+	// while the episode waits out calmFor: by then every connection idle
+	// since the start would be past it.
+	if p := &c.plan; pressed() {
+		for _, cd := range p.list[:p.over] {
+			c.tryShed(cd, now, minIdleAge)
+		}
+		p.next = max(p.next, p.over)
+		// Those tried before too: one whose headers were arriving may be
+		// past the timeout.
+		for _, cd := range p.list {
+			c.tryShed(cd, now, pressureIdleTimeout)
+		}
 	}
 	c.shedMu.Unlock()
 	used = c.inUse()

@@ -10,17 +10,10 @@ import (
 // h3ExcessiveLoad is HTTP/3's H3_EXCESSIVE_LOAD (RFC 9114 §8.1).
 const h3ExcessiveLoad quic.ApplicationErrorCode = 0x0107
 
-// QUICListener returns l counted against the budget: a QUIC connection
-// holds no descriptor but memory like one, so it may take what TCP
-// connections leave of the budget (never the other way round: HTTP/3
-// clients fall back to TCP, TCP clients have nowhere to go). At the
-// budget, or past its client address's share, which it shares with TCP, a
-// new connection is closed with H3_EXCESSIVE_LOAD at once: QUIC has no
-// backlog to leave it in.
-//
-// l must hand over connections whose handshake is complete (quic.Listener,
-// not an early one): the handshake proves the client's address, which a
-// spoofed Initial packet does not.
+// QUICListener returns l counted against the budget (docs/design.md,
+// admission table). l must hand over connections whose handshake is
+// complete (quic.Listener, not an early one): the handshake proves the
+// client's address, which a spoofed Initial packet does not.
 func (c *Controller) QUICListener(l http3.QUICListener) http3.QUICListener {
 	if c == nil {
 		return l

@@ -10,14 +10,12 @@ import (
 )
 
 // connShards spreads the registry of client connections: a connection
-// takes its shard's lock when its server first reports it and when it
-// closes, never for a request.
+// takes its shard's lock when it is listed and when it closes, never for a
+// request.
 const connShards = 64
 
-// connRegistry holds every client connection a server reported, in lists
-// by shard; shedding walks them to find the idle ones. A connection's shard
-// is fixed when it is accepted (round robin), so that the add and the
-// remove of one connection meet on one lock.
+// connRegistry lists every client connection a server reported, for
+// shedding to walk. A connection's shard is fixed at accept (round robin).
 type connRegistry struct {
 	shards [connShards]connShard
 }
@@ -28,8 +26,7 @@ type connShard struct {
 	_          [40]byte // its own cache line
 }
 
-// add lists t, whose server's connection is outer; a connection closed
-// already is not listed.
+// add lists t, whose server's connection is outer, unless it is closed.
 func (r *connRegistry) add(t *trackedConn, outer net.Conn) {
 	s := &r.shards[t.shardIdx]
 	s.mu.Lock()
@@ -80,8 +77,7 @@ func (r *connRegistry) each(f func(t *trackedConn, outer net.Conn)) {
 	}
 }
 
-// idleLen counts the connections idle now (and those accepted that have
-// sent no request yet).
+// idleLen counts the connections idle or new now.
 func (r *connRegistry) idleLen() int {
 	n := 0
 	r.each(func(t *trackedConn, _ net.Conn) {
@@ -102,28 +98,13 @@ type candidate struct {
 
 func oldestFirst(a, b candidate) int { return cmp.Compare(a.since, b.since) }
 
-// shedPlan is the order in which connections are closed under pressure,
-// guarded by Controller.shedMu. Idle connections (list), to bring the
-// count under the low-water mark and to make room at the budget:
-//
-//  1. the connections of client addresses past their share, furthest past
-//     first, each address down to its share; among addresses as far past,
-//     the connection idle longest first;
-//  2. then every other idle connection, idle longest first.
-//
-// Slow first requests (slow), only to make room at the budget, one for
-// each connection accepted, between steps 1 and 2: connections whose
-// first request's headers (or TLS handshake) have been arriving for
-// slowAge or more: those of client addresses at or past their share
-// first, each address's oldest first and as many as take it under its
-// share, then the rest, oldest first. They are never closed to bring the
-// count down: a slowloris reconnects at once, so that would only churn.
-//
-// It is made by walking every connection, so it is made only when needed
-// and never more often than planEvery allows: by Accept at the budget
-// when the last one ran out, and by the monitor once a monitorPlanEvery,
-// or at its next tick when the last walk paid for itself
-// (monitorMayPlan).
+// shedPlan is the order in which connections are closed under pressure
+// (docs/design.md, admission table), guarded by Controller.shedMu: the idle
+// connections (list: step 1, those of addresses past their share, then the
+// rest), the slow first requests (slow, tried between the two steps, for
+// room at the budget only) and the held requests. It walks every
+// connection, so it is made only when needed: by Accept at the budget when
+// the last one ran out (planStale), by the monitor when monitorMayPlan.
 type shedPlan struct {
 	list     []candidate
 	next     int // list[:next] have been tried
@@ -144,16 +125,13 @@ type shedPlan struct {
 // Accept waits for room.
 const planEvery = 20 * time.Millisecond
 
-// planStale reports whether the plan may be made again (planEvery);
-// c.shedMu is held.
+// planStale reports whether the plan may be made again; c.shedMu is held.
 func (c *Controller) planStale() bool {
 	p := &c.plan
 	return time.Since(p.built) >= max(planEvery, 20*p.took)
 }
 
-// makePlan lists the connections idle at least minIdleAge at now, in the
-// order they are to be shed, the slow first requests and the held
-// requests; c.shedMu is held.
+// makePlan makes the plan at now; c.shedMu is held.
 func (c *Controller) makePlan(now time.Time) {
 	p := &c.plan
 	p.forget()
@@ -192,6 +170,10 @@ func (c *Controller) makePlan(now time.Time) {
 	// connections, ranked n, n-1, …, 1 (how far past it still is as each
 	// goes): by rank, the addresses furthest past lose theirs first, each
 	// down to its share, and among equal ranks the oldest go first.
+	type ranked struct {
+		cd   candidate
+		rank int
+	}
 	left := map[*clientEntry]int{}
 	var over []ranked
 	rest := p.list[:0] // filtered in place
@@ -210,18 +192,11 @@ func (c *Controller) makePlan(now time.Time) {
 	p.over = len(over)
 }
 
-// ranked is a connection of makePlan's step 1, and how far past its share
-// its address still is as it goes.
-type ranked struct {
-	cd   candidate
-	rank int
-}
-
-// orderSlow puts first the plan's slow first requests that go first
-// (shedPlan; a visitor's address is seldom at its share), in a stable
-// partition in place: the rest wait in slowRest (kept from one plan to the
-// next, so that a plan of a million slow first requests leaves nothing to
-// the collector) and follow. c.shedMu is held.
+// orderSlow puts first the slow first requests of addresses at or past
+// their share, each address's oldest and as many as take it under it, in
+// a stable partition in place: the rest wait in slowRest (kept from plan
+// to plan, so that a million slow first requests leave nothing to the
+// collector) and follow. c.shedMu is held.
 func (c *Controller) orderSlow() {
 	p := &c.plan
 	if p.slowBy == nil {
@@ -260,17 +235,15 @@ func countDown(left map[*clientEntry]int, e *clientEntry, quota func(*clientEntr
 	return n
 }
 
-// emptied returns s cleared and at length 0: its array is kept for reuse,
-// holding on to nothing.
-// forget empties the plan, keeping its arrays for the next one: the
-// connections it listed, closed since most of them, are not kept from the
-// collector.
+// forget empties the plan, keeping its arrays for the next one but not the
+// connections it listed, closed since most of them, from the collector.
 func (p *shedPlan) forget() {
 	p.list, p.slow, p.held = emptied(p.list), emptied(p.slow), emptied(p.held)
 	p.next, p.over, p.slowNext = 0, 0, 0
 	clear(p.slowBy)
 }
 
+// emptied returns s cleared, at length 0.
 func emptied[S ~[]E, E any](s S) S {
 	clear(s)
 	return s[:0]
@@ -278,8 +251,7 @@ func emptied[S ~[]E, E any](s S) S {
 
 // idleCandidate reports whether t may be shed, idle since cutoff or
 // before, as a candidate. Bytes arriving rule out an HTTP/1 connection
-// only (tryShed): an HTTP/2 one receives frames while idle, and a GOAWAY
-// is graceful anyway.
+// only, in tryShed: an HTTP/2 one receives frames while idle.
 func idleCandidate(t *trackedConn, outer net.Conn, cutoff int64) (candidate, bool) {
 	st := connState(t.state.Load())
 	if st != stateIdle && st != stateNew {
@@ -311,13 +283,11 @@ const planYield = 64
 
 // monitorMayPlan reports whether the monitor may remake the plan, as
 // planStale allows: once a monitorPlanEvery, or sooner when the last walk
-// found an idle connection for every planYield it visited. A walk that
-// finds little is not worth repeating before then: under a slowloris at
-// the budget nothing is idle, and remade at every tick the plan took a
-// fifth of the edge's CPU for the attack. One that finds many is: idle
-// connections arriving faster than a plan a second closes them would
-// otherwise take the box to the budget, where Accept makes room by
-// closing slow first requests. c.shedMu is held.
+// found an idle connection for every planYield it visited. Under a
+// slowloris at the budget nothing is idle, and a plan remade every tick
+// took a fifth of the edge's CPU; but idle connections arriving faster
+// than a plan a second closes them would take the box to the budget.
+// c.shedMu is held.
 func (c *Controller) monitorMayPlan() bool {
 	p := &c.plan
 	due := time.Since(p.built) >= monitorPlanEvery || len(p.list)*planYield >= max(p.walked, 1)
@@ -325,25 +295,16 @@ func (c *Controller) monitorMayPlan() bool {
 }
 
 // shedRoom closes one connection to make room for a new one at the
-// budget, in shedPlan's order: an idle one of an address past its share,
-// else a slow first request (as fast as c.slowShed allows), else any idle
-// one; it makes a new plan once if this one ran out. newcomer is the new
-// connection's address (nil for none). For a request's upstream leg
+// budget, in the plan's order, as fast as c.slowShed allows slow first
+// requests; it makes a new plan once if this one ran out. newcomer is the
+// new connection's address (nil for none). For a request's upstream leg
 // (forRequest) it neither makes a plan nor closes a slow first request:
-// the overdraft covers a leg, and the slowloris's reconnection, not the
-// request, would take the room. It reports whether it closed one; if not,
-// when the rate of slow first requests allows the next (0: none waits for
-// it), and whether the newcomer is to be refused rather than wait.
-//
-// A newcomer of a slowloris's address (slowly) is refused unless it can
-// take the room of a slow first request of an address that holds more
-// connections than its own (nextSlowFor), with the rate allowing one now;
-// it never takes an idle connection but of an address past its share. A
-// slowloris reconnects the moment one of its connections is closed, and at
-// the budget that reconnection would otherwise take the room of another
-// of its slow first requests, or of a visitor's idle connection, whose
-// reconnection would take the next: a close and an accept at a time, for
-// nobody. c.shedMu is held.
+// the overdraft covers a leg, and a slowloris's reconnection would take
+// the room. It reports whether it closed one; if not, when the rate allows
+// the next (0: none waits for it), and whether the newcomer is to be
+// refused rather than wait, as a slowloris's is (slowly; docs/design.md,
+// admission table) unless it may take room (nextSlowFor, step 1). c.shedMu
+// is held.
 func (c *Controller) shedRoom(now time.Time, forRequest bool, newcomer *clientEntry) (shed bool, wait time.Duration, refuse bool) {
 	p := &c.plan
 	for range 2 {
@@ -356,9 +317,8 @@ func (c *Controller) shedRoom(now time.Time, forRequest bool, newcomer *clientEn
 					return true, 0, false
 				}
 			}
-			// Nothing else is its to take, and it does not wait for room:
-			// waiting, it would hold every visitor's connection up behind
-			// it in the backlog.
+			// Nothing else is its to take, and waiting it would hold up
+			// every visitor's connection behind it in the backlog.
 			if !c.planStale() {
 				return false, 0, true
 			}
@@ -385,10 +345,8 @@ func (c *Controller) shedRoom(now time.Time, forRequest bool, newcomer *clientEn
 	return false, wait, !forRequest && p.slowly(newcomer)
 }
 
-// slowly reports whether newcomer's address is a slowloris's as the plan
-// saw it: two or more of its other connections, and more than half of
-// them, were slow first requests. A visitor with one slow handshake, or a
-// NAT with a few among thousands, is not.
+// slowly reports whether newcomer's address is a slowloris's, as the plan
+// saw its other connections.
 func (p *shedPlan) slowly(newcomer *clientEntry) bool {
 	if newcomer == nil {
 		return false
@@ -402,10 +360,9 @@ func (p *shedPlan) slowly(newcomer *clientEntry) bool {
 const slowLookAhead = 64
 
 // nextSlowFor moves to slow[slowNext] the first of the next slowLookAhead
-// slow first requests of an address that holds more connections than
-// newcomer's does with the new one, and reports whether there is one (one
-// of no address, a proxy's, always qualifies): room a slowloris takes
-// evens addresses out and stops there.
+// slow first requests of an address (or of none, a proxy's) that holds
+// more connections than newcomer's does with the new one, and reports
+// whether there is one.
 func (p *shedPlan) nextSlowFor(newcomer *clientEntry) bool {
 	n := newcomer.conns()
 	end := min(len(p.slow), p.slowNext+slowLookAhead)
@@ -418,9 +375,8 @@ func (p *shedPlan) nextSlowFor(newcomer *clientEntry) bool {
 	return false
 }
 
-// shedNextSlow closes the plan's next slow first request if it is still
-// on its first request, its headers arriving, counts it against the rate
-// (c.slowShed), and reports whether it closed it. c.shedMu is held.
+// shedNextSlow closes the plan's next slow first request if it still is
+// one, counting it against c.slowShed. c.shedMu is held.
 func (c *Controller) shedNextSlow(now time.Time) bool {
 	p := &c.plan
 	cd := p.slow[p.slowNext]
@@ -437,54 +393,39 @@ func (c *Controller) shedNextSlow(now time.Time) bool {
 	return true
 }
 
-// shedOver closes every connection of the plan's first step still idle as
-// planned: the addresses past their share, down to it. c.shedMu is held.
-func (c *Controller) shedOver(now time.Time) {
-	p := &c.plan
-	for _, cd := range p.list[:p.over] {
-		c.tryShed(cd, now, minIdleAge)
-	}
-	p.next = max(p.next, p.over)
-}
-
-// shedIdleLongerThan closes every connection of the plan idle at least d
-// at now, those tried before included (one whose headers were arriving
-// may be past d). c.shedMu is held.
-func (c *Controller) shedIdleLongerThan(now time.Time, d time.Duration) {
-	for _, cd := range c.plan.list {
-		c.tryShed(cd, now, d)
-	}
-}
-
 // tryShed sheds cd's connection if it is still idle as planned, for at
-// least age at now, and reports whether it did.
+// least age at now, and reports whether it did: it closes t, the TCP
+// connection, never outer, as a TLS close_notify could wait on a client
+// that does not read; an h2 one is sent a GOAWAY instead.
 func (c *Controller) tryShed(cd candidate, now time.Time, age time.Duration) bool {
 	t := cd.t
 	if _, ok := idleCandidate(t, cd.outer, now.Add(-age).UnixNano()); !ok || t.since.Load() != cd.since {
 		return false
 	}
-	// Only a connection past its handshake can be asked its protocol
-	// without waiting on the handshake's lock.
-	if tc, ok := cd.outer.(*tls.Conn); ok && t.isIdle() && tc.ConnectionState().NegotiatedProtocol == "h2" {
-		// A GOAWAY is graceful whatever arrives meanwhile (a PING, a
-		// stream its client opened first).
-		if !t.goingAway.CompareAndSwap(false, true) {
-			return false
-		}
-		c.shed(t, cd.outer, true)
-		return true
-	}
-	if t.arriving.Load() && (age < pressureIdleTimeout || connState(t.state.Load()) == stateNew) {
-		// A handshake or a request is on its way: not idle. Unless a
-		// keep-alive connection's next request has been on its way for
-		// the whole short idle timeout while the box is under pressure:
-		// headers that slow are an attack more often than a visitor, and
-		// --read-header-timeout is long. A first request that slow is
-		// room for a new connection at the budget only (tryShedSlow):
-		// closed in bulk, a slowloris's connections would all come back
-		// at once.
+	// Only a connection past its handshake (idle) can be asked its
+	// protocol without waiting on the handshake's lock. A GOAWAY is
+	// graceful whatever arrives meanwhile.
+	tc, ok := cd.outer.(*tls.Conn)
+	h2 := ok && t.isIdle() && tc.ConnectionState().NegotiatedProtocol == "h2"
+	if h2 && !t.goingAway.CompareAndSwap(false, true) {
 		return false
 	}
-	c.shed(t, cd.outer, false)
+	if !h2 && t.arriving.Load() &&
+		(age < pressureIdleTimeout || connState(t.state.Load()) == stateNew) {
+		// A handshake or a request is on its way: not idle, unless a
+		// keep-alive's next request has been on its way for the whole
+		// pressureIdleTimeout. A first request that slow is room at the
+		// budget only (slow).
+		return false
+	}
+	c.m.shed.WithLabelValues(shedIdle).Inc()
+	c.shedIdle.Add(1)
+	if !h2 {
+		t.Close()
+		return true
+	}
+	t.draining.Store(true) // until it closes
+	c.draining.Add(1)
+	go c.goAway(t, cd.outer)
 	return true
 }

@@ -2,16 +2,13 @@ package admission
 
 import "time"
 
-// heldAge is how long a request must have been in flight before it may be
-// shed as held: longer than a page's requests take, even on a slow
-// upstream.
-const heldAge = 2 * time.Second
+// The held-request rule: docs/design.md, admission table.
+const heldAge = 2 * time.Second // longer than a page's requests take
 
-// setLevel sets, during an episode of pressure, the most requests one
-// application may hold: its fair part of the descriptors under the
-// low-water mark (appTable.fairLevel). Set once a tick while pressed, it
-// holds until the episode ends, calm included, so that an application
-// shed down to it does not take the room back the moment the count dips.
+// setLevel sets the most requests one application may hold (fairLevel).
+// Set once a tick while pressed, it holds until the episode ends, calm
+// included, so that an application shed down to it does not take the room
+// back the moment the count dips.
 func (c *Controller) setLevel(pressed bool) {
 	if wall := time.Now(); pressed && wall.Sub(c.levelSet) >= tick {
 		c.levelSet = wall
@@ -21,11 +18,8 @@ func (c *Controller) setLevel(pressed bool) {
 }
 
 // shedHeld closes the connections of the HTTP/1 requests held longest by
-// each application past the level (setLevel), down to it. Those requests
-// hold what the other applications' visitors are short of, and they move
-// least: a request that never ends, against a NAT's browsers that finish
-// one a second. Once a tick at most: the plan it walks is remade about
-// once a second. c.shedMu is held.
+// each application past the level, down to it; once a tick at most, as
+// the plan it walks is remade about once a second. c.shedMu is held.
 func (c *Controller) shedHeld() {
 	p := &c.plan
 	level, wall := c.apps.level.Load(), time.Now()
@@ -43,8 +37,8 @@ func (c *Controller) shedHeld() {
 			p.held[i] = candidate{} // released, hijacked or closed: not again
 			continue
 		}
-		// Listed held heldAge at least when the plan was made, it is older
-		// now unless a new request took its place.
+		// Held heldAge when the plan was made; older now unless a new
+		// request took its place.
 		if t.since.Load() != cd.since || a.inFlight.Load()-a.shedding.Load() <= level {
 			continue
 		}
@@ -59,12 +53,11 @@ func (c *Controller) shedHeld() {
 		c.m.shed.WithLabelValues(shedHeld).Inc()
 		c.shedHeldN.Add(1)
 		if cancel := t.cancel.Load(); cancel != nil {
-			// A handler blocked writing a body to its upstream never reads
-			// the closed connection: its context ends it. A handler waiting
-			// for its answer sees it at its upstream reader's next tick
-			// (backhaul's tickReader: within 8 s, as when a client leaves);
-			// until then the upstream descriptor and the slot stay held,
-			// counted in shedding so that nothing is cut twice.
+			// A handler writing a body upstream never reads the closed
+			// connection: its context ends it. One waiting for its answer
+			// sees it at backhaul's tickReader's next tick (within 8 s):
+			// until then its slot is held, counted in shedding so that it
+			// is not cut twice.
 			(*cancel)()
 		}
 		t.Close()
