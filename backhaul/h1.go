@@ -116,9 +116,7 @@ func (p *Proxy) roundTripH1(pc *h1.Conn, out *outbound, now, headBy time.Time) (
 		return p.roundTripH1Body(pc, out, before)
 	}
 	pc.Begin(r.Context(), now, headBy)
-	bw := pc.Writer()
-	werr := p.writeRequest(bw, r, out.fwd, pc.Addr, nil)
-	h1.PutWriter(bw)
+	werr := p.writeRequest(pc.BW, r, out.fwd, pc.Addr, nil)
 	sent := pc.Written() > before
 	if werr != nil && (!sent || h1.IsTimeout(werr) || errors.Is(werr, errInvalidRequest)) {
 		return !sent && !h1.IsTimeout(werr) && !errors.Is(werr, errInvalidRequest), werr
@@ -155,9 +153,7 @@ func (p *Proxy) roundTripH1Body(pc *h1.Conn, out *outbound, before int64) (resen
 	// it.
 	r, body, fwd := out.r, out.body, out.fwd
 	go func() {
-		bw := pc.Writer()
-		err := p.writeRequest(bw, r, fwd, pc.Addr, body)
-		h1.PutWriter(bw)
+		err := p.writeRequest(pc.BW, r, fwd, pc.Addr, body)
 		switch {
 		case err == nil && p.responseHeaderTimeout > 0:
 			pc.HeadTimer = time.AfterFunc(p.responseHeaderTimeout, func() {

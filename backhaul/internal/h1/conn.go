@@ -13,14 +13,14 @@ import (
 )
 
 // Conn is one keep-alive connection to an upstream, used by one exchange
-// at a time. What an exchange needs to talk over it (the parsed response
-// head, the body readers) lives here and is reused, and its buffers come
-// from pools while it writes or reads, so a request on a pooled connection
-// allocates almost nothing of its own.
+// at a time. Everything an exchange needs to talk over it (buffers, the
+// parsed response head, the body readers) lives here and is reused, so a
+// request on a pooled connection allocates almost nothing of its own.
 type Conn struct {
-	NC   net.Conn // the connection itself; closing it ends any exchange
-	Addr string   // the upstream's address, the pool's key
-	Head Head     // the head ReadHead read last
+	NC   net.Conn      // the connection itself; closing it ends any exchange
+	BW   *bufio.Writer // the request is written here; flushed through the send bound
+	Addr string        // the upstream's address, the pool's key
+	Head Head          // the head ReadHead read last
 
 	// For a request with a body, written by the caller's second goroutine
 	// while this one reads the response: its result, the response-header
@@ -34,7 +34,7 @@ type Conn struct {
 	HeadState atomic.Int32
 
 	rd     tickReader   // between br and NC
-	out    ProgressConn // between the request's writer and NC
+	out    ProgressConn // between BW and NC
 	peek   peeker       // on NC, before reuse
 	idleAt time.Time    // when it was last put back; zero for a new connection
 
@@ -65,28 +65,11 @@ func NewConn(nc net.Conn, addr string, sendTimeout time.Duration) *Conn {
 	pc.rd.nc = nc
 	pc.out = ProgressConn{Conn: nc, Timeout: sendTimeout}
 	pc.peek.init(nc)
+	pc.BW = bufio.NewWriterSize(&pc.out, writeBufSize)
 	return pc
 }
 
-var (
-	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufSize) }}
-	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, writeBufSize) }}
-)
-
-// Writer returns a buffer to write a request on pc with, flushed through
-// the send bound; give it back with PutWriter once the request is written
-// (or failed), so that a request waiting for its answer holds none.
-func (pc *Conn) Writer() *bufio.Writer {
-	bw := writers.Get().(*bufio.Writer)
-	bw.Reset(&pc.out)
-	return bw
-}
-
-// PutWriter gives back a buffer Writer returned; bw must not be used after.
-func PutWriter(bw *bufio.Writer) {
-	bw.Reset(nil)
-	writers.Put(bw)
-}
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufSize) }}
 
 // setReader makes src the source of responses on pc, for good.
 func (pc *Conn) setReader(src io.Reader) {
