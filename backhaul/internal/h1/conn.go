@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -36,15 +35,8 @@ type Conn struct {
 	rd     tickReader   // between br and NC
 	out    ProgressConn // between BW and NC
 	peek   peeker       // on NC, before reuse
-	idleAt time.Time    // when it was last put back; zero for a new connection
-
-	// br is the exchange's read buffer, taken from readers only once the
-	// upstream has sent something and given back when the exchange ends:
-	// a request waiting for a slow upstream, or an idle connection, holds
-	// none. leftover records, at the end, whether it held unread bytes.
-	br       *bufio.Reader
-	pooledBR bool // br came from readers (a test's may not)
-	leftover bool
+	br     *bufio.Reader
+	idleAt time.Time // when it was last put back; zero for a new connection
 
 	fixed  fixedBody
 	chunks chunkedBody
@@ -66,35 +58,14 @@ func NewConn(nc net.Conn, addr string, sendTimeout time.Duration) *Conn {
 	pc.out = ProgressConn{Conn: nc, Timeout: sendTimeout}
 	pc.peek.init(nc)
 	pc.BW = bufio.NewWriterSize(&pc.out, writeBufSize)
+	pc.setReader(&pc.rd)
 	return pc
 }
 
-var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufSize) }}
-
-// setReader makes src the source of responses on pc, for good.
+// setReader makes src the source of responses on pc.
 func (pc *Conn) setReader(src io.Reader) {
-	pc.useReader(bufio.NewReaderSize(src, readBufSize))
-}
-
-func (pc *Conn) useReader(br *bufio.Reader) {
-	pc.br = br
-	pc.fixed.br, pc.chunks.br, pc.close.br = br, br, br
-}
-
-// awaitResponse waits, holding no buffer, until the upstream sends
-// something, then takes a read buffer for the exchange.
-func (pc *Conn) awaitResponse() error {
-	if pc.br != nil {
-		return nil
-	}
-	if err := pc.rd.await(&pc.peek); err != nil {
-		return err
-	}
-	br := readers.Get().(*bufio.Reader)
-	br.Reset(&pc.rd)
-	pc.useReader(br)
-	pc.pooledBR = true
-	return nil
+	pc.br = bufio.NewReaderSize(src, readBufSize)
+	pc.fixed.br, pc.chunks.br, pc.close.br = pc.br, pc.br, pc.br
 }
 
 // Reusable reports whether pc may carry another request once its response
@@ -105,7 +76,7 @@ func (pc *Conn) awaitResponse() error {
 // where the next request's response is expected (a desynchronised stream): the peek
 // before reuse sees such bytes only if they arrived before it looked.
 func (pc *Conn) Reusable() bool {
-	return pc.Head.KeepAlive && !pc.leftover && !pc.Head.DeclaredUnsent
+	return pc.Head.KeepAlive && pc.br.Buffered() == 0 && !pc.Head.DeclaredUnsent
 }
 
 // Begin starts an exchange for ctx at now: a read waiting on the upstream
@@ -113,18 +84,8 @@ func (pc *Conn) Reusable() bool {
 // none) passes before the response head is read.
 func (pc *Conn) Begin(ctx context.Context, now, headBy time.Time) { pc.rd.begin(ctx, now, headBy) }
 
-// End ends the exchange; the idle connection keeps no context and no
-// read buffer. Nothing may read the response's body after it.
-func (pc *Conn) End() {
-	pc.rd.end()
-	pc.leftover = pc.br != nil && pc.br.Buffered() > 0
-	if pc.pooledBR {
-		pc.br.Reset(nil)
-		readers.Put(pc.br)
-		pc.useReader(nil)
-		pc.pooledBR = false
-	}
-}
+// End ends the exchange; the idle connection keeps no context alive.
+func (pc *Conn) End() { pc.rd.end() }
 
 // Written returns how many bytes of requests the kernel has accepted on
 // pc: a request that wrote none may be sent again on another connection.
@@ -182,42 +143,19 @@ func (t *tickReader) Read(p []byte) (int, error) {
 		if n > 0 || err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
 			return n, err
 		}
-		if err := t.ticked(err); err != nil {
-			return 0, err
+		// The deadline is a check, not a verdict.
+		if t.ctx != nil && t.ctx.Err() != nil {
+			return 0, t.ctx.Err()
 		}
-	}
-}
-
-// await is Read reading nothing: it returns once pk sees something to
-// read.
-func (t *tickReader) await(pk *peeker) error {
-	for {
-		err := pk.await()
-		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
-			return err
+		now := time.Now()
+		if !t.headBy.IsZero() && !now.Before(t.headBy) {
+			return 0, err // a timeout: the caller answers 504
 		}
-		if err := t.ticked(err); err != nil {
-			return err
+		next := now.Add(t.tick)
+		t.tick = min(2*t.tick, maxTick)
+		if !t.headBy.IsZero() && t.headBy.Before(next) {
+			next = t.headBy
 		}
+		t.arm(next)
 	}
-}
-
-// ticked is what a read does when the deadline fired with err: the
-// deadline is a check, not a verdict. It returns why the exchange ends,
-// or re-arms the deadline and nil.
-func (t *tickReader) ticked(err error) error {
-	if t.ctx != nil && t.ctx.Err() != nil {
-		return t.ctx.Err()
-	}
-	now := time.Now()
-	if !t.headBy.IsZero() && !now.Before(t.headBy) {
-		return err // a timeout: the caller answers 504
-	}
-	next := now.Add(t.tick)
-	t.tick = min(2*t.tick, maxTick)
-	if !t.headBy.IsZero() && t.headBy.Before(next) {
-		next = t.headBy
-	}
-	t.arm(next)
-	return nil
 }

@@ -9,10 +9,8 @@
 // It works on the caller's goroutine: nothing reads an idle connection, a
 // connection is peeked for stray bytes or a close before reuse, and a read
 // that waits notices the exchange's context ending through a read deadline
-// re-armed only when it fires. A response's read buffer is taken from a
-// pool when its first bytes arrive and given back when the exchange ends, so
-// the thousands of requests a slow upstream holds cost no buffer each. A
-// request on a pooled connection allocates almost nothing here.
+// re-armed only when it fires. A request on a pooled connection allocates
+// almost nothing here.
 //
 // It knows HTTP/1.1 framing, not proxying: which request headers are
 // forwarded, the X-Forwarded-* set, which response fields are hop-by-hop,

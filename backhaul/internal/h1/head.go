@@ -59,9 +59,6 @@ const (
 // HEAD: its response has no body, whatever it declares.
 func (pc *Conn) ReadHead(headRequest bool) (anyRead bool, err error) {
 	h := &pc.Head
-	if err := pc.awaitResponse(); err != nil {
-		return false, fmt.Errorf("read response status: %w", err)
-	}
 	total := 0
 	for {
 		h.reset()

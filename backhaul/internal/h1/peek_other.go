@@ -13,7 +13,3 @@ type peeker struct{}
 func (pk *peeker) init(net.Conn) {}
 
 func (pk *peeker) alive() bool { return true }
-
-// await cannot wait without reading here: the response's buffer is taken
-// at once.
-func (pk *peeker) await() error { return nil }
